@@ -1,0 +1,37 @@
+"""django_rag: retrieval-augmented generation on PostgreSQL + pgvector.
+
+The public API is small::
+
+    import django_rag as rag
+    doc = rag.ingest("text", collection="docs", source_id="handbook", replace=True)
+    doc = rag.ingest_file("manual.pdf", collection="docs")
+    hits = rag.search("how do refunds work", limit=5, collection="docs")
+    rag.delete(doc)
+
+Names are imported lazily so ``import django_rag`` works before Django is set up.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "ingest": "django_rag.ingestion.service",
+    "ingest_file": "django_rag.ingestion.service",
+    "ingest_bytes": "django_rag.ingestion.service",
+    "delete": "django_rag.ingestion.service",
+    "search": "django_rag.search.service",
+    "SearchResult": "django_rag.search.results",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'django_rag' has no attribute {name!r}")

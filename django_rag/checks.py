@@ -1,0 +1,148 @@
+"""System checks. Ids are stable; docs/configuration.md lists them with their fixes."""
+
+from __future__ import annotations
+
+from django.core import checks
+from django.db import DatabaseError, connections, router
+
+from .exceptions import ConfigurationError
+
+
+def _chunk_db() -> str:
+    from .models import Chunk
+
+    return router.db_for_write(Chunk)
+
+
+@checks.register()
+def check_settings(app_configs=None, **kwargs):
+    """E002 (a component cannot be built), E003 (embedder size != EMBEDDING_DIMENSIONS), E005."""
+    from .conf import embedding_dimensions, get_settings
+
+    errors = []
+    try:
+        get_settings()
+        dimensions = embedding_dimensions()
+    except ConfigurationError as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint="Fix DJANGO_RAG in your settings; docs/configuration.md lists every key.",
+                id="django_rag.E005",
+            )
+        ]
+
+    from .embeddings import get_embedder
+    from .ingestion.chunkers import get_chunker
+    from .ingestion.parsers import get_parser, parser_registry
+    from .search.stores import get_vector_store
+
+    embedder = None
+    for setting, build in (
+        ("EMBEDDER", get_embedder),
+        ("CHUNKER", get_chunker),
+        ("VECTOR_STORE", get_vector_store),
+    ):
+        try:
+            component = build()
+        except ConfigurationError as exc:
+            errors.append(
+                checks.Error(
+                    str(exc),
+                    hint=f"DJANGO_RAG[{setting!r}] must be an alias, an importable dotted path, "
+                    "a class, an instance or a callable.",
+                    id="django_rag.E002",
+                )
+            )
+            continue
+        if setting == "EMBEDDER":
+            embedder = component
+    try:
+        for extension in parser_registry():
+            get_parser(f"x{extension}")
+    except ConfigurationError as exc:
+        errors.append(
+            checks.Error(str(exc), hint="Fix DJANGO_RAG['PARSERS'].", id="django_rag.E002")
+        )
+
+    known = embedder.known_dimensions if embedder is not None else None
+    if known is not None and known != dimensions:
+        errors.append(
+            checks.Error(
+                f"The embedder {embedder.model_name!r} produces {known}-dimensional vectors but "
+                f"DJANGO_RAG['EMBEDDING_DIMENSIONS'] is {dimensions}.",
+                hint="Set EMBEDDING_DIMENSIONS to the embedder's size; if chunks are already "
+                "stored, follow 'Changing the embedding model' in docs/configuration.md.",
+                id="django_rag.E003",
+            )
+        )
+    return errors
+
+
+@checks.register(checks.Tags.database)
+def check_database(app_configs=None, databases=None, **kwargs):
+    """E001 (pgvector unavailable), E004 (column size != EMBEDDING_DIMENSIONS), W001."""
+    from .conf import embedding_dimensions
+    from .models import Chunk
+
+    alias = _chunk_db()
+    if databases is None or alias not in databases:
+        return []
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return [
+            checks.Warning(
+                f"Database {alias!r} is {connection.vendor}; django_rag needs PostgreSQL with "
+                "the pgvector extension.",
+                hint="Point DATABASES at PostgreSQL (or use django_rag.embedded for development).",
+                id="django_rag.W001",
+            )
+        ]
+    errors = []
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT installed_version, default_version FROM pg_available_extensions "
+                "WHERE name = 'vector'"
+            )
+            row = cursor.fetchone()
+            if row is None:
+                errors.append(
+                    checks.Error(
+                        "The pgvector extension is not available on the PostgreSQL server.",
+                        hint="Install pgvector on the server (e.g. the postgresql-16-pgvector "
+                        "package); migrate then creates the extension.",
+                        id="django_rag.E001",
+                    )
+                )
+                return errors
+            cursor.execute(
+                "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
+                "WHERE a.attrelid = to_regclass(%s) AND a.attname = 'embedding' "
+                "AND NOT a.attisdropped",
+                [Chunk._meta.db_table],
+            )
+            column = cursor.fetchone()
+    except DatabaseError as exc:
+        return [
+            checks.Warning(
+                f"Could not inspect database {alias!r}: {exc}",
+                hint="Check DATABASES; django_rag's database checks were skipped.",
+                id="django_rag.W002",
+            )
+        ]
+    if column is not None:
+        declared = column[0]
+        expected = f"vector({embedding_dimensions()})"
+        if declared != expected:
+            errors.append(
+                checks.Error(
+                    f"The chunk embedding column is {declared} but "
+                    f"DJANGO_RAG['EMBEDDING_DIMENSIONS'] asks for {expected}.",
+                    hint="Either set EMBEDDING_DIMENSIONS back to the column's size, or change "
+                    "model as described in docs/configuration.md ('Changing the embedding "
+                    "model').",
+                    id="django_rag.E004",
+                )
+            )
+    return errors

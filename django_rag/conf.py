@@ -1,0 +1,179 @@
+"""The ``DJANGO_RAG`` settings dict, its defaults, and component resolution.
+
+Settings are read through :func:`get_settings`, which caches the merged dict and is reset when
+Django's ``setting_changed`` signal fires (``override_settings`` in tests). Nothing reads
+settings at import time.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import inspect
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .exceptions import ConfigurationError
+
+SETTING_NAME = "DJANGO_RAG"
+
+DEFAULTS: dict[str, Any] = {
+    # Embedder: an alias ("sentence-transformers", "litellm", "hashing"), a dotted path to a class,
+    # callable or instance, or {"BACKEND": <alias or path>, "OPTIONS": {...}}.
+    "EMBEDDER": {
+        "BACKEND": "sentence-transformers",
+        "OPTIONS": {"model": "all-MiniLM-L6-v2"},
+    },
+    # Size of the chunk embedding column. Must equal the embedder's output size.
+    "EMBEDDING_DIMENSIONS": 384,
+    # Chunker: same forms as EMBEDDER; "token" is the built-in token-aware splitter.
+    "CHUNKER": {"BACKEND": "token", "OPTIONS": {}},
+    # Parsers by file extension, merged over the built-ins; a value of None disables one.
+    "PARSERS": {},
+    # Where search runs: "pgvector" (default) or "memory", or a dotted path / instance.
+    "VECTOR_STORE": "pgvector",
+    "DEFAULT_COLLECTION": "default",
+    # Longest document text accepted by ingest, in characters.
+    "MAX_DOCUMENT_CHARS": 10_000_000,
+    # PostgreSQL text search configuration used for the chunks' search vectors.
+    "TEXT_SEARCH_CONFIG": "english",
+    "SEARCH": {
+        "MODE": "semantic",
+        "LIMIT": 10,
+        # A filtered search whose filter matches at most this many chunks is answered by an
+        # exact scan (always complete); larger filtered sets use the HNSW index and fall back
+        # to an exact scan when the index returns too few rows.
+        "EXACT_SEARCH_MAX_ROWS": 20_000,
+        # HNSW candidate list size; raised automatically to the requested limit.
+        "HNSW_EF_SEARCH": 40,
+    },
+}
+
+_NESTED = ("SEARCH",)
+
+
+@functools.cache
+def get_settings() -> dict[str, Any]:
+    """Return the effective settings: ``DJANGO_RAG`` merged over :data:`DEFAULTS`."""
+    user = getattr(django_settings, SETTING_NAME, {}) or {}
+    if not isinstance(user, Mapping):
+        raise ConfigurationError("*", user, "DJANGO_RAG must be a dict")
+    unknown = set(user) - set(DEFAULTS)
+    if unknown:
+        raise ConfigurationError(
+            sorted(unknown)[0],
+            user[sorted(unknown)[0]],
+            f"unknown setting; known settings are {', '.join(sorted(DEFAULTS))}",
+        )
+    merged = copy.deepcopy(DEFAULTS)
+    for key, value in user.items():
+        if key in _NESTED and isinstance(value, Mapping):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
+
+
+def get_setting(name: str) -> Any:
+    return get_settings()[name]
+
+
+def search_setting(name: str) -> Any:
+    return get_settings()["SEARCH"][name]
+
+
+def embedding_dimensions() -> int:
+    dims = get_setting("EMBEDDING_DIMENSIONS")
+    if not isinstance(dims, int) or isinstance(dims, bool) or dims <= 0 or dims > 16000:
+        raise ConfigurationError(
+            "EMBEDDING_DIMENSIONS", dims, "must be a positive integer (pgvector allows up to 16000)"
+        )
+    return dims
+
+
+_reset_callbacks: list[Callable[[], None]] = []
+
+
+def on_reset(func: Callable[[], None]) -> Callable[[], None]:
+    """Register ``func`` to run when ``DJANGO_RAG`` changes (for caches of built components)."""
+    _reset_callbacks.append(func)
+    return func
+
+
+@receiver(setting_changed)
+def _reset(*, setting: str, **kwargs) -> None:
+    if setting == SETTING_NAME:
+        get_settings.cache_clear()
+        for callback in _reset_callbacks:
+            callback()
+
+
+# --- component resolution ---------------------------------------------------------------------
+
+
+def import_string(path: str, *, setting: str) -> Any:
+    module_path, _, attr = path.rpartition(".")
+    if not module_path:
+        raise ConfigurationError(setting, path, "expected a dotted path such as 'myapp.rag.MyClass'")
+    try:
+        module = importlib.import_module(module_path)
+    except ImportError as exc:
+        raise ConfigurationError(setting, path, f"cannot import {module_path!r}: {exc}") from exc
+    try:
+        return getattr(module, attr)
+    except AttributeError as exc:
+        raise ConfigurationError(setting, path, f"{module_path!r} has no attribute {attr!r}") from exc
+
+
+def build_component(
+    spec: Any,
+    *,
+    setting: str,
+    base: type,
+    aliases: Mapping[str, str],
+    wrap_callable: Callable[[Callable], Any] | None = None,
+) -> Any:
+    """Turn a component spec into an instance of ``base``.
+
+    ``spec`` may be an instance, a class, an alias, a dotted path (to a class, an instance or a
+    callable), a ``{"BACKEND": ..., "OPTIONS": {...}}`` dict, or a plain callable (wrapped by
+    ``wrap_callable``). Anything else raises :class:`ConfigurationError` naming ``setting``.
+    """
+    options: dict[str, Any] = {}
+    original = spec
+    if isinstance(spec, Mapping):
+        unknown = set(spec) - {"BACKEND", "OPTIONS"}
+        if "BACKEND" not in spec or unknown:
+            raise ConfigurationError(
+                setting, original, "a dict needs a 'BACKEND' key and optionally 'OPTIONS'"
+            )
+        options = dict(spec.get("OPTIONS") or {})
+        spec = spec["BACKEND"]
+    if isinstance(spec, str):
+        spec = import_string(aliases.get(spec, spec), setting=setting)
+    if isinstance(spec, base):
+        if options:
+            raise ConfigurationError(setting, original, "OPTIONS cannot be applied to an instance")
+        return spec
+    if inspect.isclass(spec):
+        if not issubclass(spec, base):
+            raise ConfigurationError(
+                setting, original, f"{spec.__qualname__} is not a subclass of {base.__qualname__}"
+            )
+        try:
+            return spec(**options)
+        except TypeError as exc:
+            raise ConfigurationError(setting, original, f"bad OPTIONS: {exc}") from exc
+    if callable(spec) and wrap_callable is not None:
+        return wrap_callable(spec, **options)
+    raise ConfigurationError(
+        setting,
+        original,
+        f"expected an alias ({', '.join(sorted(aliases))}), a dotted path, a {base.__qualname__} "
+        "subclass or instance, or a callable",
+    )

@@ -1,0 +1,83 @@
+"""The embedder base class."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+
+class Embedder:
+    """Turns text into L2-normalised vectors.
+
+    Subclasses implement :meth:`_embed` (a batch of already-prefixed texts to vectors). They may
+    override :meth:`count_tokens` and :attr:`max_tokens` when they know their tokenizer, so the
+    chunker can size chunks to the model window. ``__init__`` must not do I/O: load models and
+    clients lazily.
+    """
+
+    #: Name recorded on every chunk this embedder produces.
+    model_name: str = ""
+    #: Prefixes added before embedding (E5 ``query: `` / ``passage: ``, BGE's instruction...).
+    query_prefix: str = ""
+    document_prefix: str = ""
+    batch_size: int = 32
+
+    @property
+    def dimensions(self) -> int:
+        """Size of the vectors; may probe the model when it is not known up front."""
+        return len(self.embed_query("dimension probe"))
+
+    @property
+    def known_dimensions(self) -> int | None:
+        """Dimensions when known without loading anything (used by system checks)."""
+        return None
+
+    @property
+    def max_tokens(self) -> int | None:
+        """Largest number of text tokens one input may have, or None when unknown/unbounded."""
+        return None
+
+    def count_tokens(self, text: str) -> int | None:
+        """Number of model tokens in ``text`` (no special tokens), or None if no tokenizer."""
+        return None
+
+    def token_offsets(self, text: str) -> list[tuple[int, int]] | None:
+        """Character spans of the model tokens of ``text``, or None if there is no tokenizer."""
+        return None
+
+    def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
+        """Embed passages for storage."""
+        return self._run([self.document_prefix + t for t in texts])
+
+    def embed_query(self, text: str) -> list[float]:
+        """Embed one search query."""
+        return self._run([self.query_prefix + text])[0]
+
+    def _run(self, texts: list[str]) -> list[list[float]]:
+        vectors: list[list[float]] = []
+        for start in range(0, len(texts), self.batch_size):
+            batch = texts[start : start + self.batch_size]
+            result = self._embed(batch)
+            if len(result) != len(batch):
+                raise ValueError(
+                    f"{type(self).__name__} returned {len(result)} vectors for {len(batch)} texts"
+                )
+            vectors.extend(normalize(v) for v in result)
+        return vectors
+
+    def _embed(self, texts: list[str]) -> Sequence[Sequence[float]]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} model={self.model_name!r}>"
+
+
+def normalize(vector: Sequence[float]) -> list[float]:
+    array = np.asarray(vector, dtype=np.float32)
+    if array.ndim != 1:
+        raise ValueError(f"an embedding must be a flat list of numbers, got shape {array.shape}")
+    if not np.all(np.isfinite(array)):
+        raise ValueError("an embedding contains NaN or infinite values")
+    norm = float(np.linalg.norm(array))
+    return (array / norm).tolist() if norm > 0 else array.tolist()

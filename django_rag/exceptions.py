@@ -1,0 +1,154 @@
+"""Typed errors raised by django_rag.
+
+Every error carries a stable ``code`` (match on it, not on the message) and a message that says
+what to do next. Errors about bad input subclass :class:`ValueError`; configuration errors
+subclass Django's :class:`~django.core.exceptions.ImproperlyConfigured`.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class RagError(Exception):
+    """Base class of every django_rag error."""
+
+    code = "rag_error"
+
+    def __init__(self, message: str, **details):
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return self.message
+
+
+# --- configuration -------------------------------------------------------------------------
+
+
+class ConfigurationError(RagError, ImproperlyConfigured):
+    """A ``DJANGO_RAG`` setting or a per-call component is invalid."""
+
+    code = "configuration_error"
+
+    def __init__(self, setting: str, value, cause: str):
+        super().__init__(
+            f"DJANGO_RAG[{setting!r}] = {value!r} is invalid: {cause}",
+            setting=setting,
+            value=value,
+        )
+        self.setting = setting
+        self.value = value
+
+
+class MissingDependency(RagError, ImproperlyConfigured):
+    """An optional dependency is needed for what was asked."""
+
+    code = "missing_dependency"
+
+    def __init__(self, package: str, extra: str, feature: str):
+        super().__init__(
+            f"{feature} needs the '{package}' package, which is not installed. "
+            f"Install it with: pip install 'django-rag[{extra}]'",
+            package=package,
+            extra=extra,
+        )
+        self.package = package
+        self.extra = extra
+
+
+class DimensionMismatch(RagError):
+    """An embedder returned vectors whose size differs from the embedding column."""
+
+    code = "dimension_mismatch"
+
+
+# --- input ------------------------------------------------------------------------------------
+
+
+class InvalidInput(RagError, ValueError):
+    """Base class for errors caused by the caller's input."""
+
+    code = "invalid_input"
+
+
+class EmptyDocument(InvalidInput):
+    code = "empty_document"
+
+
+class DocumentTooLarge(InvalidInput):
+    code = "document_too_large"
+
+
+class InvalidText(InvalidInput):
+    code = "invalid_text"
+
+
+class InvalidOption(InvalidInput):
+    code = "invalid_option"
+
+
+class UnsupportedFileType(InvalidInput):
+    code = "unsupported_file_type"
+
+
+class CorruptFile(InvalidInput):
+    code = "corrupt_file"
+
+
+class EncryptedPDF(CorruptFile):
+    code = "encrypted_pdf"
+
+
+class NoTextLayer(InvalidInput):
+    code = "no_text_layer"
+
+
+class FileNotFound(InvalidInput):
+    code = "file_not_found"
+
+
+class InvalidSearchMode(InvalidInput):
+    code = "invalid_search_mode"
+
+
+# --- state ------------------------------------------------------------------------------------
+
+
+class UnknownCollection(RagError, LookupError):
+    code = "unknown_collection"
+
+    def __init__(self, name: str):
+        super().__init__(
+            f"No collection named {name!r}. Ingest a document into it first, or create it with "
+            f"Collection.objects.create(name={name!r}); names are case-sensitive.",
+            name=name,
+        )
+        self.name = name
+
+
+class CollectionNotEmpty(RagError):
+    code = "collection_not_empty"
+
+    def __init__(self, name: str, document_count: int):
+        super().__init__(
+            f"Collection {name!r} still has {document_count} document(s); delete them first "
+            "(django_rag.delete(document) for each) and then delete the collection.",
+            name=name,
+            document_count=document_count,
+        )
+
+
+class DocumentNotFound(RagError, LookupError):
+    code = "document_not_found"
+
+
+class EmbeddingFailed(RagError):
+    """The embedder failed; nothing was written."""
+
+    code = "embedding_failed"
+
+    def __init__(self, message: str, *, chunk_index: int | None = None):
+        super().__init__(message, chunk_index=chunk_index)
+        self.chunk_index = chunk_index

@@ -1,0 +1,272 @@
+"""Chunkers split a document's text into spans sized for the embedder.
+
+Every chunk carries ``start``/``end`` character offsets such that
+``text[chunk.start:chunk.end] == chunk.text``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..conf import build_component, get_setting
+from ..exceptions import InvalidOption
+
+if TYPE_CHECKING:
+    from ..embeddings.base import Embedder
+
+FORMATS = ("text", "markdown")
+
+
+@dataclass
+class TextChunk:
+    text: str
+    start: int | None
+    end: int | None
+    token_count: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class Chunker:
+    """Base class: implement :meth:`chunk`.
+
+    ``embedder`` is the embedder the chunks are for; a chunker may use its tokenizer
+    (:meth:`Embedder.token_offsets`) and window (:attr:`Embedder.max_tokens`) for sizing.
+    """
+
+    def chunk(
+        self, text: str, *, format: str = "text", embedder: Embedder | None = None
+    ) -> list[TextChunk]:
+        raise NotImplementedError
+
+
+# --- the default: token-aware recursive boundaries -------------------------------------------
+
+# Fallback tokens when the embedder has no tokenizer: words cut into pieces of at most 8
+# characters (close to sub-word tokenizers on English), and each punctuation mark on its own.
+_FALLBACK_TOKEN = re.compile(r"\w{1,8}|[^\w\s]", re.UNICODE)
+_HEADING = re.compile(r"#{1,6}\s")
+_SENTENCE_END = frozenset(".!?;。！？")
+_BLOCK_CHARS = 200_000
+
+# Break strengths: the chunker ends a chunk at the strongest break it can find.
+HEADING, PARAGRAPH, LINE, SENTENCE, WORD, PUNCT, NONE = 6, 5, 4, 3, 2, 1, 0
+
+
+class TokenChunker(Chunker):
+    """Splits text into chunks of at most ``chunk_size`` tokens with ``chunk_overlap`` overlap.
+
+    Tokens come from the embedder's own tokenizer when it has one, so no chunk exceeds the model
+    window (``chunk_size`` is lowered to the window when it is larger). Chunks end at the
+    strongest boundary in the second half of the window: a Markdown heading, a blank line, a line
+    break, a sentence end, a space, and only as a last resort inside a word.
+    """
+
+    def __init__(self, *, chunk_size: int = 200, chunk_overlap: int = 40):
+        for name, value, minimum in (("chunk_size", chunk_size, 1), ("chunk_overlap", chunk_overlap, 0)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+                raise InvalidOption(
+                    f"{name} must be an integer >= {minimum}, got {value!r}", option=name
+                )
+        if chunk_overlap >= chunk_size:
+            raise InvalidOption(
+                f"chunk_overlap ({chunk_overlap}) must be smaller than chunk_size ({chunk_size}); "
+                "both are counted in tokens. Lower the overlap or raise the size.",
+                option="chunk_overlap",
+            )
+        self.chunk_size = chunk_size
+        self.chunk_overlap = chunk_overlap
+
+    def chunk(
+        self, text: str, *, format: str = "text", embedder: Embedder | None = None
+    ) -> list[TextChunk]:
+        if format not in FORMATS:
+            raise InvalidOption(
+                f"format must be one of {', '.join(FORMATS)}, got {format!r}", option="format"
+            )
+        spans = _token_spans(text, embedder)
+        if not spans:
+            return []
+        size = self.chunk_size
+        window = embedder.max_tokens if embedder is not None else None
+        if window and window < size:
+            size = window
+        overlap = min(self.chunk_overlap, size - 1)
+        breaks = _break_strengths(text, spans, markdown=format == "markdown")
+
+        chunks: list[TextChunk] = []
+        n = len(spans)
+        i = 0
+        while i < n:
+            stop = min(n, i + size)
+            if stop < n:
+                # Choose the strongest break in the second half; among equals, the latest.
+                lowest = i + max(1, size // 2)
+                best = stop
+                for k in range(stop, lowest - 1, -1):
+                    if breaks[k] > breaks[best]:
+                        best = k
+                        if breaks[k] == HEADING:
+                            break
+                stop = best
+            start_char, end_char = spans[i][0], spans[stop - 1][1]
+            chunks.append(
+                TextChunk(
+                    text=text[start_char:end_char],
+                    start=start_char,
+                    end=end_char,
+                    token_count=stop - i,
+                )
+            )
+            if stop >= n:
+                break
+            i = _overlap_start(breaks, i, stop, overlap)
+        return chunks
+
+
+def _overlap_start(breaks: list[int], start: int, stop: int, overlap: int) -> int:
+    """First token of the chunk after [start, stop): ``overlap`` tokens back, on a word start.
+
+    Looks back up to ``overlap`` more tokens, then forward, for a word boundary, so the overlap
+    does not begin mid-word; the next chunk always starts after ``start``.
+    """
+    if not overlap:
+        return stop
+    target = max(start + 1, stop - overlap)
+    for k in range(target, max(start, target - overlap), -1):
+        if breaks[k] >= WORD:
+            return k
+    for k in range(target + 1, stop):
+        if breaks[k] >= WORD:
+            return k
+    return target
+        return chunks
+
+
+def _token_spans(text: str, embedder: Embedder | None) -> list[tuple[int, int]]:
+    if not text or text.isspace():
+        return []
+    tokenizer = getattr(embedder, "token_offsets", None)
+    spans: list[tuple[int, int]] = []
+    for block_start, block in _blocks(text):
+        offsets = tokenizer(block) if tokenizer is not None else None
+        if offsets is None:
+            offsets = [m.span() for m in _FALLBACK_TOKEN.finditer(block)]
+        spans.extend((block_start + s, block_start + e) for s, e in offsets if e > s)
+    return spans
+
+
+def _blocks(text: str):
+    """Yield (offset, block) pieces of at most about _BLOCK_CHARS, cut at whitespace."""
+    position = 0
+    length = len(text)
+    while position < length:
+        end = min(length, position + _BLOCK_CHARS)
+        if end < length:
+            cut = max(text.rfind(" ", position, end), text.rfind("\n", position, end))
+            if cut > position:
+                end = cut
+        yield position, text[position:end]
+        position = end
+
+
+def _break_strengths(text: str, spans: Sequence[tuple[int, int]], *, markdown: bool) -> list[int]:
+    """breaks[k] = how good it is to end a chunk just before token k (breaks[n] = end of text)."""
+    n = len(spans)
+    breaks = [NONE] * (n + 1)
+    breaks[n] = HEADING
+    for k in range(1, n):
+        prev_end, start = spans[k - 1][1], spans[k][0]
+        gap = text[prev_end:start]
+        if "\n" in gap:
+            if markdown and _HEADING.match(text, start):
+                breaks[k] = HEADING
+            elif gap.count("\n") > 1:
+                breaks[k] = PARAGRAPH
+            else:
+                breaks[k] = LINE
+        elif gap and gap.isspace():
+            breaks[k] = SENTENCE if text[prev_end - 1] in _SENTENCE_END else WORD
+        elif not text[start].isalnum() or not text[prev_end - 1].isalnum():
+            breaks[k] = PUNCT
+    return breaks
+
+
+# --- custom chunkers --------------------------------------------------------------------------
+
+
+class CallableChunker(Chunker):
+    """Wraps ``func(text, format=...) -> list[str | dict | TextChunk]``.
+
+    Strings are located in the source text so they get offsets when they appear verbatim.
+    """
+
+    def __init__(self, func: Callable[..., Sequence[Any]]):
+        self.func = func
+
+    def chunk(
+        self, text: str, *, format: str = "text", embedder: Embedder | None = None
+    ) -> list[TextChunk]:
+        chunks: list[TextChunk] = []
+        cursor = 0
+        for item in self.func(text, format=format):
+            if isinstance(item, TextChunk):
+                chunks.append(item)
+                continue
+            metadata: dict[str, Any] = {}
+            if isinstance(item, dict):
+                metadata = dict(item.get("metadata") or {})
+                item = item["text"]
+            if not isinstance(item, str):
+                raise InvalidOption(
+                    f"custom chunker returned {type(item).__name__}; return strings, dicts with "
+                    "'text', or TextChunk objects",
+                    option="chunker",
+                )
+            if not item.strip():
+                continue
+            found = text.find(item, cursor)
+            if found < 0:
+                found = text.find(item)
+            start, end = (found, found + len(item)) if found >= 0 else (None, None)
+            if found >= 0:
+                cursor = found + 1
+            tokens = embedder.count_tokens(item) if embedder is not None else None
+            chunks.append(
+                TextChunk(
+                    text=item,
+                    start=start,
+                    end=end,
+                    token_count=tokens if tokens is not None else len(_FALLBACK_TOKEN.findall(item)),
+                    metadata=metadata,
+                )
+            )
+        return chunks
+
+
+ALIASES = {
+    "token": "django_rag.ingestion.chunkers.TokenChunker",
+    "default": "django_rag.ingestion.chunkers.TokenChunker",
+}
+
+
+def get_chunker(spec: Any = None, **options: Any) -> Chunker:
+    """Return the chunker for ``spec`` (or the configured one), with per-call ``options``.
+
+    ``options`` (``chunk_size``, ``chunk_overlap``) are merged over the configured options of
+    the default chunker.
+    """
+    if spec is None:
+        spec = get_setting("CHUNKER")
+        if options:
+            if isinstance(spec, dict):
+                spec = {"BACKEND": spec["BACKEND"], "OPTIONS": {**spec.get("OPTIONS", {}), **options}}
+            else:
+                spec = {"BACKEND": spec, "OPTIONS": options}
+    elif options:
+        spec = {"BACKEND": spec, "OPTIONS": options}
+    return build_component(
+        spec, setting="CHUNKER", base=Chunker, aliases=ALIASES, wrap_callable=CallableChunker
+    )

@@ -1,0 +1,363 @@
+"""The ingest service: text, files and bytes become a Document with embedded chunks.
+
+Every chunk is embedded before anything is written; the document and all its chunks are then
+written in one transaction, so a failure at any point leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.contrib.postgres.search import SearchVector
+from django.db import transaction
+
+from ..conf import embedding_dimensions, get_setting
+from ..embeddings import Embedder, get_embedder
+from ..exceptions import (
+    DimensionMismatch,
+    DocumentNotFound,
+    DocumentTooLarge,
+    EmbeddingFailed,
+    EmptyDocument,
+    InvalidOption,
+    InvalidText,
+)
+from .chunkers import TextChunk, get_chunker
+from .parsers import ParsedDocument, parse_bytes, parse_file
+
+
+@dataclass
+class PreparedChunk:
+    chunk_index: int
+    chunk: TextChunk
+    embedding: list[float]
+    page_start: int | None = None
+    page_end: int | None = None
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+def clean_text(text: Any) -> str:
+    """Validate document text; NUL characters are removed (PostgreSQL cannot store them)."""
+    if not isinstance(text, str):
+        raise InvalidText(
+            f"text must be a str, got {type(text).__name__}; use ingest_bytes() for raw bytes "
+            "or ingest_file() for a path."
+        )
+    if "\x00" in text:
+        text = text.replace("\x00", "")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidText(
+            f"text is not valid Unicode: unpaired surrogate at character {exc.start}. It was "
+            "probably decoded with errors='surrogateescape'; decode it with the right encoding.",
+            position=exc.start,
+        ) from exc
+    if not text.strip():
+        raise EmptyDocument("The document has no text (it is empty or whitespace only).")
+    limit = get_setting("MAX_DOCUMENT_CHARS")
+    if len(text) > limit:
+        raise DocumentTooLarge(
+            f"The document has {len(text):,} characters, more than MAX_DOCUMENT_CHARS "
+            f"({limit:,}). Split it into several documents, or raise "
+            "DJANGO_RAG['MAX_DOCUMENT_CHARS'].",
+            length=len(text),
+            limit=limit,
+        )
+    return text
+
+
+def clean_metadata(metadata: Any) -> dict:
+    if metadata is None:
+        return {}
+    if not isinstance(metadata, dict):
+        raise InvalidOption(f"metadata must be a dict, got {type(metadata).__name__}")
+    try:
+        encoded = json.dumps(metadata)
+    except (TypeError, ValueError) as exc:
+        raise InvalidOption(f"metadata must be JSON-serialisable: {exc}") from exc
+    if "\\u0000" in encoded:
+        raise InvalidOption("metadata must not contain NUL characters (PostgreSQL rejects them)")
+    return metadata
+
+
+def clean_collection_name(collection: Any) -> str:
+    name = get_setting("DEFAULT_COLLECTION") if collection is None else collection
+    if hasattr(name, "name") and not isinstance(name, str):  # a Collection instance
+        name = name.name
+    if not isinstance(name, str) or not name.strip() or len(name) > 255:
+        raise InvalidOption(
+            f"collection must be a non-empty name of at most 255 characters, got {collection!r}"
+        )
+    return name
+
+
+def content_hash(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# --- chunk + embed (no database writes) ------------------------------------------------------
+
+
+def prepare_chunks(
+    parsed: ParsedDocument,
+    *,
+    chunker=None,
+    embedder: Embedder,
+    dimensions: int | None = None,
+    **chunker_options,
+) -> list[PreparedChunk]:
+    """Chunk ``parsed.text`` and embed every chunk; raises before anything is stored."""
+    chunks = get_chunker(chunker, **chunker_options).chunk(
+        parsed.text, format=parsed.format, embedder=embedder
+    )
+    if not chunks:
+        raise EmptyDocument("The chunker produced no chunks for this document.")
+    vectors = embed_texts(embedder, [chunk.text for chunk in chunks])
+    if dimensions is not None and len(vectors[0]) != dimensions:
+        raise DimensionMismatch(
+            f"{embedder!r} returned {len(vectors[0])}-dimensional vectors but the embedding "
+            f"column holds {dimensions}. Set DJANGO_RAG['EMBEDDING_DIMENSIONS'] to match the "
+            "embedder and migrate the column (see docs/configuration.md, 'Changing the "
+            "embedding model').",
+            expected=dimensions,
+            actual=len(vectors[0]),
+        )
+    prepared = []
+    for index, (chunk, vector) in enumerate(zip(chunks, vectors, strict=True)):
+        page_start, page_end = parsed.page_range(chunk.start, chunk.end)
+        prepared.append(PreparedChunk(index, chunk, vector, page_start, page_end))
+    return prepared
+
+
+def embed_texts(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
+    """Embed ``texts`` in batches; a failure names the first chunk that cannot be embedded."""
+    vectors: list[list[float]] = []
+    size = max(1, int(getattr(embedder, "batch_size", 32) or 32))
+    for start in range(0, len(texts), size):
+        batch = list(texts[start : start + size])
+        try:
+            vectors.extend(embedder.embed_documents(batch))
+        except Exception as exc:
+            index, cause = _failing_index(embedder, batch, exc)
+            raise EmbeddingFailed(
+                f"Embedding chunk {start + index} failed with {type(cause).__name__}: {cause}. "
+                "Nothing was written; fix the embedder (or the text) and ingest again.",
+                chunk_index=start + index,
+            ) from cause
+    return vectors
+
+
+def _failing_index(embedder: Embedder, batch: list[str], error: Exception):
+    if len(batch) > 1:
+        for index, text in enumerate(batch):
+            try:
+                embedder.embed_documents([text])
+            except Exception as exc:
+                return index, exc
+    return 0, error
+
+
+# --- public entry points ----------------------------------------------------------------------
+
+
+def ingest(
+    text: str,
+    *,
+    collection: str | None = None,
+    title: str = "",
+    metadata: dict | None = None,
+    source_id: str | None = None,
+    replace: bool = False,
+    format: str = "text",
+    chunker=None,
+    embedder=None,
+    **chunker_options,
+):
+    """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
+
+    ``replace=True`` (requires ``source_id``) supersedes the previous document with the same
+    (collection, source_id) in the same transaction. Ingesting text identical to a stored
+    document of the same collection and source returns that document (with
+    ``deduplicated = True``) instead of creating a second one. ``format`` is ``"text"`` or
+    ``"markdown"``; ``chunk_size``/``chunk_overlap`` override the chunker's options.
+    """
+    parsed = ParsedDocument(
+        text=text,
+        format=format,
+        content_type="text/markdown" if format == "markdown" else "text/plain",
+    )
+    return _ingest_parsed(
+        parsed,
+        collection=collection,
+        title=title,
+        metadata=metadata,
+        source_id=source_id,
+        replace=replace,
+        chunker=chunker,
+        embedder=embedder,
+        chunker_options=chunker_options,
+    )
+
+
+def ingest_file(path: str | Path, **options):
+    """Parse the file at ``path`` (by extension) and ingest it; options as for :func:`ingest`."""
+    parsed = parse_file(path)
+    return _ingest_parsed(parsed, filename=Path(path).name, **_split_options(options))
+
+
+def ingest_bytes(data: bytes, *, filename: str, **options):
+    """Parse ``data`` as a file called ``filename`` and ingest it; nothing touches disk."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise InvalidOption(f"data must be bytes, got {type(data).__name__}")
+    if not filename or not isinstance(filename, str):
+        raise InvalidOption("ingest_bytes() needs a filename: it chooses the parser by extension")
+    parsed = parse_bytes(bytes(data), filename=filename)
+    return _ingest_parsed(parsed, filename=Path(filename).name, **_split_options(options))
+
+
+def _split_options(options: dict) -> dict:
+    known = {"collection", "title", "metadata", "source_id", "replace", "chunker", "embedder"}
+    return {
+        **{key: options.pop(key) for key in list(options) if key in known},
+        "chunker_options": options,
+    }
+
+
+def _ingest_parsed(
+    parsed: ParsedDocument,
+    *,
+    collection=None,
+    title: str | None = "",
+    metadata=None,
+    source_id: str | None = None,
+    replace: bool = False,
+    chunker=None,
+    embedder=None,
+    chunker_options: dict | None = None,
+    filename: str = "",
+):
+    from ..models import Document
+
+    source_id = source_id or ""
+    if not isinstance(source_id, str) or len(source_id) > 512:
+        raise InvalidOption("source_id must be a string of at most 512 characters")
+    if replace and not source_id:
+        raise InvalidOption(
+            "replace=True needs a source_id: it replaces the document with the same "
+            "(collection, source_id)."
+        )
+    parsed.text = clean_text(parsed.text)
+    metadata = clean_metadata(metadata)
+    name = clean_collection_name(collection)
+    digest = content_hash(parsed.text)
+
+    # Cheap dedup before any embedding work; checked again under the lock below.
+    existing = _find_duplicate(name, source_id, digest)
+    if existing is not None and not replace:
+        existing.deduplicated = True
+        return existing
+
+    resolved_embedder = get_embedder(embedder)
+    prepared = prepare_chunks(
+        parsed,
+        chunker=chunker,
+        embedder=resolved_embedder,
+        dimensions=embedding_dimensions(),
+        **(chunker_options or {}),
+    )
+    document = Document(
+        source_id=source_id,
+        title=(title or parsed.title or "")[:500],
+        content=parsed.text,
+        content_hash=digest,
+        metadata={**parsed.metadata, **metadata},
+        status=Document.Status.COMPLETED,
+        chunk_count=len(prepared),
+        original_filename=filename[:500],
+        content_type=parsed.content_type,
+    )
+    return _write(name, document, prepared, resolved_embedder.model_name, replace=replace)
+
+
+def _find_duplicate(name: str, source_id: str, digest: str):
+    from ..models import Document
+
+    return (
+        Document.objects.filter(
+            collection__name=name,
+            source_id=source_id,
+            content_hash=digest,
+            status=Document.Status.COMPLETED,
+        )
+        .order_by("-created_at", "-id")
+        .first()
+    )
+
+
+def _write(name: str, document, prepared: list[PreparedChunk], model_name: str, *, replace: bool):
+    from ..models import Chunk, Collection, Document
+
+    identity = document.source_id or f"#{document.content_hash}"
+    with transaction.atomic():
+        with transaction.get_connection().cursor() as cursor:
+            # Serialise writers of one (collection, source) identity: replace and dedup decide
+            # on committed state, so concurrent replaces end with exactly one document.
+            cursor.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                [f"django_rag:document:{name}:{identity}"],
+            )
+        collection, _ = Collection.objects.get_or_create(name=name)
+        existing = _find_duplicate(name, document.source_id, document.content_hash)
+        if replace:
+            others = Document.objects.filter(collection=collection, source_id=document.source_id)
+            if existing is not None:
+                others = others.exclude(pk=existing.pk)
+            others.delete()
+        if existing is not None:
+            existing.deduplicated = True
+            return existing
+        document.collection = collection
+        document.save()
+        Chunk.objects.bulk_create(
+            [
+                Chunk(
+                    document=document,
+                    collection=collection,
+                    chunk_index=item.chunk_index,
+                    text=item.chunk.text,
+                    token_count=item.chunk.token_count,
+                    start_char=item.chunk.start,
+                    end_char=item.chunk.end,
+                    page_start=item.page_start,
+                    page_end=item.page_end,
+                    metadata=item.chunk.metadata,
+                    embedding=item.embedding,
+                    embedding_model=model_name,
+                )
+                for item in prepared
+            ],
+            batch_size=500,
+        )
+        Chunk.objects.filter(document=document).update(
+            search_vector=SearchVector("text", config=get_setting("TEXT_SEARCH_CONFIG"))
+        )
+    document.deduplicated = False
+    return document
+
+
+def delete(document) -> None:
+    """Delete a document (instance or id) and its chunks."""
+    from ..models import Document
+
+    pk = document.pk if isinstance(document, Document) else document
+    deleted, _ = Document.objects.filter(pk=pk).delete()
+    if not deleted:
+        raise DocumentNotFound(f"No document with id {pk!r}.", id=pk)

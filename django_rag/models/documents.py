@@ -1,0 +1,119 @@
+"""Collections, documents and chunks."""
+
+from __future__ import annotations
+
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVectorField
+from django.db import models
+from pgvector.django import HnswIndex
+
+from ..exceptions import CollectionNotEmpty
+from .fields import EmbeddingField
+from .managers import ChunkQuerySet
+
+
+class Collection(models.Model):
+    """A named group of documents; searches can be scoped to one or more collections."""
+
+    name = models.CharField(max_length=255, unique=True)
+    description = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def delete(self, *args, **kwargs):
+        count = self.documents.count()
+        if count:
+            raise CollectionNotEmpty(self.name, count)
+        return super().delete(*args, **kwargs)
+
+
+class Document(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        PROCESSING = "processing", "Processing"
+        COMPLETED = "completed", "Completed"
+        FAILED = "failed", "Failed"
+
+    # PROTECT: a collection with documents cannot be deleted (its chunks would be orphaned).
+    collection = models.ForeignKey(Collection, on_delete=models.PROTECT, related_name="documents")
+    source_id = models.CharField(max_length=512, blank=True, default="")
+    title = models.CharField(max_length=500, blank=True, default="")
+    content = models.TextField()
+    content_hash = models.CharField(max_length=64)
+    metadata = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    error = models.TextField(blank=True, default="")
+    chunk_count = models.PositiveIntegerField(default=0)
+    original_filename = models.CharField(max_length=500, blank=True, default="")
+    content_type = models.CharField(max_length=100, default="text/plain")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [
+            models.Index(fields=["collection", "source_id"], name="django_rag_doc_source_idx"),
+            models.Index(fields=["collection", "content_hash"], name="django_rag_doc_hash_idx"),
+            GinIndex(fields=["metadata"], name="django_rag_doc_meta_idx", opclasses=["jsonb_path_ops"]),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or self.original_filename or self.source_id or f"Document {self.pk}"
+
+
+class Chunk(models.Model):
+    document = models.ForeignKey(Document, on_delete=models.CASCADE, related_name="chunks")
+    # Copied from the document so scoped searches filter chunks through one indexed column.
+    collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="+")
+    chunk_index = models.PositiveIntegerField()
+    text = models.TextField()
+    token_count = models.PositiveIntegerField(default=0)
+    start_char = models.PositiveIntegerField(null=True, blank=True)
+    end_char = models.PositiveIntegerField(null=True, blank=True)
+    page_start = models.PositiveIntegerField(null=True, blank=True)
+    page_end = models.PositiveIntegerField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    embedding = EmbeddingField()
+    embedding_model = models.CharField(max_length=255)
+    search_vector = SearchVectorField(null=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ChunkQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["document_id", "chunk_index"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["document", "chunk_index"], name="django_rag_chunk_unique_index"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(start_char__isnull=True)
+                | models.Q(end_char__gte=models.F("start_char")),
+                name="django_rag_chunk_offsets_ordered",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(page_start__isnull=True)
+                | models.Q(page_end__gte=models.F("page_start")),
+                name="django_rag_chunk_pages_ordered",
+            ),
+        ]
+        indexes = [
+            HnswIndex(
+                name="django_rag_chunk_hnsw_idx",
+                fields=["embedding"],
+                m=16,
+                ef_construction=64,
+                opclasses=["vector_cosine_ops"],
+            ),
+            GinIndex(fields=["search_vector"], name="django_rag_chunk_fts_idx"),
+            models.Index(fields=["embedding_model"], name="django_rag_chunk_model_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.document_id}#{self.chunk_index}"

@@ -1,0 +1,250 @@
+"""Vector stores: where semantic search runs.
+
+``PgVectorStore`` searches the ``Chunk`` table. ``MemoryVectorStore`` keeps vectors in process
+(exact cosine over numpy) for tests and small apps; it has the same search API.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..conf import build_component, get_setting, on_reset
+from ..exceptions import UnknownCollection
+from .results import SearchResult
+
+
+class VectorStore:
+    """Base class: semantic search over stored chunk vectors."""
+
+    def search(
+        self,
+        vector: Sequence[float],
+        *,
+        limit: int,
+        threshold: float | None = None,
+        collections: Sequence[str] | None = None,
+        source_id: str | None = None,
+    ) -> list[SearchResult]:
+        """Nearest chunks to ``vector``; ``collections`` None means every collection.
+
+        An unknown collection name raises :class:`~django_rag.exceptions.UnknownCollection`.
+        """
+        raise NotImplementedError
+
+
+class PgVectorStore(VectorStore):
+    def search(self, vector, *, limit, threshold=None, collections=None, source_id=None):
+        from ..models import Chunk, Collection
+
+        chunks = Chunk.objects.all()
+        if collections is not None:
+            ids = dict(Collection.objects.filter(name__in=collections).values_list("name", "pk"))
+            for name in collections:
+                if name not in ids:
+                    raise UnknownCollection(name)
+            chunks = chunks.filter(collection_id__in=list(ids.values()))
+        if source_id:
+            chunks = chunks.filter(document__source_id=source_id)
+        rows = chunks.semantic(vector, limit=limit, threshold=threshold)
+        return [SearchResult.from_chunk(row) for row in rows]
+
+
+@dataclass
+class _Entry:
+    id: int
+    text: str
+    collection: str
+    source_id: str
+    document_id: Any
+    chunk_index: int
+    metadata: dict = field(default_factory=dict)
+    title: str = ""
+    filename: str = ""
+    page_start: int | None = None
+    page_end: int | None = None
+    start_char: int | None = None
+    end_char: int | None = None
+
+
+class MemoryVectorStore(VectorStore):
+    """An in-process store with exact cosine search.
+
+    Fill it with :meth:`ingest` (chunks and embeds like the database path) or :meth:`add`.
+    """
+
+    def __init__(self):
+        self._entries: list[_Entry] = []
+        self._vectors: list[np.ndarray] = []
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._documents = itertools.count(1)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def add(
+        self,
+        vector: Sequence[float],
+        *,
+        text: str,
+        collection: str = "default",
+        source_id: str = "",
+        document_id: Any = None,
+        chunk_index: int = 0,
+        metadata: dict | None = None,
+        **extra: Any,
+    ) -> int:
+        array = np.asarray(vector, dtype=np.float32)
+        norm = float(np.linalg.norm(array))
+        with self._lock:
+            if self._vectors and array.shape != self._vectors[0].shape:
+                raise ValueError(
+                    f"vector has {array.shape[0]} dimensions; this store holds {self._vectors[0].shape[0]}"
+                )
+            entry = _Entry(
+                id=next(self._ids),
+                text=text,
+                collection=collection,
+                source_id=source_id,
+                document_id=document_id,
+                chunk_index=chunk_index,
+                metadata=dict(metadata or {}),
+                **extra,
+            )
+            self._entries.append(entry)
+            self._vectors.append(array / norm if norm else array)
+        return entry.id
+
+    def ingest(
+        self,
+        text: str,
+        *,
+        collection: str = "default",
+        source_id: str = "",
+        title: str = "",
+        metadata: dict | None = None,
+        format: str = "text",
+        chunker=None,
+        embedder=None,
+        **chunker_options: Any,
+    ) -> list[int]:
+        """Chunk and embed ``text`` exactly as database ingest does; returns the chunk ids."""
+        from ..embeddings import get_embedder
+        from ..ingestion.parsers import ParsedDocument
+        from ..ingestion.service import clean_metadata, clean_text, prepare_chunks
+
+        parsed = ParsedDocument(text=clean_text(text), format=format)
+        prepared = prepare_chunks(
+            parsed, chunker=chunker, embedder=get_embedder(embedder), **chunker_options
+        )
+        document_id = next(self._documents)
+        metadata = clean_metadata(metadata)
+        return [
+            self.add(
+                item.embedding,
+                text=item.chunk.text,
+                collection=collection,
+                source_id=source_id,
+                document_id=document_id,
+                chunk_index=item.chunk_index,
+                metadata={**metadata, **item.chunk.metadata},
+                title=title,
+                start_char=item.chunk.start,
+                end_char=item.chunk.end,
+            )
+            for item in prepared
+        ]
+
+    def delete(self, *, collection: str | None = None, source_id: str | None = None) -> int:
+        """Remove entries matching the filters; returns how many were removed."""
+        with self._lock:
+            keep = [
+                i
+                for i, e in enumerate(self._entries)
+                if not (
+                    (collection is None or e.collection == collection)
+                    and (source_id is None or e.source_id == source_id)
+                )
+            ]
+            removed = len(self._entries) - len(keep)
+            self._entries = [self._entries[i] for i in keep]
+            self._vectors = [self._vectors[i] for i in keep]
+        return removed
+
+    def search(self, vector, *, limit, threshold=None, collections=None, source_id=None):
+        with self._lock:
+            entries, vectors = list(self._entries), list(self._vectors)
+        if collections is not None:
+            known = {e.collection for e in entries}
+            for name in collections:
+                if name not in known:
+                    raise UnknownCollection(name)
+        selected = [
+            i
+            for i, e in enumerate(entries)
+            if (collections is None or e.collection in collections)
+            and (not source_id or e.source_id == source_id)
+        ]
+        if not selected:
+            return []
+        query = np.asarray(vector, dtype=np.float32)
+        norm = float(np.linalg.norm(query))
+        query = query / norm if norm else query
+        scores = np.stack([vectors[i] for i in selected]) @ query
+        # Stable order: best score first, then insertion order (like the database's pk order).
+        order = sorted(range(len(selected)), key=lambda j: (-float(scores[j]), selected[j]))
+        results = []
+        for j in order:
+            score = float(scores[j])
+            if threshold is not None and score < threshold:
+                continue
+            e = entries[selected[j]]
+            results.append(
+                SearchResult(
+                    chunk_id=e.id,
+                    text=e.text,
+                    score=score,
+                    document_id=e.document_id,
+                    chunk_index=e.chunk_index,
+                    collection=e.collection,
+                    source_id=e.source_id,
+                    title=e.title,
+                    filename=e.filename,
+                    page_start=e.page_start,
+                    page_end=e.page_end,
+                    start_char=e.start_char,
+                    end_char=e.end_char,
+                    metadata=dict(e.metadata),
+                    semantic_score=score,
+                )
+            )
+            if len(results) == limit:
+                break
+        return results
+
+
+ALIASES = {
+    "pgvector": "django_rag.search.stores.PgVectorStore",
+    "memory": "django_rag.search.stores.MemoryVectorStore",
+}
+
+
+_default: list[VectorStore] = []
+
+
+def get_vector_store(spec: Any = None) -> VectorStore:
+    """The store for ``spec``, or the configured one (built once, so a memory store persists)."""
+    if spec is not None:
+        return build_component(spec, setting="VECTOR_STORE", base=VectorStore, aliases=ALIASES)
+    if not _default:
+        _default.append(get_vector_store(get_setting("VECTOR_STORE")))
+    return _default[0]
+
+
+on_reset(_default.clear)

@@ -1,0 +1,58 @@
+"""Settings for the test suite: real PostgreSQL + pgvector.
+
+DATABASE_URL selects a server; without it an embedded pgserver starts with its data under the
+system temp dir (one per checkout, reused between runs).
+"""
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+
+from django_rag.embedded import database_settings
+
+BASE_DIR = Path(__file__).resolve().parent
+_checkout = hashlib.sha1(str(BASE_DIR).encode()).hexdigest()[:8]
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+ALLOWED_HOSTS = ["*"]
+DATABASES = {
+    "default": database_settings(Path(tempfile.gettempdir()) / f"django_rag_tests_{_checkout}")
+}
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.postgres",
+    "django_rag",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Fast, deterministic embeddings by default; tests that need the real model ask for it.
+DJANGO_RAG = {"EMBEDDER": "hashing"}
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
