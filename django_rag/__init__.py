@@ -8,7 +8,9 @@ The public API is small::
     hits = rag.search("how do refunds work", limit=5, collection="docs")
     rag.delete(doc)
 
-Names are imported lazily so ``import django_rag`` works before Django is set up.
+Names are imported lazily so ``import django_rag`` works before Django is set up. The search
+code lives in ``django_rag.retrieval``: a subpackage called ``search`` would replace the
+``search()`` function on this module as soon as it was imported.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ _EXPORTS = {
     "ingest_file": "django_rag.ingestion.service",
     "ingest_bytes": "django_rag.ingestion.service",
     "delete": "django_rag.ingestion.service",
-    "search": "django_rag.search.service",
-    "SearchResult": "django_rag.search.results",
+    "search": "django_rag.retrieval.service",
+    "SearchResult": "django_rag.retrieval.results",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -35,7 +35,7 @@ def check_settings(app_configs=None, **kwargs):
     from .embeddings import get_embedder
     from .ingestion.chunkers import get_chunker
     from .ingestion.parsers import get_parser, parser_registry
-    from .search.stores import get_vector_store
+    from .retrieval.stores import get_vector_store
 
     embedder = None
     for setting, build in (

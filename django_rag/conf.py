@@ -119,7 +119,9 @@ def _reset(*, setting: str, **kwargs) -> None:
 def import_string(path: str, *, setting: str) -> Any:
     module_path, _, attr = path.rpartition(".")
     if not module_path:
-        raise ConfigurationError(setting, path, "expected a dotted path such as 'myapp.rag.MyClass'")
+        raise ConfigurationError(
+            setting, path, "expected a dotted path such as 'myapp.rag.MyClass'"
+        )
     try:
         module = importlib.import_module(module_path)
     except ImportError as exc:
@@ -127,7 +129,9 @@ def import_string(path: str, *, setting: str) -> Any:
     try:
         return getattr(module, attr)
     except AttributeError as exc:
-        raise ConfigurationError(setting, path, f"{module_path!r} has no attribute {attr!r}") from exc
+        raise ConfigurationError(
+            setting, path, f"{module_path!r} has no attribute {attr!r}"
+        ) from exc
 
 
 def build_component(

@@ -18,7 +18,9 @@ from urllib.parse import parse_qs, unquote, urlparse
 from .exceptions import MissingDependency
 
 
-def embedded_database(path: str | Path, *, name: str = "postgres", keep_running: bool = True) -> dict:
+def embedded_database(
+    path: str | Path, *, name: str = "postgres", keep_running: bool = True
+) -> dict:
     """Start pgserver with its data directory at ``path`` and return Django settings for it.
 
     Keep ``path`` inside the project or the system temp dir, never under $HOME: run as root,

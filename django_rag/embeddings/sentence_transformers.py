@@ -135,9 +135,9 @@ class SentenceTransformerEmbedder(Embedder):
         if known:
             return known
         model = self.model
-        getter = getattr(model, "get_embedding_dimension", None) or getattr(
-            model, "get_sentence_embedding_dimension"
-        )
+        # Renamed in sentence-transformers 5; keep working with both names.
+        getter = getattr(model, "get_embedding_dimension", None)
+        getter = getter or model.get_sentence_embedding_dimension
         return int(getter())
 
     @property

@@ -65,7 +65,10 @@ class TokenChunker(Chunker):
     """
 
     def __init__(self, *, chunk_size: int = 200, chunk_overlap: int = 40):
-        for name, value, minimum in (("chunk_size", chunk_size, 1), ("chunk_overlap", chunk_overlap, 0)):
+        for name, value, minimum in (
+            ("chunk_size", chunk_size, 1),
+            ("chunk_overlap", chunk_overlap, 0),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
                 raise InvalidOption(
                     f"{name} must be an integer >= {minimum}, got {value!r}", option=name
@@ -142,7 +145,6 @@ def _overlap_start(breaks: list[int], start: int, stop: int, overlap: int) -> in
         if breaks[k] >= WORD:
             return k
     return target
-        return chunks
 
 
 def _token_spans(text: str, embedder: Embedder | None) -> list[tuple[int, int]]:
@@ -239,7 +241,9 @@ class CallableChunker(Chunker):
                     text=item,
                     start=start,
                     end=end,
-                    token_count=tokens if tokens is not None else len(_FALLBACK_TOKEN.findall(item)),
+                    token_count=tokens
+                    if tokens is not None
+                    else len(_FALLBACK_TOKEN.findall(item)),
                     metadata=metadata,
                 )
             )
@@ -262,7 +266,10 @@ def get_chunker(spec: Any = None, **options: Any) -> Chunker:
         spec = get_setting("CHUNKER")
         if options:
             if isinstance(spec, dict):
-                spec = {"BACKEND": spec["BACKEND"], "OPTIONS": {**spec.get("OPTIONS", {}), **options}}
+                spec = {
+                    "BACKEND": spec["BACKEND"],
+                    "OPTIONS": {**spec.get("OPTIONS", {}), **options},
+                }
             else:
                 spec = {"BACKEND": spec, "OPTIONS": options}
     elif options:

@@ -83,7 +83,9 @@ class TextParser(Parser):
     content_type = "text/plain"
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
-        return ParsedDocument(text=decode_text(data, filename=filename), content_type=self.content_type)
+        return ParsedDocument(
+            text=decode_text(data, filename=filename), content_type=self.content_type
+        )
 
 
 _MD_TITLE = re.compile(r"^\s{0,3}#\s+(.+?)\s*#*\s*$", re.MULTILINE)
@@ -131,6 +133,11 @@ class PdfParser(Parser):
                 filename=filename,
             ) from exc
         with document:
+            if document.page_count == 0:
+                raise CorruptFile(
+                    f"{filename} has no pages; it is damaged or not really a PDF.",
+                    filename=filename,
+                )
             if document.needs_pass and not document.authenticate(""):
                 raise EncryptedPDF(
                     f"{filename} is password-protected. Decrypt it first (for example "

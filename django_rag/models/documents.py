@@ -60,7 +60,9 @@ class Document(models.Model):
         indexes = [
             models.Index(fields=["collection", "source_id"], name="django_rag_doc_source_idx"),
             models.Index(fields=["collection", "content_hash"], name="django_rag_doc_hash_idx"),
-            GinIndex(fields=["metadata"], name="django_rag_doc_meta_idx", opclasses=["jsonb_path_ops"]),
+            GinIndex(
+                fields=["metadata"], name="django_rag_doc_meta_idx", opclasses=["jsonb_path_ops"]
+            ),
         ]
 
     def __str__(self) -> str:

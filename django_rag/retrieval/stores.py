@@ -230,8 +230,8 @@ class MemoryVectorStore(VectorStore):
 
 
 ALIASES = {
-    "pgvector": "django_rag.search.stores.PgVectorStore",
-    "memory": "django_rag.search.stores.MemoryVectorStore",
+    "pgvector": "django_rag.retrieval.stores.PgVectorStore",
+    "memory": "django_rag.retrieval.stores.MemoryVectorStore",
 }
 
 

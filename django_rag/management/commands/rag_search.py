@@ -1,0 +1,58 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_rag.exceptions import RagError
+from django_rag.retrieval.service import search
+
+
+class Command(BaseCommand):
+    help = "Search the ingested chunks and print the best matches."
+
+    def add_arguments(self, parser):
+        parser.add_argument("query")
+        parser.add_argument("--mode", default=None, help="search mode (default: SEARCH['MODE'])")
+        parser.add_argument("--limit", type=int, default=None)
+        parser.add_argument("--threshold", type=float, default=None)
+        parser.add_argument(
+            "--collection", action="append", default=None, help="repeat for several"
+        )
+        parser.add_argument("--source-id", default=None)
+        parser.add_argument("--json", action="store_true", help="print JSON")
+
+    def handle(self, *args, query, mode, limit, threshold, collection, source_id, **options):
+        try:
+            results = search(
+                query,
+                mode=mode,
+                limit=limit,
+                threshold=threshold,
+                collection=collection,
+                source_id=source_id,
+            )
+        except RagError as exc:
+            raise CommandError(str(exc)) from exc
+        if options["json"]:
+            self.stdout.write(json.dumps([r.to_dict() for r in results], indent=2, default=str))
+            return
+        if not results:
+            self.stdout.write("No results.")
+            return
+        for rank, result in enumerate(results, start=1):
+            where = (
+                result.filename
+                or result.title
+                or result.source_id
+                or f"document {result.document_id}"
+            )
+            pages = ""
+            if result.page_start is not None:
+                pages = f" p.{result.page_start}" + (
+                    f"-{result.page_end}" if result.page_end != result.page_start else ""
+                )
+            snippet = " ".join(result.text.split())
+            snippet = snippet[:160] + ("..." if len(snippet) > 160 else "")
+            self.stdout.write(
+                f"{rank:>2}. {result.score:.3f}  [{result.collection}] {where}{pages} "
+                f"#{result.chunk_index}\n    {snippet}"
+            )

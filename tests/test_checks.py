@@ -1,0 +1,123 @@
+import sys
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.db import connection
+
+from django_rag.checks import check_database, check_settings
+from django_rag.conf import get_settings
+from django_rag.exceptions import ConfigurationError, MissingDependency
+
+pytestmark = pytest.mark.django_db
+
+
+def ids(messages):
+    return [m.id for m in messages]
+
+
+def test_default_configuration_passes():
+    assert check_settings() == []
+    assert check_database(databases=["default"]) == []
+
+
+def test_bad_dotted_path_is_e002(settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "myproject.nope.Embedder"}
+    (error,) = check_settings()
+    assert (
+        error.id == "django_rag.E002" and "myproject.nope" in error.msg and "EMBEDDER" in error.msg
+    )
+
+
+def test_bad_parser_path_is_e002(settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "PARSERS": {".html": "nowhere.HtmlParser"}}
+    assert ids(check_settings()) == ["django_rag.E002"]
+
+
+def test_embedder_size_differs_from_setting_is_e003(settings):
+    settings.DJANGO_RAG = {"EMBEDDER": {"BACKEND": "hashing", "OPTIONS": {"dimensions": 768}}}
+    (error,) = check_settings()
+    assert error.id == "django_rag.E003" and "768" in error.msg and "384" in error.msg
+
+
+def test_minilm_default_is_known_without_loading(settings):
+    settings.DJANGO_RAG = {"EMBEDDING_DIMENSIONS": 768}  # default embedder: MiniLM, 384
+    assert ids(check_settings()) == ["django_rag.E003"]
+
+
+def test_column_size_differs_from_setting_is_e004(settings):
+    settings.DJANGO_RAG = {
+        "EMBEDDER": {"BACKEND": "hashing", "OPTIONS": {"dimensions": 768}},
+        "EMBEDDING_DIMENSIONS": 768,
+    }
+    (error,) = check_database(databases=["default"])
+    assert error.id == "django_rag.E004"
+    assert "vector(384)" in error.msg and "vector(768)" in error.msg
+    with pytest.raises(SystemCheckError, match="E004"):
+        call_command("check", "--database", "default")
+
+
+def test_pgvector_missing_is_e001(monkeypatch):
+    original = connection.cursor
+
+    class Cursor:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.inner.close()
+
+        def execute(self, sql, params=None):
+            sql = sql.replace("name = 'vector'", "name = 'no_such_extension'")
+            return self.inner.execute(sql, params)
+
+        def fetchone(self):
+            return self.inner.fetchone()
+
+    monkeypatch.setattr(connection, "cursor", lambda: Cursor(original()))
+    assert ids(check_database(databases=["default"])) == ["django_rag.E001"]
+
+
+def test_invalid_settings_are_e005(settings):
+    settings.DJANGO_RAG = {"EMBEDING": "typo"}
+    (error,) = check_settings()
+    assert error.id == "django_rag.E005" and "EMBEDING" in error.msg
+    settings.DJANGO_RAG = {"EMBEDDING_DIMENSIONS": 0}
+    assert ids(check_settings()) == ["django_rag.E005"]
+
+
+def test_settings_cache_resets_on_override(settings):
+    settings.DJANGO_RAG = {"DEFAULT_COLLECTION": "first"}
+    assert get_settings()["DEFAULT_COLLECTION"] == "first"
+    settings.DJANGO_RAG = {"DEFAULT_COLLECTION": "second", "SEARCH": {"LIMIT": 3}}
+    assert get_settings()["DEFAULT_COLLECTION"] == "second"
+    assert get_settings()["SEARCH"]["LIMIT"] == 3
+    assert get_settings()["SEARCH"]["MODE"] == "semantic"  # nested defaults kept
+
+
+def test_configuration_error_is_improperly_configured():
+    from django.core.exceptions import ImproperlyConfigured
+
+    error = ConfigurationError("EMBEDDER", "x", "bad")
+    assert isinstance(error, ImproperlyConfigured) and error.code == "configuration_error"
+
+
+def test_missing_optional_dependency_names_the_extra(monkeypatch):
+    from django_rag.embeddings import sentence_transformers as st
+    from django_rag.ingestion.parsers import parse_bytes
+
+    monkeypatch.setitem(sys.modules, "pymupdf", None)
+    with pytest.raises(MissingDependency, match=r"pip install 'django-rag\[pdf\]'"):
+        parse_bytes(b"%PDF-1.7", filename="a.pdf")
+    monkeypatch.setitem(sys.modules, "sentence_transformers", None)
+    monkeypatch.setattr(st, "_models", {})
+    with pytest.raises(MissingDependency, match=r"django-rag\[local\]"):
+        st.SentenceTransformerEmbedder().embed_query("x")
+    monkeypatch.setitem(sys.modules, "litellm", None)
+    from django_rag.embeddings import LiteLLMEmbedder
+
+    with pytest.raises(MissingDependency, match=r"django-rag\[llm\]"):
+        LiteLLMEmbedder().embed_query("x")

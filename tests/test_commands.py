@@ -1,0 +1,104 @@
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_rag.models import Document
+
+from .test_parsers import make_pdf
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "docs" / "nested").mkdir(parents=True)
+    (tmp_path / "docs" / "intro.md").write_text("# Intro\n\nOur refund policy lasts 30 days.")
+    (tmp_path / "docs" / "nested" / "shipping.txt").write_text("Shipping takes three to five days.")
+    (tmp_path / "docs" / "nested" / "manual.pdf").write_bytes(make_pdf(["Press the red button."]))
+    (tmp_path / "docs" / "ignored.xyz").write_text("not a supported type")
+    return tmp_path
+
+
+def run(*args):
+    out, err = StringIO(), StringIO()
+    call_command(*args, stdout=out, stderr=err)
+    return out.getvalue()
+
+
+def test_ingest_directory_then_search(files):
+    output = run("rag_ingest", str(files / "docs"), "--collection", "kb")
+    assert "3 file(s): 3 ingested" in output and "0 failed" in output
+    assert Document.objects.filter(collection__name="kb").count() == 3
+    assert set(Document.objects.values_list("original_filename", flat=True)) == {
+        "intro.md",
+        "shipping.txt",
+        "manual.pdf",
+    }
+
+    again = run("rag_ingest", str(files / "docs"), "--collection", "kb")
+    assert "3 unchanged" in again
+    assert Document.objects.count() == 3
+
+    data = json.loads(run("rag_search", "refund", "--collection", "kb", "--json", "--limit", "2"))
+    assert len(data) == 2 and data[0]["filename"] == "intro.md"
+    assert set(data[0]) >= {"chunk_id", "text", "score", "document_id", "page_start", "filename"}
+
+    table = run("rag_search", "red button", "--collection", "kb", "--limit", "1")
+    assert "manual.pdf p.1" in table and "Press the red button." in table
+
+
+def test_glob_and_replace(files):
+    path = files / "docs" / "nested" / "shipping.txt"
+    run("rag_ingest", str(files / "docs" / "**" / "*.txt"), "--collection", "g")
+    path.write_text("Shipping now takes one day.")
+    output = run("rag_ingest", str(path), "--collection", "g", "--replace")
+    assert "1 ingested" in output
+    (doc,) = Document.objects.filter(collection__name="g")
+    assert doc.content == "Shipping now takes one day." and doc.source_id == str(path)
+
+
+def test_failures_are_reported_with_exit_status_1(files):
+    (files / "docs" / "empty.txt").write_text("   ")
+    (files / "docs" / "latin.txt").write_bytes(b"caf\xe9")
+    with pytest.raises(CommandError) as info:
+        run("rag_ingest", str(files / "docs"), "--collection", "f")
+    assert info.value.returncode == 1
+    assert "2 file(s) failed" in str(info.value)
+    assert "empty.txt" in str(info.value) and "latin.txt" in str(info.value)
+    assert Document.objects.filter(collection__name="f").count() == 3
+
+
+def test_ingest_argument_errors(files):
+    with pytest.raises(CommandError, match="no file matches"):
+        run("rag_ingest", str(files / "*.nothing"))
+    with pytest.raises(CommandError, match="--source-id"):
+        run("rag_ingest", str(files / "docs"), "--source-id", "x")
+
+
+def test_search_errors_and_empty_results(files):
+    with pytest.raises(CommandError, match="No collection named 'missing'"):
+        run("rag_search", "x", "--collection", "missing")
+    with pytest.raises(CommandError, match="Unknown search mode"):
+        run("rag_search", "x", "--mode", "psychic")
+    assert run("rag_search", "anything") == "No results.\n"
+
+
+def test_commands_via_subprocess_exit_codes(files, tmp_path):
+    """The real command line: exit status 1 when a file fails."""
+    import os
+    import subprocess
+    import sys
+
+    (files / "docs" / "bad.pdf").write_bytes(b"garbage")
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": os.getcwd()}
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "rag_ingest", str(files / "docs" / "bad.pdf"), "--quiet"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert proc.returncode == 1
+    assert "not a PDF" in proc.stderr

@@ -1,0 +1,118 @@
+"""Filtered searches return min(limit, matching chunks) rows: proven on 1% of the chunks."""
+
+import random
+
+import numpy as np
+import pytest
+from django.db import connection, transaction
+from django.db.models import F, Value
+from pgvector.django import CosineDistance
+
+import django_rag as rag
+from django_rag.embeddings import get_embedder
+from django_rag.models import Chunk, Collection, Document
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def populated(django_db_setup, django_db_blocker):
+    """Collection 'big' with 5,000 chunks and 'small' with 50 (1% of all chunks), committed."""
+    with django_db_blocker.unblock():
+        rng = random.Random(7)
+        vocabulary = [f"term{i}" for i in range(3000)]
+
+        def text(n):
+            return ". ".join(" ".join(rng.choices(vocabulary, k=12)) for _ in range(n)) + "."
+
+        for i in range(50):
+            rag.ingest(
+                text(100), collection="big", source_id=f"big-{i}", chunk_size=14, chunk_overlap=0
+            )
+        for i in range(5):
+            rag.ingest(
+                text(10), collection="small", source_id=f"small-{i}", chunk_size=14, chunk_overlap=0
+            )
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE django_rag_chunk")
+        yield rng, vocabulary
+        Document.objects.all().delete()
+        Collection.objects.all().delete()
+
+
+def _exact_top(collection_name, query_vector, limit, source_id=None):
+    rows = Chunk.objects.filter(collection__name=collection_name)
+    if source_id:
+        rows = rows.filter(document__source_id=source_id)
+    scores = sorted(
+        (float(np.dot(np.asarray(c.embedding), query_vector)) for c in rows), reverse=True
+    )
+    return [round(score, 5) for score in scores[:limit]]
+
+
+def _scores(results):
+    assert len({r.chunk_id for r in results}) == len(results)
+    return [round(r.score, 5) for r in results]
+
+
+def test_filtered_search_on_one_percent_of_chunks_is_complete(populated):
+    rng, vocabulary = populated
+    total = Chunk.objects.count()
+    small = Chunk.objects.filter(collection__name="small").count()
+    assert small / total <= 0.011 and small >= 50
+
+    query = " ".join(rng.choices(vocabulary, k=6))
+    vector = np.asarray(get_embedder().embed_query(query))
+
+    # The problem being solved: an HNSW scan with the filter applied afterwards finds almost
+    # nothing in 1% of the rows (the planner is pushed onto the index to show it).
+    naive_query = (
+        Chunk.objects.filter(collection__name="small")
+        .annotate(distance=CosineDistance("embedding", vector.tolist()))
+        .order_by("distance")[:10]
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute("SET LOCAL enable_bitmapscan = off")
+        cursor.execute("SET LOCAL enable_sort = off")
+        assert "django_rag_chunk_hnsw_idx" in naive_query.explain()
+        naive = list(naive_query)
+    assert len(naive) < 10
+
+    results = rag.search(query, collection="small", limit=10)
+    assert len(results) == 10
+    assert _scores(results) == _exact_top("small", vector, 10)
+    assert all(r.collection == "small" for r in results)
+
+    # More than the collection holds: every chunk comes back.
+    assert len(rag.search(query, collection="small", limit=200)) == small
+
+    # Source filter: one document of 10 chunks.
+    results = rag.search(query, collection="small", source_id="small-2", limit=10)
+    assert _scores(results) == _exact_top("small", vector, 10, "small-2")
+
+
+def test_large_filters_use_the_index_and_stay_complete(populated, settings):
+    rng, vocabulary = populated
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "SEARCH": {"EXACT_SEARCH_MAX_ROWS": 20}}
+    query = " ".join(rng.choices(vocabulary, k=6))
+    vector = np.asarray(get_embedder().embed_query(query))
+    results = rag.search(query, collection="small", limit=10)
+    assert _scores(results) == _exact_top("small", vector, 10)
+    results = rag.search(query, collection="big", limit=10)
+    assert len(results) == 10 and all(r.collection == "big" for r in results)
+
+
+def test_unfiltered_search_uses_the_hnsw_index(populated):
+    vector = [0.0] * 383 + [1.0]
+    base = Chunk.objects.annotate(distance=CosineDistance("embedding", vector))
+    plan = base.order_by("distance")[:10].explain()
+    assert "django_rag_chunk_hnsw_idx" in plan
+    exact_plan = (
+        base.filter(collection__name="small").order_by(F("distance") + Value(0.0))[:10].explain()
+    )
+    assert "hnsw" not in exact_plan
+    results = rag.search("term1 term2", limit=25)
+    assert len(results) == 25
+    scores = [r.score for r in results]
+    assert scores == sorted(scores, reverse=True)

@@ -1,0 +1,132 @@
+import numpy as np
+import pytest
+from django.db import connection
+
+import django_rag as rag
+from django_rag.exceptions import InvalidOption, InvalidSearchMode, UnknownCollection
+from django_rag.models import Chunk, Collection
+from django_rag.retrieval import MemoryVectorStore, SearchResult
+
+pytestmark = pytest.mark.django_db
+
+CORPUS = {
+    "cats": "Cats are small domesticated carnivores. They purr, hunt mice and sleep most of the day.",
+    "dogs": "Dogs are loyal companions; they bark, fetch sticks and love long walks in the park.",
+    "python": "Python is a programming language with dynamic typing and a large standard library.",
+    "postgres": "PostgreSQL is a relational database server; pgvector adds vector similarity search.",
+    "bread": "To bake bread, mix flour, water, yeast and salt, knead the dough and let it rise.",
+    "stocks": "The stock market fell as investors worried about inflation and interest rates.",
+    "rain": "Heavy rain and thunderstorms are expected across the region this weekend.",
+    "football": "The football team won the championship after a penalty shootout in the final.",
+}
+
+QUERIES = {
+    "which pet meows and chases mice": "cats",
+    "storing embeddings in an SQL database": "postgres",
+    "recipe for a homemade loaf": "bread",
+    "weather forecast for saturday": "rain",
+    "soccer cup final result": "football",
+    "interpreted scripting language": "python",
+}
+
+
+@pytest.mark.slow
+def test_semantic_ranking_on_a_real_corpus(minilm):
+    for key, text in CORPUS.items():
+        rag.ingest(text, collection="kb", source_id=key, embedder=minilm)
+    for query, expected in QUERIES.items():
+        results = rag.search(query, collection="kb", limit=3, embedder=minilm)
+        assert results[0].source_id == expected, (query, [r.source_id for r in results])
+        assert results[0].score > results[1].score >= results[2].score
+
+
+def test_results_carry_document_fields():
+    doc = rag.ingest(
+        "Apples and pears are fruit.",
+        collection="fruit",
+        source_id="f1",
+        title="Fruit",
+        metadata={"aisle": 3},
+    )
+    Chunk.objects.filter(document=doc).update(page_start=2, page_end=2, metadata={"part": "a"})
+    (result,) = rag.search("apples", collection="fruit", limit=5)
+    assert isinstance(result, SearchResult)
+    assert (result.document_id, result.chunk_index, result.title, result.source_id) == (
+        doc.pk,
+        0,
+        "Fruit",
+        "f1",
+    )
+    assert (result.page_start, result.page_end) == (2, 2)
+    assert result.metadata == {"aisle": 3, "part": "a"}
+    assert result.semantic_score == result.score and result.fulltext_score is None
+    data = result.to_dict()
+    assert data["text"] == "Apples and pears are fruit." and data["collection"] == "fruit"
+
+
+def test_collections_scope_and_unknown_names():
+    rag.ingest("alpha text about apples", collection="one")
+    rag.ingest("beta text about apples", collection="two")
+    rag.ingest("gamma text about apples", collection="three")
+    assert {r.collection for r in rag.search("apples", collection=["one", "two"])} == {"one", "two"}
+    assert len(rag.search("apples")) == 3
+    with pytest.raises(UnknownCollection, match="'nope'") as info:
+        rag.search("apples", collection=["one", "nope"])
+    assert info.value.code == "unknown_collection"
+    assert rag.search("apples", collection=[]) == []
+
+
+def test_threshold_limit_and_mode_validation():
+    rag.ingest("threshold testing text", collection="t")
+    results = rag.search("threshold testing text", threshold=0.99)
+    assert len(results) == 1 and results[0].score >= 0.99
+    assert rag.search("threshold testing text", threshold=1.01) == []
+    assert len(rag.search("threshold", mode="vector")) == 1
+    assert rag.search("   ") == []
+    with pytest.raises(InvalidSearchMode, match="semantic"):
+        rag.search("x", mode="magic")
+    for bad in (0, -1, 1001, "5", True):
+        with pytest.raises(InvalidOption):
+            rag.search("x", limit=bad)
+
+
+def test_memory_store_matches_pgvector():
+    store = MemoryVectorStore()
+    for key, text in CORPUS.items():
+        rag.ingest(text, collection="kb", source_id=key)
+        store.ingest(text, collection="kb", source_id=key)
+    rag.ingest("unrelated other collection text about cats", collection="other")
+    store.ingest("unrelated other collection text about cats", collection="other")
+
+    def ranked(results):
+        # Same order up to ties: group results by score.
+        groups = {}
+        for r in results:
+            groups.setdefault(round(r.score, 4), set()).add((r.source_id, r.text))
+        return sorted(groups.items(), reverse=True)
+
+    for query in list(QUERIES) + ["cats and dogs", "database"]:
+        for scope in ("kb", None, ["kb", "other"]):
+            pg = rag.search(query, collection=scope, limit=20)
+            memory = rag.search(query, collection=scope, limit=20, vector_store=store)
+            assert len(pg) == len(memory) == (8 if scope == "kb" else 9)
+            assert ranked(pg) == ranked(memory)
+            assert np.allclose([r.score for r in pg], [r.score for r in memory], atol=1e-5)
+    assert rag.search("cats", source_id="dogs", vector_store=store)[0].source_id == "dogs"
+    with pytest.raises(UnknownCollection):
+        rag.search("cats", collection="missing", vector_store=store)
+    assert store.delete(collection="other") == 1 and len(store) == len(CORPUS)
+
+
+def test_memory_store_from_settings(settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "VECTOR_STORE": "memory"}
+    from django_rag.retrieval import get_vector_store
+
+    store = get_vector_store()
+    assert get_vector_store() is store
+    store.ingest("kept in process memory", collection="mem")
+    assert rag.search("memory")[0].text == "kept in process memory"
+    assert not Collection.objects.filter(name="mem").exists()
+    with connection.cursor() as cursor:  # nothing reached the database
+        cursor.execute("SELECT count(*) FROM django_rag_chunk")
+        assert cursor.fetchone()[0] == 0
