@@ -1,0 +1,74 @@
+"""Django admin for collections, documents and chunks."""
+
+from django.contrib import admin, messages
+from django.db.models import Count
+from django.utils.text import Truncator
+
+from .exceptions import CollectionNotEmpty
+from .models import Chunk, Collection, Document
+
+
+@admin.register(Collection)
+class CollectionAdmin(admin.ModelAdmin):
+    list_display = ["name", "description", "document_count", "created_at"]
+    search_fields = ["name", "description"]
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(_documents=Count("documents"))
+
+    @admin.display(description="documents", ordering="_documents")
+    def document_count(self, obj):
+        return obj._documents
+
+    def delete_model(self, request, obj):
+        try:
+            obj.delete()
+        except CollectionNotEmpty as exc:
+            self.message_user(request, str(exc), level=messages.ERROR)
+
+    def delete_queryset(self, request, queryset):
+        for collection in queryset:
+            self.delete_model(request, collection)
+
+
+class ChunkInline(admin.TabularInline):
+    model = Chunk
+    fields = ["chunk_index", "preview", "token_count", "page_start", "page_end", "embedding_model"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+    ordering = ["chunk_index"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="text")
+    def preview(self, obj):
+        return Truncator(obj.text).chars(160)
+
+
+@admin.register(Document)
+class DocumentAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "collection", "source_id", "status", "chunk_count", "created_at"]
+    list_filter = ["status", "collection", "content_type"]
+    search_fields = ["title", "source_id", "original_filename"]
+    list_select_related = ["collection"]
+    readonly_fields = ["content_hash", "chunk_count", "status", "error", "created_at", "updated_at"]
+    inlines = [ChunkInline]
+
+
+@admin.register(Chunk)
+class ChunkAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "collection", "chunk_index", "token_count", "page_start", "embedding_model"]
+    list_filter = ["collection", "embedding_model"]
+    search_fields = ["text"]
+    list_select_related = ["collection", "document"]
+    exclude = ["embedding"]
+    readonly_fields = [
+        "document", "collection", "chunk_index", "text", "token_count", "start_char", "end_char",
+        "page_start", "page_end", "metadata", "embedding_model", "created_at",
+    ]
+
+    def has_add_permission(self, request):
+        return False

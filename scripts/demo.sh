@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The main job on the embedded default: PostgreSQL + pgvector from pgserver, local MiniLM
+# embeddings. Installs what it needs, migrates, ingests the sample corpus, searches it.
+set -euo pipefail
+. "$(dirname "$0")/bootstrap.sh"
+cd example_project
+echo "== migrate (embedded PostgreSQL in example_project/.pgdata)"
+python manage.py migrate --verbosity 0
+python manage.py check --database default
+echo "== ingest the sample corpus"
+python manage.py rag_ingest sample_corpus --collection handbook
+for query in "how long do refunds take to reach my card" \
+             "is two-factor authentication required" \
+             "how do I descale the coffee machine" \
+             "can I carry over unused holiday"; do
+  echo
+  echo "== rag_search \"$query\""
+  python manage.py rag_search "$query" --collection handbook --limit 3
+done
+cat <<'MSG'
+
+Done. To browse documents and chunks in the Django admin:
+  cd example_project
+  ../.venv/bin/python manage.py createsuperuser
+  ../.venv/bin/python manage.py runserver
+and open http://127.0.0.1:8000/admin/
+MSG
