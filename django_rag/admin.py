@@ -60,14 +60,31 @@ class DocumentAdmin(admin.ModelAdmin):
 
 @admin.register(Chunk)
 class ChunkAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "collection", "chunk_index", "token_count", "page_start", "embedding_model"]
+    list_display = [
+        "__str__",
+        "collection",
+        "chunk_index",
+        "token_count",
+        "page_start",
+        "embedding_model",
+    ]
     list_filter = ["collection", "embedding_model"]
     search_fields = ["text"]
     list_select_related = ["collection", "document"]
     exclude = ["embedding"]
     readonly_fields = [
-        "document", "collection", "chunk_index", "text", "token_count", "start_char", "end_char",
-        "page_start", "page_end", "metadata", "embedding_model", "created_at",
+        "document",
+        "collection",
+        "chunk_index",
+        "text",
+        "token_count",
+        "start_char",
+        "end_char",
+        "page_start",
+        "page_end",
+        "metadata",
+        "embedding_model",
+        "created_at",
     ]
 
     def has_add_permission(self, request):

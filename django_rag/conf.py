@@ -48,9 +48,9 @@ DEFAULTS: dict[str, Any] = {
         # A filtered search whose filter matches at most this many chunks is answered by an
         # exact scan (always complete); larger filtered sets use the HNSW index and fall back
         # to an exact scan when the index returns too few rows.
-        "EXACT_SEARCH_MAX_ROWS": 20_000,
+        "EXACT_SEARCH_MAX_ROWS": 5_000,
         # HNSW candidate list size; raised automatically to the requested limit.
-        "HNSW_EF_SEARCH": 40,
+        "HNSW_EF_SEARCH": 200,
     },
 }
 

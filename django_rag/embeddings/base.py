@@ -22,16 +22,18 @@ class Embedder:
     query_prefix: str = ""
     document_prefix: str = ""
     batch_size: int = 32
+    #: Output size when given up front (``dimensions=`` option of the built-ins).
+    _dimensions: int | None = None
 
     @property
     def dimensions(self) -> int:
-        """Size of the vectors; may probe the model when it is not known up front."""
-        return len(self.embed_query("dimension probe"))
+        """Size of the vectors; probes the model when it is not known up front."""
+        return self.known_dimensions or len(self.embed_query("dimension probe"))
 
     @property
     def known_dimensions(self) -> int | None:
         """Dimensions when known without loading anything (used by system checks)."""
-        return None
+        return self._dimensions
 
     @property
     def max_tokens(self) -> int | None:

@@ -26,13 +26,5 @@ class CallableEmbedder(Embedder):
         self.model_name = model_name or getattr(func, "__qualname__", "callable")
         self.batch_size = batch_size
 
-    @property
-    def dimensions(self) -> int:
-        return self._dimensions or super().dimensions
-
-    @property
-    def known_dimensions(self) -> int | None:
-        return self._dimensions
-
     def _embed(self, texts: list[str]) -> Sequence[Sequence[float]]:
         return self.func(texts)

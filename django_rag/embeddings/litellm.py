@@ -37,14 +37,6 @@ class LiteLLMEmbedder(Embedder):
         self.document_prefix = document_prefix
         self.extra = dict(extra or {})
 
-    @property
-    def dimensions(self) -> int:
-        return self._dimensions or super().dimensions
-
-    @property
-    def known_dimensions(self) -> int | None:
-        return self._dimensions
-
     def _embed(self, texts: list[str]) -> Sequence[Sequence[float]]:
         try:
             import litellm

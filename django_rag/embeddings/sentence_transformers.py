@@ -131,9 +131,8 @@ class SentenceTransformerEmbedder(Embedder):
 
     @property
     def dimensions(self) -> int:
-        known = self.known_dimensions
-        if known:
-            return known
+        if self.known_dimensions:
+            return self.known_dimensions
         model = self.model
         # Renamed in sentence-transformers 5; keep working with both names.
         getter = getattr(model, "get_embedding_dimension", None)

@@ -112,10 +112,16 @@ def prepare_chunks(
     chunker=None,
     embedder: Embedder,
     dimensions: int | None = None,
-    **chunker_options,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
 ) -> list[PreparedChunk]:
     """Chunk ``parsed.text`` and embed every chunk; raises before anything is stored."""
-    chunks = get_chunker(chunker, **chunker_options).chunk(
+    options = {
+        key: value
+        for key, value in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
+        if value is not None
+    }
+    chunks = get_chunker(chunker, **options).chunk(
         parsed.text, format=parsed.format, embedder=embedder
     )
     if not chunks:
@@ -179,7 +185,8 @@ def ingest(
     format: str = "text",
     chunker=None,
     embedder=None,
-    **chunker_options,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
 ):
     """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
 
@@ -203,14 +210,15 @@ def ingest(
         replace=replace,
         chunker=chunker,
         embedder=embedder,
-        chunker_options=chunker_options,
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
     )
 
 
 def ingest_file(path: str | Path, **options):
     """Parse the file at ``path`` (by extension) and ingest it; options as for :func:`ingest`."""
     parsed = parse_file(path)
-    return _ingest_parsed(parsed, filename=Path(path).name, **_split_options(options))
+    return _ingest_parsed(parsed, filename=Path(path).name, **options)
 
 
 def ingest_bytes(data: bytes, *, filename: str, **options):
@@ -220,15 +228,7 @@ def ingest_bytes(data: bytes, *, filename: str, **options):
     if not filename or not isinstance(filename, str):
         raise InvalidOption("ingest_bytes() needs a filename: it chooses the parser by extension")
     parsed = parse_bytes(bytes(data), filename=filename)
-    return _ingest_parsed(parsed, filename=Path(filename).name, **_split_options(options))
-
-
-def _split_options(options: dict) -> dict:
-    known = {"collection", "title", "metadata", "source_id", "replace", "chunker", "embedder"}
-    return {
-        **{key: options.pop(key) for key in list(options) if key in known},
-        "chunker_options": options,
-    }
+    return _ingest_parsed(parsed, filename=Path(filename).name, **options)
 
 
 def _ingest_parsed(
@@ -241,7 +241,8 @@ def _ingest_parsed(
     replace: bool = False,
     chunker=None,
     embedder=None,
-    chunker_options: dict | None = None,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
     filename: str = "",
 ):
     from ..models import Document
@@ -271,7 +272,8 @@ def _ingest_parsed(
         chunker=chunker,
         embedder=resolved_embedder,
         dimensions=embedding_dimensions(),
-        **(chunker_options or {}),
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
     )
     document = Document(
         source_id=source_id,

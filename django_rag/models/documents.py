@@ -59,6 +59,7 @@ class Document(models.Model):
         ordering = ["-created_at", "-id"]
         indexes = [
             models.Index(fields=["collection", "source_id"], name="django_rag_doc_source_idx"),
+            models.Index(fields=["source_id"], name="django_rag_doc_source_only_idx"),
             models.Index(fields=["collection", "content_hash"], name="django_rag_doc_hash_idx"),
             GinIndex(
                 fields=["metadata"], name="django_rag_doc_meta_idx", opclasses=["jsonb_path_ops"]

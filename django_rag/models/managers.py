@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 
 from django.db import connections, models, transaction
@@ -37,8 +39,9 @@ class ChunkQuerySet(models.QuerySet):
         the result has min(limit, matching rows) chunks. pgvector applies filters after the
         HNSW scan, so a selective filter could otherwise return almost nothing. A filter that
         matches at most ``SEARCH["EXACT_SEARCH_MAX_ROWS"]`` chunks is answered by an exact scan
-        through the filter's index; a larger one uses the HNSW index (with iterative scans on
-        pgvector >= 0.8) and falls back to an exact scan if the index returns too few rows.
+        through the filter's index; a larger one uses the HNSW index (iterative scans on
+        pgvector >= 0.8, else a candidate list widened by the filter's estimated selectivity)
+        and falls back to an exact scan if the index returns too few rows.
         """
         base = (
             self.annotate(distance=CosineDistance("embedding", vector))
@@ -50,9 +53,9 @@ class ChunkQuerySet(models.QuerySet):
             if self._count_upto(cap + 1) <= cap:
                 rows = self._exact(base, limit)
             else:
-                rows = self._approximate(base, limit, filtered=True)
+                rows = self._approximate(base, limit, selectivity=self._selectivity())
         else:
-            rows = self._approximate(base, limit, filtered=False)
+            rows = self._approximate(base, limit, selectivity=None)
         if len(rows) < limit and self._count_upto(limit) > len(rows):
             rows = self._exact(base, limit)
         for row in rows:
@@ -69,12 +72,27 @@ class ChunkQuerySet(models.QuerySet):
         # rows the filter selects (found through the filter's own B-tree index).
         return list(base.order_by(F("distance") + Value(0.0), "pk")[:limit])
 
-    def _approximate(self, base, limit: int, *, filtered: bool) -> list:
+    def _selectivity(self) -> float:
+        """Planner estimate of the share of chunks this queryset's filter keeps (0..1]."""
+        plan = json.loads(self.order_by().values("pk").explain(format="json"))
+        matching = float(plan[0]["Plan"]["Plan Rows"])
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(
+                "SELECT reltuples FROM pg_class WHERE oid = %s::regclass",
+                [self.model._meta.db_table],
+            )
+            total = float(cursor.fetchone()[0])
+        if total <= 0 or matching >= total:
+            return 1.0
+        return max(matching / total, 1e-6)
+
+    def _approximate(self, base, limit: int, *, selectivity: float | None) -> list:
         ef_search = max(int(search_setting("HNSW_EF_SEARCH")), limit)
-        iterative = filtered and pgvector_version(self.db) >= (0, 8)
-        if filtered and not iterative:
-            # Without iterative scans the filter is applied after the scan: look further.
-            ef_search = max(ef_search, limit * 10)
+        iterative = selectivity is not None and pgvector_version(self.db) >= (0, 8)
+        if selectivity is not None and not iterative:
+            # The filter is applied after the scan: widen the candidate list so that about
+            # twice `limit` candidates are expected to pass it (the exact fallback covers misses).
+            ef_search = max(ef_search, math.ceil(2 * limit / selectivity))
         with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
             cursor.execute(
                 "SELECT set_config('hnsw.ef_search', %s, true)", [str(min(ef_search, 1000))]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -55,23 +55,6 @@ class PgVectorStore(VectorStore):
         return [SearchResult.from_chunk(row) for row in rows]
 
 
-@dataclass
-class _Entry:
-    id: int
-    text: str
-    collection: str
-    source_id: str
-    document_id: Any
-    chunk_index: int
-    metadata: dict = field(default_factory=dict)
-    title: str = ""
-    filename: str = ""
-    page_start: int | None = None
-    page_end: int | None = None
-    start_char: int | None = None
-    end_char: int | None = None
-
-
 class MemoryVectorStore(VectorStore):
     """An in-process store with exact cosine search.
 
@@ -79,7 +62,8 @@ class MemoryVectorStore(VectorStore):
     """
 
     def __init__(self):
-        self._entries: list[_Entry] = []
+        # One SearchResult per chunk (score 0); a search returns scored copies.
+        self._entries: list[SearchResult] = []
         self._vectors: list[np.ndarray] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -95,11 +79,9 @@ class MemoryVectorStore(VectorStore):
         text: str,
         collection: str = "default",
         source_id: str = "",
-        document_id: Any = None,
-        chunk_index: int = 0,
-        metadata: dict | None = None,
-        **extra: Any,
+        **fields: Any,
     ) -> int:
+        """Store one chunk; ``fields`` are other :class:`SearchResult` fields (metadata...)."""
         array = np.asarray(vector, dtype=np.float32)
         norm = float(np.linalg.norm(array))
         with self._lock:
@@ -107,19 +89,17 @@ class MemoryVectorStore(VectorStore):
                 raise ValueError(
                     f"vector has {array.shape[0]} dimensions; this store holds {self._vectors[0].shape[0]}"
                 )
-            entry = _Entry(
-                id=next(self._ids),
+            entry = SearchResult(
+                chunk_id=next(self._ids),
                 text=text,
+                score=0.0,
                 collection=collection,
                 source_id=source_id,
-                document_id=document_id,
-                chunk_index=chunk_index,
-                metadata=dict(metadata or {}),
-                **extra,
+                **fields,
             )
             self._entries.append(entry)
             self._vectors.append(array / norm if norm else array)
-        return entry.id
+        return entry.chunk_id
 
     def ingest(
         self,
@@ -132,7 +112,8 @@ class MemoryVectorStore(VectorStore):
         format: str = "text",
         chunker=None,
         embedder=None,
-        **chunker_options: Any,
+        chunk_size: int | None = None,
+        chunk_overlap: int | None = None,
     ) -> list[int]:
         """Chunk and embed ``text`` exactly as database ingest does; returns the chunk ids."""
         from ..embeddings import get_embedder
@@ -141,7 +122,11 @@ class MemoryVectorStore(VectorStore):
 
         parsed = ParsedDocument(text=clean_text(text), format=format)
         prepared = prepare_chunks(
-            parsed, chunker=chunker, embedder=get_embedder(embedder), **chunker_options
+            parsed,
+            chunker=chunker,
+            embedder=get_embedder(embedder),
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
         )
         document_id = next(self._documents)
         metadata = clean_metadata(metadata)
@@ -200,32 +185,14 @@ class MemoryVectorStore(VectorStore):
         # Stable order: best score first, then insertion order (like the database's pk order).
         order = sorted(range(len(selected)), key=lambda j: (-float(scores[j]), selected[j]))
         results = []
-        for j in order:
+        for j in order[:limit]:
             score = float(scores[j])
             if threshold is not None and score < threshold:
-                continue
-            e = entries[selected[j]]
-            results.append(
-                SearchResult(
-                    chunk_id=e.id,
-                    text=e.text,
-                    score=score,
-                    document_id=e.document_id,
-                    chunk_index=e.chunk_index,
-                    collection=e.collection,
-                    source_id=e.source_id,
-                    title=e.title,
-                    filename=e.filename,
-                    page_start=e.page_start,
-                    page_end=e.page_end,
-                    start_char=e.start_char,
-                    end_char=e.end_char,
-                    metadata=dict(e.metadata),
-                    semantic_score=score,
-                )
-            )
-            if len(results) == limit:
                 break
+            entry = entries[selected[j]]
+            results.append(
+                replace(entry, score=score, semantic_score=score, metadata=dict(entry.metadata))
+            )
         return results
 
 

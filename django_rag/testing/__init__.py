@@ -25,14 +25,6 @@ class HashingEmbedder(Embedder):
         self.model_name = model_name
         self.batch_size = 256
 
-    @property
-    def dimensions(self) -> int:
-        return self._dimensions
-
-    @property
-    def known_dimensions(self) -> int:
-        return self._dimensions
-
     def _embed(self, texts: list[str]) -> Sequence[Sequence[float]]:
         return [self._vector(text) for text in texts]
 

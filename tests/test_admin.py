@@ -1,0 +1,40 @@
+import pytest
+from django.contrib.auth.models import User
+from django.urls import reverse
+
+import django_rag as rag
+from django_rag.models import Collection
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client(client):
+    user = User.objects.create_superuser("admin", "admin@example.com", "pw")
+    client.force_login(user)
+    return client
+
+
+def test_admin_pages_render(admin_client):
+    doc = rag.ingest("<script>alert(1)</script> Admin pages list this text.", collection="adm")
+    chunk = doc.chunks.get()
+    for url in [
+        reverse("admin:django_rag_collection_changelist"),
+        reverse("admin:django_rag_document_changelist"),
+        reverse("admin:django_rag_chunk_changelist"),
+        reverse("admin:django_rag_document_change", args=[doc.pk]),
+        reverse("admin:django_rag_chunk_change", args=[chunk.pk]),
+    ]:
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+        assert b"<script>alert(1)</script>" not in response.content
+    page = admin_client.get(reverse("admin:django_rag_document_change", args=[doc.pk]))
+    assert b"Admin pages list this text." in page.content  # the chunk inline
+
+
+def test_admin_refuses_to_delete_a_non_empty_collection(admin_client):
+    doc = rag.ingest("still here", collection="busy")
+    url = reverse("admin:django_rag_collection_delete", args=[doc.collection_id])
+    response = admin_client.post(url, {"post": "yes"}, follow=True)
+    assert Collection.objects.filter(name="busy").exists()
+    assert b"protected related objects" in response.content
