@@ -278,3 +278,39 @@ def test_concurrent_replaces_end_with_exactly_one_document():
     assert len(documents) == 1
     assert Chunk.objects.filter(collection__name="race").count() == documents[0].chunk_count
     assert Collection.objects.filter(name="race").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_old_chunks_stay_searchable_until_the_replacement_commits():
+    from django.db import connections
+
+    from django_rag.embeddings import Embedder
+
+    rag.ingest("The office opens at nine in the morning.", collection="live", source_id="hours")
+    embedding_started, may_finish = threading.Event(), threading.Event()
+    inner = HashingEmbedder()
+
+    class SlowEmbedder(Embedder):
+        model_name = inner.model_name
+
+        def _embed(self, texts):
+            embedding_started.set()
+            assert may_finish.wait(10)
+            return inner._embed(texts)
+
+    def replace():
+        try:
+            rag.ingest("The office now opens at ten.", collection="live", source_id="hours",
+                       replace=True, embedder=SlowEmbedder())
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=replace)
+    thread.start()
+    assert embedding_started.wait(10)
+    during = rag.search("office opens", collection="live")
+    may_finish.set()
+    thread.join()
+    after = rag.search("office opens", collection="live")
+    assert [r.text for r in during] == ["The office opens at nine in the morning."]
+    assert [r.text for r in after] == ["The office now opens at ten."]
