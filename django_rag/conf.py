@@ -51,6 +51,16 @@ DEFAULTS: dict[str, Any] = {
         "EXACT_SEARCH_MAX_ROWS": 5_000,
         # HNSW candidate list size; raised automatically to the requested limit.
         "HNSW_EF_SEARCH": 200,
+        # BM25 parameters of full-text mode.
+        "BM25_K1": 1.2,
+        "BM25_B": 0.75,
+        # Hybrid mode: "rrf" or "weighted" fusion, over the top CANDIDATES x limit chunks of
+        # each side (both scores are then computed for every candidate).
+        "FUSION": "rrf",
+        "RRF_K": 60,
+        "SEMANTIC_WEIGHT": 0.5,
+        "FULLTEXT_WEIGHT": 0.5,
+        "CANDIDATES": 4,
     },
 }
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from django.contrib.postgres.search import SearchVector
 from django.db import transaction
 
 from ..conf import embedding_dimensions, get_setting
@@ -27,6 +26,7 @@ from ..exceptions import (
     InvalidOption,
     InvalidText,
 )
+from ..retrieval.fulltext import index_chunks
 from .chunkers import TextChunk, get_chunker
 from .parsers import ParsedDocument, parse_bytes, parse_file
 
@@ -348,9 +348,8 @@ def _write(name: str, document, prepared: list[PreparedChunk], model_name: str, 
             ],
             batch_size=500,
         )
-        Chunk.objects.filter(document=document).update(
-            search_vector=SearchVector("text", config=get_setting("TEXT_SEARCH_CONFIG"))
-        )
+        # Full-text vectors and lengths; triggers update the BM25 statistics in this transaction.
+        index_chunks(document_id=document.pk)
     document.deduplicated = False
     return document
 

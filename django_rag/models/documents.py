@@ -85,6 +85,8 @@ class Chunk(models.Model):
     embedding = EmbeddingField()
     embedding_model = models.CharField(max_length=255)
     search_vector = SearchVectorField(null=True, editable=False)
+    # Number of lexeme occurrences in search_vector: the document length of BM25.
+    fts_length = models.PositiveIntegerField(default=0, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = ChunkQuerySet.as_manager()

@@ -5,14 +5,19 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from types import SimpleNamespace
 
 from django.db import connections, models, transaction
-from django.db.models import F, Value
+from django.db.models import BooleanField, F, FloatField, Value
+from django.db.models.expressions import RawSQL
 from pgvector.django import CosineDistance
 
 from ..conf import search_setting
 
 _pgvector_versions: dict[str, tuple[int, ...]] = {}
+
+# Postings (chunks per term, summed) the first full-text round may read; see fulltext().
+FULLTEXT_CANDIDATE_BUDGET = 2000
 
 
 def pgvector_version(using: str = "default") -> tuple[int, ...]:
@@ -29,40 +34,62 @@ def pgvector_version(using: str = "default") -> tuple[int, ...]:
 
 
 class ChunkQuerySet(models.QuerySet):
+    def _for_results(self):
+        return self.select_related("document", "collection").defer(
+            "embedding", "search_vector", "document__content"
+        )
+
+    def load_hits(self, hits: list[tuple[int, float]], *, score_field: str) -> list:
+        """Chunks (with document and collection) for ``(pk, score)`` hits, in hit order.
+
+        Each chunk gets ``score`` and ``<score_field>`` set to its hit's score.
+        """
+        loaded = self.model.objects.filter(pk__in=[pk for pk, _ in hits])._for_results().in_bulk()
+        rows = []
+        for pk, score in hits:
+            row = loaded[pk]
+            row.score = score
+            setattr(row, score_field, score)
+            rows.append(row)
+        return rows
+
     def semantic(
         self, vector: Sequence[float], *, limit: int, threshold: float | None = None
     ) -> list:
         """The ``limit`` chunks of this queryset nearest to ``vector`` (cosine), best first.
 
-        Each chunk gets ``score`` (cosine similarity, 1 is identical) and keeps only rows with
-        ``score >= threshold``. Any filter already on the queryset is honoured *completely*:
-        the result has min(limit, matching rows) chunks. pgvector applies filters after the
-        HNSW scan, so a selective filter could otherwise return almost nothing. A filter that
-        matches at most ``SEARCH["EXACT_SEARCH_MAX_ROWS"]`` chunks is answered by an exact scan
-        through the filter's index; a larger one uses the HNSW index (iterative scans on
-        pgvector >= 0.8, else a candidate list widened by the filter's estimated selectivity)
-        and falls back to an exact scan if the index returns too few rows.
+        Each chunk gets ``score`` = ``semantic_score`` (cosine similarity, 1 is identical); only
+        rows with ``score >= threshold`` are kept. See :meth:`semantic_hits` for how filters
+        stay complete.
         """
-        base = (
-            self.annotate(distance=CosineDistance("embedding", vector))
-            .select_related("document", "collection")
-            .defer("embedding", "search_vector", "document__content")
-        )
+        hits = self.semantic_hits(vector, limit=limit)
+        if threshold is not None:
+            hits = [hit for hit in hits if hit[1] >= threshold]
+        return self.load_hits(hits, score_field="semantic_score")
+
+    def semantic_hits(self, vector: Sequence[float], *, limit: int) -> list[tuple[int, float]]:
+        """``(pk, cosine similarity)`` of the ``limit`` chunks nearest to ``vector``.
+
+        Any filter already on the queryset is honoured *completely*: the result has
+        min(limit, matching rows) hits. pgvector applies filters after the HNSW scan, so a
+        selective filter could otherwise return almost nothing. A filter that matches at most
+        ``SEARCH["EXACT_SEARCH_MAX_ROWS"]`` chunks is answered by an exact scan through the
+        filter's index; a larger one uses the HNSW index (iterative scans on pgvector >= 0.8,
+        else a candidate list widened by the filter's estimated selectivity) and falls back to
+        an exact scan if the index returns too few rows.
+        """
+        base = self.annotate(distance=CosineDistance("embedding", vector))
         if self.query.where:
             cap = search_setting("EXACT_SEARCH_MAX_ROWS")
             if self._count_upto(cap + 1) <= cap:
-                rows = self._exact(base, limit)
+                hits = self._exact(base, limit)
             else:
-                rows = self._approximate(base, limit, selectivity=self._selectivity())
+                hits = self._approximate(base, limit, selectivity=self._selectivity())
         else:
-            rows = self._approximate(base, limit, selectivity=None)
-        if len(rows) < limit and self._count_upto(limit) > len(rows):
-            rows = self._exact(base, limit)
-        for row in rows:
-            row.score = 1.0 - float(row.distance)
-        if threshold is not None:
-            rows = [row for row in rows if row.score >= threshold]
-        return rows
+            hits = self._approximate(base, limit, selectivity=None)
+        if len(hits) < limit and self._count_upto(limit) > len(hits):
+            hits = self._exact(base, limit)
+        return [(pk, 1.0 - float(distance)) for pk, distance in hits]
 
     def _count_upto(self, cap: int) -> int:
         return self.order_by().values("pk")[:cap].count()
@@ -70,7 +97,9 @@ class ChunkQuerySet(models.QuerySet):
     def _exact(self, base, limit: int) -> list:
         # Ordering by an expression the HNSW index cannot serve forces an exact scan over the
         # rows the filter selects (found through the filter's own B-tree index).
-        return list(base.order_by(F("distance") + Value(0.0), "pk")[:limit])
+        return list(
+            base.order_by(F("distance") + Value(0.0), "pk").values_list("pk", "distance")[:limit]
+        )
 
     def _selectivity(self) -> float:
         """Planner estimate of the share of chunks this queryset's filter keeps (0..1]."""
@@ -99,7 +128,149 @@ class ChunkQuerySet(models.QuerySet):
             )
             if iterative:
                 cursor.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-            rows = list(base.order_by("distance")[:limit])
+            hits = list(base.order_by("distance").values_list("pk", "distance")[:limit])
         # relaxed_order may return neighbours slightly out of order.
-        rows.sort(key=lambda row: (row.distance, row.pk))
-        return rows
+        return sorted(hits, key=lambda hit: (hit[1], hit[0]))
+
+    # --- full-text ---------------------------------------------------------------------------
+
+    def matching(self, tsquery: str) -> ChunkQuerySet:
+        """Chunks whose search vector matches ``tsquery`` (found through the GIN index)."""
+        return self.filter(
+            RawSQL(
+                "django_rag_chunk.search_vector @@ %s::tsquery",
+                [tsquery],
+                output_field=BooleanField(),
+            )
+        )
+
+    def without_excluded(self, parsed) -> ChunkQuerySet:
+        if not parsed.exclude:
+            return self
+        return self.filter(
+            RawSQL(
+                "NOT coalesce(django_rag_chunk.search_vector @@ %s::tsquery, false)",
+                [parsed.exclude],
+                output_field=BooleanField(),
+            )
+        )
+
+    def with_bm25(self, weights) -> ChunkQuerySet:
+        """Annotate ``fulltext_score``: BM25 of each chunk for the weighted terms (0 if none)."""
+        from ..retrieval.fulltext import bm25_sql
+
+        sql, params = bm25_sql(weights)
+        return self.annotate(fulltext_score=RawSQL(sql, params, output_field=FloatField()))
+
+    def fulltext(self, query, *, limit: int, threshold: float | None = None) -> list:
+        """The ``limit`` chunks of this queryset ranked by BM25 for ``query``, best first.
+
+        ``query`` is a string (web-search syntax, see ``retrieval.fulltext.parse_query``) or an
+        already parsed query. Chunks get ``score`` = ``fulltext_score`` (BM25); only those with
+        ``score >= threshold`` are kept. See :meth:`fulltext_hits`.
+        """
+        hits = self.fulltext_hits(query, limit=limit)
+        if threshold is not None:
+            hits = [hit for hit in hits if hit[1] >= threshold]
+        return self.load_hits(hits, score_field="fulltext_score")
+
+    def fulltext_hits(self, query, *, limit: int) -> list[tuple[int, float]]:
+        """``(pk, BM25)`` of the ``limit`` best full-text matches.
+
+        Filters are exact: candidates come from the GIN index, not from an approximate scan.
+        The ranking is exact but does not score every chunk that shares a common word with the
+        query (MaxScore): candidates first come from the query's rarest terms, about
+        ``FULLTEXT_CANDIDATE_BUDGET`` postings' worth; the result stands when its last score
+        beats the most a chunk containing only the remaining terms could score, and otherwise
+        the next terms are added.
+        """
+        from ..retrieval.fulltext import parse_query, quote_terms, term_weights
+
+        parsed = parse_query(query, using=self.db) if isinstance(query, str) else query
+        if parsed.match is None:
+            return []
+        weights = term_weights(parsed.terms, using=self.db)
+        scored = self.without_excluded(parsed).with_bm25(weights)
+        # Rarest first; phrase queries are already selective and match as a whole.
+        order = sorted(range(len(weights.terms)), key=lambda i: weights.frequencies[i])
+        budget = FULLTEXT_CANDIDATE_BUDGET
+        while True:
+            if parsed.phrases:
+                chosen, rest = weights.terms, []
+            else:
+                chosen, postings = [], 0
+                for i in order:
+                    if chosen and postings + weights.frequencies[i] > budget:
+                        break
+                    chosen.append(weights.terms[i])
+                    postings += weights.frequencies[i]
+                rest = [t for t in weights.terms if t not in chosen]
+            tsquery = parsed.match if parsed.phrases else quote_terms(chosen)
+            hits = list(
+                scored.matching(tsquery)
+                .order_by("-fulltext_score", "pk")
+                .values_list("pk", "fulltext_score")[:limit]
+            )
+            if not rest or (len(hits) == limit and hits[-1][1] >= weights.upper_bound(rest)):
+                return hits
+            budget *= 8
+
+    # --- hybrid ------------------------------------------------------------------------------
+
+    def hybrid(
+        self,
+        vector: Sequence[float],
+        query,
+        *,
+        limit: int,
+        threshold: float | None = None,
+        fusion: str = "rrf",
+        rrf_k: int = 60,
+        semantic_weight: float = 0.5,
+        fulltext_weight: float = 0.5,
+        candidates: int = 4,
+    ) -> list:
+        """Semantic and BM25 rankings fused, best first.
+
+        The top ``candidates * limit`` chunks of each side (both complete under filters) form
+        the candidate set; both scores are then computed for every candidate, so a chunk that
+        is good on both sides but top on neither is not lost, and the cost depends on
+        ``limit``, not on the corpus. Chunks get ``semantic_score``, ``fulltext_score`` and the
+        fused ``score``; those with ``score >= threshold`` are kept.
+        """
+        from ..retrieval.fulltext import parse_query, term_weights
+        from ..retrieval.fusion import fuse
+
+        parsed = parse_query(query, using=self.db) if isinstance(query, str) else query
+        pool = limit * candidates
+        ids = {pk for pk, _ in self.without_excluded(parsed).semantic_hits(vector, limit=pool)}
+        if parsed.match is not None:
+            ids |= {pk for pk, _ in self.fulltext_hits(parsed, limit=pool)}
+        if not ids:
+            return []
+        rows = self.model.objects.filter(pk__in=ids).annotate(
+            distance=CosineDistance("embedding", vector)
+        )
+        if parsed.terms:
+            rows = rows.with_bm25(term_weights(parsed.terms, using=self.db))
+        else:
+            rows = rows.annotate(fulltext_score=Value(0.0, output_field=FloatField()))
+        scored = [
+            SimpleNamespace(pk=pk, semantic_score=1.0 - float(distance), fulltext_score=bm25)
+            for pk, distance, bm25 in rows.values_list("pk", "distance", "fulltext_score")
+        ]
+        fused = fuse(
+            scored,
+            fusion=fusion,
+            rrf_k=rrf_k,
+            semantic_weight=semantic_weight,
+            fulltext_weight=fulltext_weight,
+        )
+        if threshold is not None:
+            fused = [item for item in fused if item.score >= threshold]
+        fused = fused[:limit]
+        chunks = self.load_hits([(item.pk, item.score) for item in fused], score_field="score")
+        for chunk, item in zip(chunks, fused, strict=True):
+            chunk.semantic_score = item.semantic_score
+            chunk.fulltext_score = item.fulltext_score
+        return chunks

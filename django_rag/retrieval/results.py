@@ -48,5 +48,6 @@ class SearchResult:
             start_char=chunk.start_char,
             end_char=chunk.end_char,
             metadata={**document.metadata, **chunk.metadata},
-            semantic_score=chunk.score,
+            semantic_score=getattr(chunk, "semantic_score", None),
+            fulltext_score=getattr(chunk, "fulltext_score", None),
         )

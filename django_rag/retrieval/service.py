@@ -3,17 +3,39 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import search_setting
 from ..embeddings import get_embedder
 from ..exceptions import InvalidOption, InvalidSearchMode
+from .fusion import FUSIONS
 from .results import SearchResult
 from .stores import get_vector_store
 
-MODES = ("semantic",)
-MODE_ALIASES = {"vector": "semantic"}
+MODES = ("semantic", "fulltext", "hybrid")
+MODE_ALIASES = {"vector": "semantic", "keyword": "fulltext"}
 MAX_LIMIT = 1000
+
+
+@dataclass
+class SearchRequest:
+    """Everything a store needs to answer one search (built and validated by :func:`search`)."""
+
+    query: str
+    mode: str
+    limit: int
+    vector: list[float] | None = None
+    threshold: float | None = None
+    collections: list[str] | None = None
+    source_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    fusion: str = "rrf"
+    rrf_k: int = 60
+    semantic_weight: float = 0.5
+    fulltext_weight: float = 0.5
+    candidates: int = 4
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def normalize_mode(mode: str | None) -> str:
@@ -22,7 +44,7 @@ def normalize_mode(mode: str | None) -> str:
     if mode not in MODES:
         raise InvalidSearchMode(
             f"Unknown search mode {mode!r}. Available modes: {', '.join(MODES)} "
-            f"(aliases: {', '.join(MODE_ALIASES)}).",
+            f"(aliases: {', '.join(f'{a}={m}' for a, m in MODE_ALIASES.items())}).",
             mode=mode,
         )
     return mode
@@ -38,6 +60,12 @@ def normalize_collections(collection: Any) -> list[str] | None:
     return names
 
 
+def _number(name: str, value: Any, *, minimum: float = 0.0) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise InvalidOption(f"{name} must be a number >= {minimum:g}, got {value!r}")
+    return value
+
+
 def search(
     query: str,
     *,
@@ -46,29 +74,64 @@ def search(
     threshold: float | None = None,
     collection: str | Sequence[str] | None = None,
     source_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    fusion: str | None = None,
+    rrf_k: int | None = None,
+    semantic_weight: float | None = None,
+    fulltext_weight: float | None = None,
+    candidates: int | None = None,
     embedder=None,
     vector_store=None,
 ) -> list[SearchResult]:
     """Search the stored chunks and return the best ``limit`` as :class:`SearchResult`.
 
-    ``collection`` is a name or a list of names (None searches every collection; an unknown
-    name raises :class:`~django_rag.exceptions.UnknownCollection`). In ``semantic`` mode
-    ``threshold`` is a minimum cosine similarity (-1..1); results have ``score >= threshold``.
+    Modes: ``semantic`` (cosine similarity of embeddings), ``fulltext`` (BM25 over PostgreSQL
+    text search, web-search syntax) and ``hybrid`` (both, fused with ``fusion="rrf"`` or
+    ``"weighted"``). ``collection`` is a name or a list of names (None searches every
+    collection; an unknown name raises :class:`~django_rag.exceptions.UnknownCollection`);
+    ``metadata`` keeps chunks whose document metadata contains the given dict. ``threshold``
+    is a minimum on ``score``: cosine similarity in semantic mode, BM25 in full-text mode, the
+    fused score in hybrid mode. Options left as None take their ``SEARCH`` setting.
     """
     mode = normalize_mode(mode)
     limit = search_setting("LIMIT") if limit is None else limit
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidOption(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
-    if threshold is not None and not isinstance(threshold, int | float):
-        raise InvalidOption(f"threshold must be a number, got {threshold!r}")
+    if threshold is not None:
+        _number("threshold", threshold, minimum=float("-inf"))
     if not isinstance(query, str):
         raise InvalidOption(f"query must be a string, got {type(query).__name__}")
-    collections = normalize_collections(collection)
-    query = query.replace("\x00", "")
-    if not query.strip():
+    if metadata is not None and not isinstance(metadata, dict):
+        raise InvalidOption(f"metadata must be a dict, got {type(metadata).__name__}")
+    fusion = search_setting("FUSION") if fusion is None else fusion
+    if fusion not in FUSIONS:
+        raise InvalidOption(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+    candidates = search_setting("CANDIDATES") if candidates is None else candidates
+    if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 1:
+        raise InvalidOption(f"candidates must be an integer >= 1, got {candidates!r}")
+    request = SearchRequest(
+        query=query.replace("\x00", ""),
+        mode=mode,
+        limit=limit,
+        threshold=threshold,
+        collections=normalize_collections(collection),
+        source_id=source_id,
+        metadata=metadata,
+        fusion=fusion,
+        rrf_k=_number("rrf_k", search_setting("RRF_K") if rrf_k is None else rrf_k),
+        semantic_weight=_number(
+            "semantic_weight",
+            search_setting("SEMANTIC_WEIGHT") if semantic_weight is None else semantic_weight,
+        ),
+        fulltext_weight=_number(
+            "fulltext_weight",
+            search_setting("FULLTEXT_WEIGHT") if fulltext_weight is None else fulltext_weight,
+        ),
+        candidates=candidates,
+    )
+    if not request.query.strip():
         return []
     store = get_vector_store(vector_store)
-    vector = get_embedder(embedder).embed_query(query)
-    return store.search(
-        vector, limit=limit, threshold=threshold, collections=collections, source_id=source_id
-    )
+    if mode in ("semantic", "hybrid"):
+        request.vector = get_embedder(embedder).embed_query(request.query)
+    return store.search(request)

@@ -7,51 +7,68 @@
 from __future__ import annotations
 
 import itertools
+import math
+import re
 import threading
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from ..conf import build_component, get_setting, on_reset
+from ..conf import build_component, get_setting, on_reset, search_setting
 from ..exceptions import UnknownCollection
+from .fulltext import split_query
+from .fusion import fuse
 from .results import SearchResult
 
 
 class VectorStore:
-    """Base class: semantic search over stored chunk vectors."""
+    """Base class: answers a :class:`~django_rag.retrieval.service.SearchRequest`.
 
-    def search(
-        self,
-        vector: Sequence[float],
-        *,
-        limit: int,
-        threshold: float | None = None,
-        collections: Sequence[str] | None = None,
-        source_id: str | None = None,
-    ) -> list[SearchResult]:
-        """Nearest chunks to ``vector``; ``collections`` None means every collection.
+    ``request.mode`` is ``semantic``, ``fulltext`` or ``hybrid``; ``request.vector`` is the
+    query embedding (semantic and hybrid). An unknown collection name raises
+    :class:`~django_rag.exceptions.UnknownCollection`.
+    """
 
-        An unknown collection name raises :class:`~django_rag.exceptions.UnknownCollection`.
-        """
+    def search(self, request) -> list[SearchResult]:
         raise NotImplementedError
 
 
 class PgVectorStore(VectorStore):
-    def search(self, vector, *, limit, threshold=None, collections=None, source_id=None):
+    def search(self, request):
         from ..models import Chunk, Collection
 
         chunks = Chunk.objects.all()
-        if collections is not None:
-            ids = dict(Collection.objects.filter(name__in=collections).values_list("name", "pk"))
-            for name in collections:
+        if request.collections is not None:
+            ids = dict(
+                Collection.objects.filter(name__in=request.collections).values_list("name", "pk")
+            )
+            for name in request.collections:
                 if name not in ids:
                     raise UnknownCollection(name)
             chunks = chunks.filter(collection_id__in=list(ids.values()))
-        if source_id:
-            chunks = chunks.filter(document__source_id=source_id)
-        rows = chunks.semantic(vector, limit=limit, threshold=threshold)
+        if request.source_id:
+            chunks = chunks.filter(document__source_id=request.source_id)
+        if request.metadata:
+            chunks = chunks.filter(document__metadata__contains=request.metadata)
+        if request.mode == "semantic":
+            rows = chunks.semantic(request.vector, limit=request.limit, threshold=request.threshold)
+        elif request.mode == "fulltext":
+            rows = chunks.fulltext(request.query, limit=request.limit, threshold=request.threshold)
+        else:
+            rows = chunks.hybrid(
+                request.vector,
+                request.query,
+                limit=request.limit,
+                threshold=request.threshold,
+                fusion=request.fusion,
+                rrf_k=request.rrf_k,
+                semantic_weight=request.semantic_weight,
+                fulltext_weight=request.fulltext_weight,
+                candidates=request.candidates,
+            )
         return [SearchResult.from_chunk(row) for row in rows]
 
 
@@ -65,6 +82,7 @@ class MemoryVectorStore(VectorStore):
         # One SearchResult per chunk (score 0); a search returns scored copies.
         self._entries: list[SearchResult] = []
         self._vectors: list[np.ndarray] = []
+        self._tokens: list[list[str]] = []
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._documents = itertools.count(1)
@@ -99,6 +117,7 @@ class MemoryVectorStore(VectorStore):
             )
             self._entries.append(entry)
             self._vectors.append(array / norm if norm else array)
+            self._tokens.append(tokenize(text))
         return entry.chunk_id
 
     def ingest(
@@ -160,40 +179,139 @@ class MemoryVectorStore(VectorStore):
             removed = len(self._entries) - len(keep)
             self._entries = [self._entries[i] for i in keep]
             self._vectors = [self._vectors[i] for i in keep]
+            self._tokens = [self._tokens[i] for i in keep]
         return removed
 
-    def search(self, vector, *, limit, threshold=None, collections=None, source_id=None):
+    def search(self, request):
         with self._lock:
-            entries, vectors = list(self._entries), list(self._vectors)
-        if collections is not None:
+            entries, vectors, tokens = list(self._entries), list(self._vectors), list(self._tokens)
+        if request.collections is not None:
             known = {e.collection for e in entries}
-            for name in collections:
+            for name in request.collections:
                 if name not in known:
                     raise UnknownCollection(name)
         selected = [
             i
             for i, e in enumerate(entries)
-            if (collections is None or e.collection in collections)
-            and (not source_id or e.source_id == source_id)
+            if (request.collections is None or e.collection in request.collections)
+            and (not request.source_id or e.source_id == request.source_id)
+            and (not request.metadata or contains(e.metadata, request.metadata))
         ]
-        if not selected:
-            return []
-        query = np.asarray(vector, dtype=np.float32)
-        norm = float(np.linalg.norm(query))
-        query = query / norm if norm else query
-        scores = np.stack([vectors[i] for i in selected]) @ query
-        # Stable order: best score first, then insertion order (like the database's pk order).
-        order = sorted(range(len(selected)), key=lambda j: (-float(scores[j]), selected[j]))
-        results = []
-        for j in order[:limit]:
-            score = float(scores[j])
-            if threshold is not None and score < threshold:
-                break
-            entry = entries[selected[j]]
-            results.append(
-                replace(entry, score=score, semantic_score=score, metadata=dict(entry.metadata))
+        results = {
+            i: replace(entries[i], score=0.0, metadata=dict(entries[i].metadata)) for i in selected
+        }
+        if request.mode != "fulltext" and selected:
+            query = np.asarray(request.vector, dtype=np.float32)
+            norm = float(np.linalg.norm(query))
+            similarities = np.stack([vectors[i] for i in selected]) @ (
+                query / norm if norm else query
             )
-        return results
+            for i, similarity in zip(selected, similarities, strict=True):
+                results[i].semantic_score = float(similarity)
+        matches: dict[int, float] = {}
+        if request.mode != "semantic":
+            matches, excluded = bm25_scores(tokens, request.query)
+            for i in excluded:
+                results.pop(i, None)
+            for i, result in results.items():
+                result.fulltext_score = matches.get(i, 0.0)
+        if request.mode == "semantic":
+            ranked = sorted(results.values(), key=lambda r: -r.semantic_score)
+            for result in ranked:
+                result.score = result.semantic_score
+        elif request.mode == "fulltext":
+            ranked = sorted(
+                (r for i, r in results.items() if i in matches), key=lambda r: -r.fulltext_score
+            )
+            for result in ranked:
+                result.score = result.fulltext_score
+        else:
+            pool = request.limit * request.candidates
+            by_semantic = sorted(results.values(), key=lambda r: -r.semantic_score)[:pool]
+            by_fulltext = sorted(
+                (r for i, r in results.items() if i in matches), key=lambda r: -r.fulltext_score
+            )[:pool]
+            union = {r.chunk_id: r for r in [*by_semantic, *by_fulltext]}
+            ranked = fuse(
+                list(union.values()),
+                fusion=request.fusion,
+                rrf_k=request.rrf_k,
+                semantic_weight=request.semantic_weight,
+                fulltext_weight=request.fulltext_weight,
+            )
+        if request.threshold is not None:
+            ranked = [r for r in ranked if r.score >= request.threshold]
+        return ranked[: request.limit]
+
+
+# --- in-memory full-text ------------------------------------------------------------------------
+
+# A short English stop list (PostgreSQL's english configuration drops these too).
+STOP_WORDS = frozenset(
+    "a an and are as at be but by for if in into is it no not of on or such that the their then "
+    "there these they this to was will with".split()
+)
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased words without stop words (no stemming)."""
+    return [word for word in _WORD.findall(text.lower()) if word not in STOP_WORDS]
+
+
+def bm25_scores(
+    documents: Sequence[Sequence[str]], query: str
+) -> tuple[dict[int, float], set[int]]:
+    """BM25 of every tokenised document matching ``query`` (web-search syntax, as in
+    PostgreSQL full-text mode), and the indexes of documents an ``-excluded`` word removes."""
+    free, phrases, excluded_words = split_query(query)
+    phrase_tokens = [t for t in (tokenize(p) for p in phrases) if t]
+    terms = set(tokenize(" ".join(free))) | {t for p in phrase_tokens for t in p}
+    banned = set(tokenize(" ".join(excluded_words)))
+    if not terms or not documents:
+        return {}, set()
+    k1 = float(search_setting("BM25_K1"))
+    b = float(search_setting("BM25_B"))
+    total = len(documents)
+    average = max(sum(len(d) for d in documents) / total, 1.0)
+    frequency = Counter(t for d in documents for t in set(d) & terms)
+    scores: dict[int, float] = {}
+    excluded: set[int] = set()
+    for index, document in enumerate(documents):
+        if banned and banned & set(document):
+            excluded.add(index)
+            continue
+        if phrase_tokens and not all(_has_phrase(document, p) for p in phrase_tokens):
+            continue
+        counts = Counter(t for t in document if t in terms)
+        if not counts:
+            continue
+        scores[index] = sum(
+            math.log(1 + (total - frequency[t] + 0.5) / (frequency[t] + 0.5))
+            * tf
+            * (k1 + 1)
+            / (tf + k1 * (1 - b + b * len(document) / average))
+            for t, tf in counts.items()
+        )
+    return scores, excluded
+
+
+def _has_phrase(document: Sequence[str], phrase: Sequence[str]) -> bool:
+    n = len(phrase)
+    return any(list(document[i : i + n]) == list(phrase) for i in range(len(document) - n + 1))
+
+
+def contains(haystack: Any, needle: Any) -> bool:
+    """JSON containment as PostgreSQL's ``jsonb @>`` defines it."""
+    if isinstance(needle, dict):
+        return isinstance(haystack, dict) and all(
+            key in haystack and contains(haystack[key], value) for key, value in needle.items()
+        )
+    if isinstance(needle, list):
+        return isinstance(haystack, list) and all(
+            any(contains(item, wanted) for item in haystack) for wanted in needle
+        )
+    return haystack == needle
 
 
 ALIASES = {

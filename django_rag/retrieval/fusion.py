@@ -1,0 +1,61 @@
+"""Fusion of semantic and full-text rankings (used by hybrid mode in every store)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..exceptions import InvalidOption
+
+FUSIONS = ("rrf", "weighted")
+
+
+def fuse(
+    items: Sequence[Any],
+    *,
+    fusion: str = "rrf",
+    rrf_k: int = 60,
+    semantic_weight: float = 0.5,
+    fulltext_weight: float = 0.5,
+) -> list[Any]:
+    """Set ``item.score`` from ``item.semantic_score`` and ``item.fulltext_score``; sort.
+
+    ``rrf``: reciprocal rank fusion, ``sum(1 / (rrf_k + rank))`` over the two rankings of the
+    candidates (a chunk with no full-text match has no full-text rank and gets nothing from it).
+    ``weighted``: ``semantic_weight * s + fulltext_weight * f`` where ``s`` is the cosine
+    similarity min-max normalised over the candidates and ``f`` is BM25 divided by the best
+    BM25 among them (BM25's own minimum is 0), so both lie in [0, 1].
+    Ties keep the semantic order.
+    """
+    if fusion not in FUSIONS:
+        raise InvalidOption(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+    items = sorted(items, key=lambda item: -item.semantic_score)
+    if not items:
+        return []
+    if fusion == "rrf":
+        if not isinstance(rrf_k, int | float) or rrf_k < 0:
+            raise InvalidOption(f"rrf_k must be a number >= 0, got {rrf_k!r}")
+        for rank, item in enumerate(items, start=1):
+            item.score = 1.0 / (rrf_k + rank)
+        matched = sorted(
+            (item for item in items if item.fulltext_score > 0),
+            key=lambda item: -item.fulltext_score,
+        )
+        for rank, item in enumerate(matched, start=1):
+            item.score += 1.0 / (rrf_k + rank)
+    else:
+        for name, weight in (
+            ("semantic_weight", semantic_weight),
+            ("fulltext_weight", fulltext_weight),
+        ):
+            if not isinstance(weight, int | float) or weight < 0:
+                raise InvalidOption(f"{name} must be a number >= 0, got {weight!r}")
+        high = items[0].semantic_score
+        low = items[-1].semantic_score
+        spread = high - low
+        best_fulltext = max(item.fulltext_score for item in items)
+        for item in items:
+            s = (item.semantic_score - low) / spread if spread > 0 else 1.0
+            f = item.fulltext_score / best_fulltext if best_fulltext > 0 else 0.0
+            item.score = semantic_weight * s + fulltext_weight * f
+    return sorted(items, key=lambda item: -item.score)
