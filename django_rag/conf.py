@@ -54,13 +54,14 @@ DEFAULTS: dict[str, Any] = {
         # BM25 parameters of full-text mode.
         "BM25_K1": 1.2,
         "BM25_B": 0.75,
-        # Hybrid mode: "rrf" or "weighted" fusion, over the top CANDIDATES x limit chunks of
-        # each side (both scores are then computed for every candidate).
-        "FUSION": "rrf",
+        # Hybrid mode: "weighted" or "rrf" fusion over the top CANDIDATES x limit chunks of each
+        # side (both scores are then computed for every candidate). Defaults chosen on the
+        # SciFact train queries (docs/benchmarks.md).
+        "FUSION": "weighted",
         "RRF_K": 60,
-        "SEMANTIC_WEIGHT": 0.5,
-        "FULLTEXT_WEIGHT": 0.5,
-        "CANDIDATES": 4,
+        "SEMANTIC_WEIGHT": 0.6,
+        "FULLTEXT_WEIGHT": 0.4,
+        "CANDIDATES": 2,
     },
 }
 

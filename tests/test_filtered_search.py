@@ -116,3 +116,56 @@ def test_unfiltered_search_uses_the_hnsw_index(populated):
     assert len(results) == 25
     scores = [r.score for r in results]
     assert scores == sorted(scores, reverse=True)
+
+
+def _bm25_all(collection_name, query, limit):
+    """BM25 of every matching chunk (no candidate pruning): the exact full-text ranking."""
+    from django_rag.retrieval.fulltext import parse_query, term_weights
+
+    parsed = parse_query(query)
+    scored = (
+        Chunk.objects.filter(collection__name=collection_name)
+        .matching(parsed.match)
+        .with_bm25(term_weights(parsed.terms))
+        .values_list("fulltext_score", flat=True)
+    )
+    return [round(s, 5) for s in sorted(scored, reverse=True)[:limit]]
+
+
+@pytest.mark.parametrize("mode", ["fulltext", "hybrid"])
+def test_every_mode_is_complete_on_one_percent_of_chunks(populated, mode):
+    rng, vocabulary = populated
+    small_vocabulary = {
+        w for c in Chunk.objects.filter(collection__name="small") for w in c.text.split()
+    }
+    for _ in range(5):
+        words = rng.sample(sorted(small_vocabulary), 6)
+        query = " ".join(w.strip(".") for w in words)
+        matching = (
+            Chunk.objects.filter(collection__name="small")
+            .matching(" | ".join(f"'{w.strip('.')}'" for w in words))
+            .count()
+        )
+        results = rag.search(query, mode=mode, collection="small", limit=10)
+        assert all(r.collection == "small" for r in results)
+        if mode == "fulltext":
+            assert len(results) == min(10, matching)
+            assert _scores(results) == _bm25_all("small", query, 10)
+        else:
+            assert len(results) == 10  # every chunk has a semantic score
+
+
+def test_fulltext_candidate_pruning_is_exact(populated):
+    """MaxScore rounds give the same ranking as scoring every matching chunk."""
+    from django_rag.models import managers
+
+    rng, vocabulary = populated
+    original = managers.FULLTEXT_CANDIDATE_BUDGET
+    try:
+        managers.FULLTEXT_CANDIDATE_BUDGET = 5  # force several rounds
+        for _ in range(5):
+            query = " ".join(rng.choices(vocabulary, k=8))
+            results = rag.search(query, mode="fulltext", collection="big", limit=10)
+            assert _scores(results) == _bm25_all("big", query, 10)
+    finally:
+        managers.FULLTEXT_CANDIDATE_BUDGET = original

@@ -300,8 +300,13 @@ def test_old_chunks_stay_searchable_until_the_replacement_commits():
 
     def replace():
         try:
-            rag.ingest("The office now opens at ten.", collection="live", source_id="hours",
-                       replace=True, embedder=SlowEmbedder())
+            rag.ingest(
+                "The office now opens at ten.",
+                collection="live",
+                source_id="hours",
+                replace=True,
+                embedder=SlowEmbedder(),
+            )
         finally:
             connections.close_all()
 

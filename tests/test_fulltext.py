@@ -1,0 +1,254 @@
+import math
+from types import SimpleNamespace
+
+import pytest
+from django.db import connection
+
+import django_rag as rag
+from django_rag.exceptions import InvalidOption
+from django_rag.models import Chunk, CorpusStatistic, Document, TermStatistic
+from django_rag.retrieval import MemoryVectorStore
+from django_rag.retrieval.fulltext import parse_query
+from django_rag.retrieval.fusion import fuse
+
+pytestmark = pytest.mark.django_db
+
+MODES = ["semantic", "fulltext", "hybrid"]
+
+
+def idf(n, df):
+    return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+
+def tf_part(tf, length, average, k1=1.2, b=0.75):
+    return tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))
+
+
+def test_bm25_matches_a_hand_computed_example():
+    rag.ingest("cat cat dog", collection="zoo", source_id="d1")
+    rag.ingest("cat bird", collection="zoo", source_id="d2")
+    rag.ingest("bird bird bird fish", collection="zoo", source_id="d3")
+    results = rag.search("cat", mode="fulltext", collection="zoo")
+    assert [r.source_id for r in results] == ["d1", "d2"]
+    average = (3 + 2 + 4) / 3
+    assert results[0].score == pytest.approx(idf(3, 2) * tf_part(2, 3, average))
+    assert results[1].score == pytest.approx(idf(3, 2) * tf_part(1, 2, average))
+    assert results[0].fulltext_score == results[0].score and results[0].semantic_score is None
+    (fish,) = rag.search("fish bird", mode="fulltext", collection="zoo", limit=1)
+    expected = idf(3, 1) * tf_part(1, 4, average) + idf(3, 2) * tf_part(3, 4, average)
+    assert fish.source_id == "d3" and fish.score == pytest.approx(expected)
+
+
+def recomputed_statistics():
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT u.lexeme, count(*) FROM django_rag_chunk c, unnest(c.search_vector) u GROUP BY 1"
+        )
+        terms = dict(cursor.fetchall())
+        cursor.execute(
+            "SELECT count(*), coalesce(sum(fts_length), 0) FROM django_rag_chunk "
+            "WHERE search_vector IS NOT NULL"
+        )
+        corpus = cursor.fetchone()
+    return terms, corpus
+
+
+def stored_statistics():
+    terms = {
+        t: df for t, df in TermStatistic.objects.values_list("term", "document_frequency") if df
+    }
+    corpus = CorpusStatistic.objects.filter(pk=1).first()
+    return terms, (corpus.chunk_count, corpus.total_length) if corpus else (0, 0)
+
+
+def test_statistics_follow_ingest_replace_and_delete():
+    first = rag.ingest(
+        "Apples grow on trees. " * 60, collection="s", source_id="a", chunk_size=30, chunk_overlap=5
+    )
+    rag.ingest("Bananas grow in bunches.", collection="s", source_id="b")
+    assert stored_statistics() == recomputed_statistics()
+    assert stored_statistics()[1][0] == Chunk.objects.count() > 2
+    rag.ingest("Cherries are red.", collection="s", source_id="a", replace=True)
+    assert stored_statistics() == recomputed_statistics()
+    assert not Chunk.objects.filter(document_id=first.pk).exists()
+    Document.objects.filter(source_id="b").delete()  # a queryset delete, as the admin does
+    assert stored_statistics() == recomputed_statistics()
+    rag.delete(Document.objects.get(source_id="a"))
+    assert stored_statistics() == ({}, (0, 0))
+
+
+def test_web_search_syntax():
+    rag.ingest("The quick brown fox jumps over the lazy dog.", collection="w", source_id="fox")
+    rag.ingest("A brown bear is quick to anger.", collection="w", source_id="bear")
+    rag.ingest("Lazy afternoons with a good book.", collection="w", source_id="book")
+    ids = lambda q: {r.source_id for r in rag.search(q, mode="fulltext", collection="w")}  # noqa: E731
+    assert ids("quick brown") == {"fox", "bear"}  # any word may match
+    assert ids('"quick brown"') == {"fox"}  # a phrase must match as written
+    assert ids("quick -bear") == {"fox"}  # excluded words remove chunks
+    assert ids("lazy OR book") == {"fox", "book"}
+    assert ids("the of and") == set()  # stop words only
+    assert ids("zebra") == set()  # nothing matches
+    assert rag.search("quick -bear", mode="hybrid", collection="w")[0].source_id == "fox"
+    assert all(
+        r.source_id != "bear" for r in rag.search("quick -bear", mode="hybrid", collection="w")
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "query",
+    [
+        "&",
+        "|",
+        "!",
+        "( )",
+        ":",
+        "*",
+        "'",
+        '"',
+        "\\",
+        "a & b | !c",
+        "fox:*",
+        "'; DROP TABLE x; --",
+        '"unclosed phrase',
+        "-",
+        "--",
+        "-fox",
+        "(fox",
+        "fox)",
+        "!!!",
+        "   ",
+        "",
+        "\x00",
+        "ʼ≠∑ 中文",
+        "e-mail AT&T C:\\path 100%",
+        '"" ""',
+        "OR AND",
+    ],
+)
+def test_any_query_string_is_safe(mode, query):
+    rag.ingest("The quick brown fox.", collection="q")
+    results = rag.search(query, mode=mode, collection="q")
+    assert isinstance(results, list)
+    if mode == "fulltext" and query in ("&", "'", "   ", "", "!!!", "OR AND", "-"):
+        assert results == []
+
+
+def test_parse_query_shapes():
+    parsed = parse_query('refunds "credit card" -paypal')
+    assert parsed.phrases and "credit" in parsed.terms and "paypal" not in parsed.terms
+    assert parsed.exclude == "'paypal'"
+    assert parse_query("the and of").match is None
+
+
+def test_fusion_arithmetic():
+    items = [
+        SimpleNamespace(name="a", semantic_score=0.9, fulltext_score=0.0),
+        SimpleNamespace(name="b", semantic_score=0.5, fulltext_score=10.0),
+        SimpleNamespace(name="c", semantic_score=0.7, fulltext_score=5.0),
+    ]
+    rrf = fuse(list(items), fusion="rrf", rrf_k=60)
+    scores = {i.name: i.score for i in rrf}
+    assert scores["a"] == pytest.approx(1 / 61)  # no full-text match: no full-text rank
+    assert scores["b"] == pytest.approx(1 / 63 + 1 / 61)
+    assert scores["c"] == pytest.approx(1 / 62 + 1 / 62)
+    assert [i.name for i in rrf] == ["b", "c", "a"]
+    weighted = fuse(list(items), fusion="weighted", semantic_weight=0.6, fulltext_weight=0.4)
+    scores = {i.name: i.score for i in weighted}
+    assert scores["a"] == pytest.approx(0.6 * 1.0 + 0.4 * 0.0)
+    assert scores["b"] == pytest.approx(0.6 * 0.0 + 0.4 * 1.0)
+    assert scores["c"] == pytest.approx(0.6 * 0.5 + 0.4 * 0.5)
+    assert fuse([], fusion="rrf") == []
+    with pytest.raises(InvalidOption):
+        fuse(list(items), fusion="borda")
+    with pytest.raises(InvalidOption):
+        fuse(list(items), fusion="weighted", semantic_weight=-1)
+
+
+def test_hybrid_carries_both_scores_and_beats_either_side_on_mixed_queries():
+    rag.ingest("Error code E1234 means the disk is full.", collection="h", source_id="code")
+    rag.ingest(
+        "When storage runs out of space the system stops writing.",
+        collection="h",
+        source_id="prose",
+    )
+    rag.ingest("Unrelated text about gardening and tomatoes.", collection="h", source_id="garden")
+    results = rag.search("E1234 storage space", mode="hybrid", collection="h", limit=3)
+    assert {r.source_id for r in results[:2]} == {"code", "prose"}
+    for result in results:
+        assert result.semantic_score is not None and result.fulltext_score is not None
+    assert results[0].score >= results[1].score >= results[2].score
+    rrf = rag.search("E1234 storage space", mode="hybrid", fusion="rrf", collection="h", limit=3)
+    by_semantic = sorted(rrf, key=lambda r: -r.semantic_score)
+    by_fulltext = sorted((r for r in rrf if r.fulltext_score > 0), key=lambda r: -r.fulltext_score)
+    for result in rrf:
+        expected = 1 / (60 + by_semantic.index(result) + 1)
+        if result in by_fulltext:
+            expected += 1 / (60 + by_fulltext.index(result) + 1)
+        assert result.score == pytest.approx(expected)
+
+
+def test_threshold_per_mode():
+    rag.ingest("alpha beta gamma", collection="t")
+    rag.ingest("alpha delta", collection="t")
+    fulltext = rag.search("alpha beta", mode="fulltext", collection="t")
+    cut = fulltext[0].score - 1e-9
+    assert len(rag.search("alpha beta", mode="fulltext", collection="t", threshold=cut)) == 1
+    hybrid = rag.search("alpha beta", mode="hybrid", collection="t")
+    assert (
+        rag.search("alpha beta", mode="hybrid", collection="t", threshold=hybrid[0].score + 1) == []
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_metadata_filter_in_every_mode(mode):
+    rag.ingest(
+        "Refund policy for books.", collection="m", metadata={"lang": "en", "tags": ["a", "b"]}
+    )
+    rag.ingest("Refund policy for toys.", collection="m", metadata={"lang": "fr", "tags": ["b"]})
+    found = rag.search("refund policy", mode=mode, metadata={"lang": "en"})
+    assert [r.metadata["lang"] for r in found] == ["en"]
+    assert len(rag.search("refund policy", mode=mode, metadata={"tags": ["b"]})) == 2
+    assert rag.search("refund policy", mode=mode, metadata={"lang": "de"}) == []
+    store = MemoryVectorStore()
+    store.ingest(
+        "Refund policy for books.", collection="m", metadata={"lang": "en", "tags": ["a", "b"]}
+    )
+    store.ingest("Refund policy for toys.", collection="m", metadata={"lang": "fr", "tags": ["b"]})
+    found = rag.search("refund policy", mode=mode, metadata={"lang": "en"}, vector_store=store)
+    assert [r.metadata["lang"] for r in found] == ["en"]
+    assert (
+        len(rag.search("refund policy", mode=mode, metadata={"tags": ["b"]}, vector_store=store))
+        == 2
+    )
+
+
+def test_memory_store_fulltext_and_hybrid():
+    store = MemoryVectorStore()
+    store.ingest("cat cat dog", source_id="d1")
+    store.ingest("cat bird", source_id="d2")
+    store.ingest("bird bird bird fish", source_id="d3")
+    results = rag.search("cat", mode="fulltext", vector_store=store)
+    average = 3
+    assert [r.source_id for r in results] == ["d1", "d2"]
+    assert results[0].score == pytest.approx(idf(3, 2) * tf_part(2, 3, average))
+    assert [
+        r.source_id for r in rag.search('"bird fish"', mode="fulltext", vector_store=store)
+    ] == ["d3"]
+    assert [r.source_id for r in rag.search("bird -fish", mode="fulltext", vector_store=store)] == [
+        "d2"
+    ]
+    hybrid = rag.search("cat", mode="hybrid", fusion="rrf", vector_store=store)
+    assert hybrid[0].source_id == "d1" and hybrid[0].fulltext_score > 0
+    assert rag.search("zebra", mode="fulltext", vector_store=store) == []
+
+
+def test_search_command_modes():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    rag.ingest("The quick brown fox.", collection="cmd")
+    out = StringIO()
+    call_command("rag_search", "fox", "--mode", "fulltext", stdout=out)
+    assert "quick brown fox" in out.getvalue()
