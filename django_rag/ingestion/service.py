@@ -26,7 +26,7 @@ from ..exceptions import (
     InvalidOption,
     InvalidText,
 )
-from ..retrieval.fulltext import index_chunks
+from ..retrieval.fulltext import search_vectors
 from .chunkers import TextChunk, get_chunker
 from .parsers import ParsedDocument, parse_bytes, parse_file
 
@@ -328,6 +328,9 @@ def _write(name: str, document, prepared: list[PreparedChunk], model_name: str, 
             return existing
         document.collection = collection
         document.save()
+        # Full-text vectors go in with the rows (an UPDATE afterwards would insert every chunk
+        # into the HNSW index twice); triggers update the BM25 statistics in this transaction.
+        vectors = search_vectors([item.chunk.text for item in prepared])
         Chunk.objects.bulk_create(
             [
                 Chunk(
@@ -343,13 +346,13 @@ def _write(name: str, document, prepared: list[PreparedChunk], model_name: str, 
                     metadata=item.chunk.metadata,
                     embedding=item.embedding,
                     embedding_model=model_name,
+                    search_vector=vector,
+                    fts_length=length,
                 )
-                for item in prepared
+                for item, (vector, length) in zip(prepared, vectors, strict=True)
             ],
             batch_size=500,
         )
-        # Full-text vectors and lengths; triggers update the BM25 statistics in this transaction.
-        index_chunks(document_id=document.pk)
     document.deduplicated = False
     return document
 

@@ -153,6 +153,24 @@ def bm25_sql(weights: TermWeights) -> tuple[str, list]:
     return sql, [k1, k1, b, b, weights.average_length, weights.terms, weights.terms, weights.idf]
 
 
+def search_vectors(
+    texts: list[str], *, config: str | None = None, using: str = "default"
+) -> list[tuple[str, int]]:
+    """``(tsvector text, length)`` for each text, to store with new chunks in one INSERT."""
+    if not texts:
+        return []
+    config = config or get_setting("TEXT_SEARCH_CONFIG")
+    sql = f"""
+        SELECT v::text, {_LENGTH_SQL.format(v="v")}
+        FROM unnest(%s::text[]) WITH ORDINALITY AS t(text, n),
+             to_tsvector(%s::regconfig, t.text) AS v
+        ORDER BY t.n
+    """
+    with connections[using].cursor() as cursor:
+        cursor.execute(sql, [texts, config])
+        return [(vector, int(length)) for vector, length in cursor.fetchall()]
+
+
 def index_chunks(*, document_id=None, config: str | None = None, using: str = "default") -> int:
     """(Re)compute ``search_vector`` and ``fts_length`` of a document's chunks, or of all chunks.
 
