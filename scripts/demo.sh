@@ -9,14 +9,15 @@ python manage.py migrate --verbosity 0
 python manage.py check --database default
 echo "== ingest the sample corpus"
 python manage.py rag_ingest sample_corpus --collection handbook
-for query in "how long do refunds take to reach my card" \
-             "is two-factor authentication required" \
-             "how do I descale the coffee machine" \
-             "can I carry over unused holiday"; do
+search() {
   echo
-  echo "== rag_search \"$query\""
-  python manage.py rag_search "$query" --collection handbook --limit 3
-done
+  echo "== rag_search $*"
+  python manage.py rag_search "$@" --collection handbook --limit 3
+}
+search "how long do refunds take to reach my card"
+search "is two-factor authentication required" --mode hybrid
+search "descale" --mode fulltext
+search "can I carry over unused holiday" --mode hybrid
 cat <<'MSG'
 
 Done. To browse documents and chunks in the Django admin:

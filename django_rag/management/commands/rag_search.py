@@ -11,7 +11,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("query")
-        parser.add_argument("--mode", default=None, help="search mode (default: SEARCH['MODE'])")
+        parser.add_argument(
+            "--mode", default=None, help="semantic, fulltext or hybrid (default: SEARCH['MODE'])"
+        )
+        parser.add_argument("--fusion", default=None, help="hybrid fusion: weighted or rrf")
         parser.add_argument("--limit", type=int, default=None)
         parser.add_argument("--threshold", type=float, default=None)
         parser.add_argument(
@@ -20,11 +23,14 @@ class Command(BaseCommand):
         parser.add_argument("--source-id", default=None)
         parser.add_argument("--json", action="store_true", help="print JSON")
 
-    def handle(self, *args, query, mode, limit, threshold, collection, source_id, **options):
+    def handle(
+        self, *args, query, mode, fusion, limit, threshold, collection, source_id, **options
+    ):
         try:
             results = search(
                 query,
                 mode=mode,
+                fusion=fusion,
                 limit=limit,
                 threshold=threshold,
                 collection=collection,
