@@ -227,6 +227,68 @@ def pad_to(target: int, rng: random.Random):
         cursor.execute("ANALYZE")
 
 
+def langchain_version() -> str:
+    from importlib.metadata import version
+
+    return version("langchain-postgres")
+
+
+def langchain_semantic(queries, qrels, cached):
+    """langchain-postgres' PGVector on the same chunks, vectors and server."""
+    from django.conf import settings
+    from langchain_core.embeddings import Embeddings
+    from langchain_postgres import PGVector
+
+    class Fixed(Embeddings):
+        def embed_documents(self, texts):
+            return cached.inner.embed_documents(texts)
+
+        def embed_query(self, text):
+            return cached.vectors[text]
+
+    db = settings.DATABASES["default"]
+    host = db["HOST"]
+    if host.startswith("/"):  # a Unix socket directory (the embedded server)
+        location = f"/{db['NAME']}?host={host}"
+    else:
+        location = f"{host}:{db['PORT'] or 5432}/{db['NAME']}"
+    url = f"postgresql+psycopg://{db['USER']}:{db['PASSWORD']}@{location}"
+    store = PGVector(
+        embeddings=Fixed(),
+        connection=url,
+        collection_name="benchmark",
+        embedding_length=len(next(iter(cached.vectors.values()))),
+        pre_delete_collection=True,
+        use_jsonb=True,
+    )
+    rows = list(
+        Chunk.objects.filter(collection__name="corpus").values_list(
+            "pk", "text", "embedding", "document__source_id"
+        )
+    )
+    start = time.perf_counter()
+    for i in range(0, len(rows), 1000):
+        part = rows[i : i + 1000]
+        store.add_embeddings(
+            texts=[r[1] for r in part],
+            embeddings=[list(map(float, r[2])) for r in part],
+            metadatas=[{"source_id": r[3]} for r in part],
+            ids=[str(r[0]) for r in part],
+        )
+    load_seconds = time.perf_counter() - start
+    per_query, timings = [], []
+    for qid, text in queries.items():
+        begin = time.perf_counter()
+        documents = store.similarity_search_by_vector(cached.vectors[text], k=100)
+        timings.append(ms(time.perf_counter() - begin))
+        ranked = list(dict.fromkeys(d.metadata["source_id"] for d in documents))
+        per_query.append(metrics(ranked, qrels[qid]))
+    store.delete_collection()
+    summary = {k: statistics.mean(m[k] for m in per_query) for k in per_query[0]}
+    summary["p50"], summary["p95"] = percentile(timings, 50), percentile(timings, 95)
+    return summary, load_seconds
+
+
 def main():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,6 +299,11 @@ def main():
     parser.add_argument("--encoder-sample", type=int, default=2000)
     parser.add_argument(
         "--scale", default="", help="comma-separated chunk totals, e.g. 10000,100000"
+    )
+    parser.add_argument(
+        "--compare",
+        choices=["langchain"],
+        help="also run langchain-postgres (pip install langchain-postgres) on the same chunks",
     )
     args = parser.parse_args()
 
@@ -252,6 +319,9 @@ def main():
     ):
         wipe()
         ingest = ingest_corpus(corpus, embedder, args.encoder_sample)
+    else:
+        # An earlier --scale run left padding: it would change the BM25 statistics.
+        Document.objects.filter(collection__name="padding").delete()
 
     # Query embeddings, timed on their own.
     vectors, embed_ms = {}, []
@@ -282,6 +352,17 @@ def main():
         print(
             f"| {name} | {s['nDCG@10']:.4f} | {s['MRR@10']:.4f} | {s['Recall@10']:.4f} | "
             f"{s['Recall@100']:.4f} | {s['p50']:.1f} ms | {s['p95']:.1f} ms |"
+        )
+    if args.compare == "langchain":
+        s, load_seconds = langchain_semantic(queries, qrels, cached)
+        print(
+            f"| langchain-postgres similarity search | {s['nDCG@10']:.4f} | {s['MRR@10']:.4f} | "
+            f"{s['Recall@10']:.4f} | {s['Recall@100']:.4f} | {s['p50']:.1f} ms | {s['p95']:.1f} ms |"
+        )
+        print(
+            f"\nlangchain-postgres {langchain_version()}: the same chunk texts and vectors loaded with "
+            f"`add_embeddings` ({load_seconds:.0f} s), default settings (it creates no vector index), "
+            "same server; it has no full-text or hybrid search."
         )
     print(
         f"\nQuery embedding, timed separately: p50 {percentile(embed_ms, 50):.1f} ms, "
