@@ -321,7 +321,9 @@ def main():
         ingest = ingest_corpus(corpus, embedder, args.encoder_sample)
     else:
         # An earlier --scale run left padding: it would change the BM25 statistics.
-        Document.objects.filter(collection__name="padding").delete()
+        if Document.objects.filter(collection__name="padding").delete()[0]:
+            with connection.cursor() as cursor:
+                cursor.execute("VACUUM ANALYZE django_rag_chunk")
 
     # Query embeddings, timed on their own.
     vectors, embed_ms = {}, []
