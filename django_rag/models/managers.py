@@ -174,7 +174,7 @@ class ChunkQuerySet(models.QuerySet):
             hits = [hit for hit in hits if hit[1] >= threshold]
         return self.load_hits(hits, score_field="fulltext_score")
 
-    def fulltext_hits(self, query, *, limit: int) -> list[tuple[int, float]]:
+    def fulltext_hits(self, query, *, limit: int, weights=None) -> list[tuple[int, float]]:
         """``(pk, BM25)`` of the ``limit`` best full-text matches.
 
         Filters are exact: candidates come from the GIN index, not from an approximate scan.
@@ -189,7 +189,7 @@ class ChunkQuerySet(models.QuerySet):
         parsed = parse_query(query, using=self.db) if isinstance(query, str) else query
         if parsed.match is None:
             return []
-        weights = term_weights(parsed.terms, using=self.db)
+        weights = weights or term_weights(parsed.terms, using=self.db)
         scored = self.without_excluded(parsed).with_bm25(weights)
         # Rarest first; phrase queries are already selective and match as a whole.
         order = sorted(range(len(weights.terms)), key=lambda i: weights.frequencies[i])
@@ -243,16 +243,17 @@ class ChunkQuerySet(models.QuerySet):
 
         parsed = parse_query(query, using=self.db) if isinstance(query, str) else query
         pool = limit * candidates
+        weights = term_weights(parsed.terms, using=self.db) if parsed.terms else None
         ids = {pk for pk, _ in self.without_excluded(parsed).semantic_hits(vector, limit=pool)}
         if parsed.match is not None:
-            ids |= {pk for pk, _ in self.fulltext_hits(parsed, limit=pool)}
+            ids |= {pk for pk, _ in self.fulltext_hits(parsed, limit=pool, weights=weights)}
         if not ids:
             return []
         rows = self.model.objects.filter(pk__in=ids).annotate(
             distance=CosineDistance("embedding", vector)
         )
-        if parsed.terms:
-            rows = rows.with_bm25(term_weights(parsed.terms, using=self.db))
+        if weights is not None:
+            rows = rows.with_bm25(weights)
         else:
             rows = rows.annotate(fulltext_score=Value(0.0, output_field=FloatField()))
         scored = [
