@@ -5,6 +5,7 @@ The public API is small::
     import django_rag as rag
     doc = rag.ingest("text", collection="docs", source_id="handbook", replace=True)
     doc = rag.ingest_file("manual.pdf", collection="docs")
+    docs = rag.ingest_many([{"text": ..., "source_id": ...}, ...], collection="docs")
     hits = rag.search("how do refunds work", limit=5, collection="docs")
     rag.delete(doc)
 
@@ -23,6 +24,7 @@ _EXPORTS = {
     "ingest": "django_rag.ingestion.service",
     "ingest_file": "django_rag.ingestion.service",
     "ingest_bytes": "django_rag.ingestion.service",
+    "ingest_many": "django_rag.ingestion.service",
     "delete": "django_rag.ingestion.service",
     "search": "django_rag.retrieval.service",
     "SearchResult": "django_rag.retrieval.results",

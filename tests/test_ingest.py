@@ -319,3 +319,53 @@ def test_old_chunks_stay_searchable_until_the_replacement_commits():
     after = rag.search("office opens", collection="live")
     assert [r.text for r in during] == ["The office opens at nine in the morning."]
     assert [r.text for r in after] == ["The office now opens at ten."]
+
+
+def test_ingest_many_batches_across_documents():
+    from django_rag.embeddings import Embedder
+
+    inner = HashingEmbedder()
+    calls = []
+
+    class Counting(Embedder):
+        model_name = inner.model_name
+        batch_size = 32
+
+        def _embed(self, texts):
+            calls.append(len(texts))
+            return inner._embed(texts)
+
+    items = [
+        {"text": f"Document {i} talks about topic {i}.", "source_id": f"s{i}", "metadata": {"n": i}}
+        for i in range(40)
+    ]
+    items.append("A plain string document.")
+    docs = rag.ingest_many(items, collection="bulk", embedder=Counting())
+    assert len(docs) == 41 and all(d.pk for d in docs)
+    assert [d.source_id for d in docs[:3]] == ["s0", "s1", "s2"] and docs[2].metadata == {"n": 2}
+    assert calls == [32, 9]  # 41 one-chunk documents embedded in two batches, not 41 calls
+    assert Document.objects.filter(collection__name="bulk").count() == 41
+    again = rag.ingest_many(items[:2], collection="bulk")
+    assert [d.pk for d in again] == [docs[0].pk, docs[1].pk] and again[0].deduplicated
+    assert rag.search("topic 7", mode="fulltext", collection="bulk")[0].source_id == "s7"
+
+
+def test_ingest_many_refuses_bad_items_before_writing():
+    before = counts()
+    with pytest.raises(EmptyDocument) as info:
+        rag.ingest_many(["fine text", "   ", "more text"], collection="bulk-bad")
+    assert "documents[1]" in info.value.__notes__[0]
+    with pytest.raises(InvalidOption):
+        rag.ingest_many([{"txt": "typo"}], collection="bulk-bad")
+    assert counts() == before
+
+
+def test_ingest_many_embedding_failure_names_the_document(failing_embedder):
+    texts = [f"Good document number {i}." for i in range(6)] + ["POISON here"]
+    with pytest.raises(EmbeddingFailed, match=r"documents\[6\] chunk 0") as info:
+        rag.ingest_many(
+            texts, collection="bulk-fail", embedder=failing_embedder("POISON"), group_size=4
+        )
+    assert info.value.chunk_index == 0
+    # The first group of four was stored; the failing group was not.
+    assert Document.objects.filter(collection__name="bulk-fail").count() == 4

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from ..exceptions import (
     EmptyDocument,
     InvalidOption,
     InvalidText,
+    RagError,
 )
 from ..retrieval.fulltext import search_vectors
 from .chunkers import TextChunk, get_chunker
@@ -106,16 +107,15 @@ def content_hash(text: str) -> str:
 # --- chunk + embed (no database writes) ------------------------------------------------------
 
 
-def prepare_chunks(
+def chunk_text(
     parsed: ParsedDocument,
     *,
     chunker=None,
     embedder: Embedder,
-    dimensions: int | None = None,
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
-) -> list[PreparedChunk]:
-    """Chunk ``parsed.text`` and embed every chunk; raises before anything is stored."""
+) -> list[TextChunk]:
+    """Split ``parsed.text`` with the chunker (per-call sizes override its options)."""
     options = {
         key: value
         for key, value in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
@@ -126,7 +126,18 @@ def prepare_chunks(
     )
     if not chunks:
         raise EmptyDocument("The chunker produced no chunks for this document.")
-    vectors = embed_texts(embedder, [chunk.text for chunk in chunks])
+    return chunks
+
+
+def attach_vectors(
+    parsed: ParsedDocument,
+    chunks: list[TextChunk],
+    vectors: list[list[float]],
+    *,
+    embedder: Embedder,
+    dimensions: int | None = None,
+) -> list[PreparedChunk]:
+    """Pair chunks with their vectors and pages, checking the vectors fit the column."""
     if dimensions is not None and len(vectors[0]) != dimensions:
         raise DimensionMismatch(
             f"{embedder!r} returned {len(vectors[0])}-dimensional vectors but the embedding "
@@ -141,6 +152,27 @@ def prepare_chunks(
         page_start, page_end = parsed.page_range(chunk.start, chunk.end)
         prepared.append(PreparedChunk(index, chunk, vector, page_start, page_end))
     return prepared
+
+
+def prepare_chunks(
+    parsed: ParsedDocument,
+    *,
+    chunker=None,
+    embedder: Embedder,
+    dimensions: int | None = None,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+) -> list[PreparedChunk]:
+    """Chunk ``parsed.text`` and embed every chunk; raises before anything is stored."""
+    chunks = chunk_text(
+        parsed,
+        chunker=chunker,
+        embedder=embedder,
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
+    )
+    vectors = embed_texts(embedder, [chunk.text for chunk in chunks])
+    return attach_vectors(parsed, chunks, vectors, embedder=embedder, dimensions=dimensions)
 
 
 def embed_texts(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
@@ -231,7 +263,18 @@ def ingest_bytes(data: bytes, *, filename: str, **options):
     return _ingest_parsed(parsed, filename=Path(filename).name, **options)
 
 
-def _ingest_parsed(
+@dataclass
+class _Pending:
+    """A validated document waiting for its chunks' vectors."""
+
+    collection: str
+    document: Any  # an unsaved Document
+    parsed: ParsedDocument
+    replace: bool
+    chunks: list[TextChunk] = field(default_factory=list)
+
+
+def _validate(
     parsed: ParsedDocument,
     *,
     collection=None,
@@ -239,12 +282,9 @@ def _ingest_parsed(
     metadata=None,
     source_id: str | None = None,
     replace: bool = False,
-    chunker=None,
-    embedder=None,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
     filename: str = "",
 ):
+    """Check one document's input; return a :class:`_Pending`, or the stored duplicate."""
     from ..models import Document
 
     source_id = source_id or ""
@@ -260,21 +300,11 @@ def _ingest_parsed(
     name = clean_collection_name(collection)
     digest = content_hash(parsed.text)
 
-    # Cheap dedup before any embedding work; checked again under the lock below.
+    # Cheap dedup before any embedding work; checked again under the lock in _write.
     existing = _find_duplicate(name, source_id, digest)
     if existing is not None and not replace:
         existing.deduplicated = True
         return existing
-
-    resolved_embedder = get_embedder(embedder)
-    prepared = prepare_chunks(
-        parsed,
-        chunker=chunker,
-        embedder=resolved_embedder,
-        dimensions=embedding_dimensions(),
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-    )
     document = Document(
         source_id=source_id,
         title=(title or parsed.title or "")[:500],
@@ -282,11 +312,140 @@ def _ingest_parsed(
         content_hash=digest,
         metadata={**parsed.metadata, **metadata},
         status=Document.Status.COMPLETED,
-        chunk_count=len(prepared),
         original_filename=filename[:500],
         content_type=parsed.content_type,
     )
-    return _write(name, document, prepared, resolved_embedder.model_name, replace=replace)
+    return _Pending(name, document, parsed, replace)
+
+
+def _commit(pending: _Pending, prepared: list[PreparedChunk], model_name: str):
+    pending.document.chunk_count = len(prepared)
+    return _write(
+        pending.collection, pending.document, prepared, model_name, replace=pending.replace
+    )
+
+
+def _ingest_parsed(
+    parsed: ParsedDocument,
+    *,
+    chunker=None,
+    embedder=None,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+    **document_options,
+):
+    pending = _validate(parsed, **document_options)
+    if not isinstance(pending, _Pending):
+        return pending
+    resolved = get_embedder(embedder)
+    prepared = prepare_chunks(
+        pending.parsed,
+        chunker=chunker,
+        embedder=resolved,
+        dimensions=embedding_dimensions(),
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
+    )
+    return _commit(pending, prepared, resolved.model_name)
+
+
+_ITEM_KEYS = {"text", "title", "metadata", "source_id", "format"}
+
+
+def ingest_many(
+    documents: Iterable[str | dict],
+    *,
+    collection: str | None = None,
+    replace: bool = False,
+    format: str = "text",
+    chunker=None,
+    embedder=None,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+    group_size: int = 64,
+) -> list:
+    """Ingest many texts, embedding the chunks of several documents per batch.
+
+    Each item is a string or a dict with ``text`` and optionally ``title``, ``metadata``,
+    ``source_id`` and ``format``; the other options apply to every item as in :func:`ingest`.
+    Returns the documents in input order (stored duplicates included, as with ``ingest``).
+
+    Every item is validated and chunked before anything is embedded or written, so bad input
+    raises with nothing stored (the error has a note naming ``documents[i]``). Documents are
+    then embedded ``group_size`` at a time and each is written in its own transaction, in
+    order: if the embedder fails, the documents of earlier groups stay stored and
+    :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk.
+    """
+    resolved = get_embedder(embedder)
+    dimensions = embedding_dimensions()
+    results: list = []
+    pending: list[tuple[int, _Pending]] = []
+    for index, item in enumerate(documents):
+        try:
+            if isinstance(item, str):
+                item = {"text": item}
+            if not isinstance(item, dict) or "text" not in item or set(item) - _ITEM_KEYS:
+                raise InvalidOption(
+                    "each document must be a str or a dict with 'text' and optionally "
+                    f"{', '.join(sorted(_ITEM_KEYS - {'text'}))}"
+                )
+            item_format = item.get("format", format)
+            parsed = ParsedDocument(
+                text=item["text"],
+                format=item_format,
+                content_type="text/markdown" if item_format == "markdown" else "text/plain",
+            )
+            validated = _validate(
+                parsed,
+                collection=collection,
+                title=item.get("title", ""),
+                metadata=item.get("metadata"),
+                source_id=item.get("source_id"),
+                replace=replace,
+            )
+            if isinstance(validated, _Pending):
+                validated.chunks = chunk_text(
+                    parsed,
+                    chunker=chunker,
+                    embedder=resolved,
+                    chunk_size=chunk_size,
+                    chunk_overlap=chunk_overlap,
+                )
+                pending.append((index, validated))
+        except RagError as exc:
+            exc.add_note(f"in documents[{index}]")
+            raise
+        results.append(validated)
+    for start in range(0, len(pending), max(1, group_size)):
+        group = pending[start : start + group_size]
+        texts = [chunk.text for _, item in group for chunk in item.chunks]
+        try:
+            vectors = embed_texts(resolved, texts)
+        except EmbeddingFailed as exc:
+            position = exc.chunk_index
+            for index, item in group:
+                if position < len(item.chunks):
+                    raise EmbeddingFailed(
+                        f"Embedding documents[{index}] chunk {position} failed: "
+                        f"{exc.__cause__}. Documents before it in earlier groups were stored; "
+                        "this one and the rest were not.",
+                        chunk_index=position,
+                    ) from exc.__cause__
+                position -= len(item.chunks)
+            raise
+        offset = 0
+        for index, item in group:
+            count = len(item.chunks)
+            prepared = attach_vectors(
+                item.parsed,
+                item.chunks,
+                vectors[offset : offset + count],
+                embedder=resolved,
+                dimensions=dimensions,
+            )
+            offset += count
+            results[index] = _commit(item, prepared, resolved.model_name)
+    return results
 
 
 def _find_duplicate(name: str, source_id: str, digest: str):
