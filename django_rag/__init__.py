@@ -7,6 +7,8 @@ The public API is small::
     doc = rag.ingest_file("manual.pdf", collection="docs")
     docs = rag.ingest_many([{"text": ..., "source_id": ...}, ...], collection="docs")
     hits = rag.search("how do refunds work", limit=5, collection="docs")
+    answer = rag.ask("How do refunds work?", collection="docs", llm="openai/gpt-4o-mini")
+    ctx = rag.Agent("Compare plan A and B").gate().search().rerank().answer().context
     rag.delete(doc)
 
 Names are imported lazily so ``import django_rag`` works before Django is set up. The search
@@ -28,6 +30,9 @@ _EXPORTS = {
     "delete": "django_rag.ingestion.service",
     "search": "django_rag.retrieval.service",
     "SearchResult": "django_rag.retrieval.results",
+    "ask": "django_rag.agent.answer",
+    "Answer": "django_rag.agent.answer",
+    "Agent": "django_rag.agent",
 }
 
 __all__ = sorted(_EXPORTS)

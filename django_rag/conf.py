@@ -11,6 +11,7 @@ import copy
 import functools
 import importlib
 import inspect
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -62,10 +63,22 @@ DEFAULTS: dict[str, Any] = {
         "SEMANTIC_WEIGHT": 0.6,
         "FULLTEXT_WEIGHT": 0.4,
         "CANDIDATES": 2,
+        # With a reranker, search fetches RERANK_CANDIDATES x limit chunks and reranks them.
+        "RERANK_CANDIDATES": 3,
+    },
+    # Default LLM for ask(), the agent and evaluation: a litellm model string
+    # ("openai/gpt-4o-mini"), {"model": ..., **options}, {"BACKEND": ..., "OPTIONS": {...}},
+    # a dotted path, a callable taking the prompt and returning text, or an LLM instance.
+    "LLM": None,
+    # Reranker applied by search() when none is given per call (None: no reranking).
+    "RERANKER": None,
+    "TELEMETRY": {
+        # Put raw document, query and answer text in telemetry metadata.
+        "INCLUDE_TEXT": False,
     },
 }
 
-_NESTED = ("SEARCH",)
+_NESTED = ("SEARCH", "TELEMETRY")
 
 
 @functools.cache
@@ -122,6 +135,31 @@ def _reset(*, setting: str, **kwargs) -> None:
         get_settings.cache_clear()
         for callback in _reset_callbacks:
             callback()
+
+
+_SECRET_KEY = re.compile(
+    r"secret|password|passwd|(^|_)(api_?key|access_?key|private_?key|token|credentials?|auth|"
+    r"authorization)$",
+    re.IGNORECASE,
+)
+REDACTED = "[REDACTED]"
+
+
+def is_secret_key(key: Any) -> bool:
+    """True for option names that hold secrets (api_key, password, hf_token, ...)."""
+    return bool(_SECRET_KEY.search(str(key)))
+
+
+def redact(value: Any) -> Any:
+    """Return ``value`` with every secret-looking entry of nested dicts replaced by a marker."""
+    if isinstance(value, Mapping):
+        return {
+            key: REDACTED if is_secret_key(key) and item else redact(item)
+            for key, item in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return type(value)(redact(item) for item in value)
+    return value
 
 
 # --- component resolution ---------------------------------------------------------------------

@@ -152,3 +152,41 @@ class EmbeddingFailed(RagError):
     def __init__(self, message: str, *, chunk_index: int | None = None):
         super().__init__(message, chunk_index=chunk_index)
         self.chunk_index = chunk_index
+
+
+# --- LLM ------------------------------------------------------------------------------------
+
+
+class LLMNotConfigured(RagError, ImproperlyConfigured):
+    """An operation needs an LLM and none was given or configured."""
+
+    code = "llm_not_configured"
+
+    def __init__(self, feature: str):
+        super().__init__(
+            f"{feature} needs an LLM: pass llm=... (a litellm model string such as "
+            "'openai/gpt-4o-mini', a callable or an LLM instance) or set DJANGO_RAG['LLM'].",
+            feature=feature,
+        )
+
+
+class LLMError(RagError):
+    """An LLM call failed (after its retries, when the failure was transient)."""
+
+    code = "llm_error"
+
+    def __init__(self, message: str, *, model: str = "", attempts: int = 1):
+        super().__init__(message, model=model, attempts=attempts)
+        self.model = model
+        self.attempts = attempts
+
+
+class LLMResponseError(LLMError):
+    """The LLM answered, but not in the expected form (no JSON found, empty text, ...)."""
+
+    code = "llm_response_error"
+
+    def __init__(self, message: str, *, text: str = "", model: str = ""):
+        super().__init__(message, model=model)
+        # Keep a bounded excerpt: enough to debug a prompt, never a whole document.
+        self.text = text[:500]

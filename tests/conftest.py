@@ -46,3 +46,48 @@ class FailingEmbedder:
 @pytest.fixture
 def failing_embedder(hashing):
     return lambda marker: FailingEmbedder(hashing, marker)
+
+
+@pytest.fixture
+def events():
+    """Telemetry events sent during the test, as (kind, event, metadata) tuples."""
+    from django_rag.signals import operation_failed, operation_finished, operation_started
+
+    recorded = []
+
+    def receiver(kind):
+        def receive(sender, *, event, metadata, **kwargs):
+            recorded.append((kind, event, dict(metadata, **kwargs)))
+
+        return receive
+
+    receivers = {
+        operation_started: receiver("start"),
+        operation_finished: receiver("stop"),
+        operation_failed: receiver("exception"),
+    }
+    for signal, func in receivers.items():
+        signal.connect(func, weak=False)
+    yield recorded
+    for signal, func in receivers.items():
+        signal.disconnect(func)
+
+
+@pytest.fixture
+def stub_llm_server():
+    """The OpenAI-compatible stub server; configure ``chat``/``rules`` on it in the test."""
+    from tests.stub_openai import StubOpenAI
+
+    with StubOpenAI() as stub:
+        yield stub
+
+
+def stub_llm(stub, **options):
+    """A litellm-backed LLM spec pointing at the stub server."""
+    return {
+        "model": "openai/gpt-4o-mini",
+        "api_base": stub.base_url,
+        "api_key": "sk-test-not-a-real-key",
+        "backoff": 0.01,
+        **options,
+    }

@@ -3,16 +3,37 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from django_rag.testing import HashingEmbedder
 
 
+class Failure:
+    """A scripted HTTP error answer (for example a 429 with Retry-After)."""
+
+    def __init__(self, status: int, message: str = "scripted failure", retry_after=None):
+        self.status = status
+        self.message = message
+        self.retry_after = retry_after
+
+
 class StubOpenAI:
-    def __init__(self, dimensions: int = 384):
+    """``/embeddings`` from a hashing embedder; ``/chat/completions`` from a script.
+
+    ``chat`` is a list of replies used in order (a string, or a :class:`Failure`); ``rules``
+    maps a substring of the last user message to a reply used whenever it matches (checked
+    first); ``default`` answers otherwise. Streaming requests get SSE chunks, one per word.
+    """
+
+    def __init__(self, dimensions: int = 384, chat=None, rules=None, default="OK"):
         self.embedder = HashingEmbedder(dimensions=dimensions)
         self.requests: list[dict] = []
+        self.chat = list(chat or [])
+        self.rules = dict(rules or {})
+        self.default = default
+        self.lock = threading.Lock()
         stub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,19 +65,78 @@ class StubOpenAI:
                         },
                     }
                     self._send(200, payload)
+                elif self.path.endswith("/chat/completions"):
+                    self._chat(body)
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
 
-            def _send(self, status, payload):
+            def _chat(self, body):
+                reply = stub.next_reply(body)
+                if isinstance(reply, Failure):
+                    headers = {}
+                    if reply.retry_after is not None:
+                        headers["Retry-After"] = str(reply.retry_after)
+                    error = {"message": reply.message, "type": "scripted", "code": reply.status}
+                    self._send(reply.status, {"error": error}, headers)
+                    return
+                prompt_tokens = sum(len(m["content"].split()) for m in body["messages"])
+                usage = {
+                    "prompt_tokens": prompt_tokens,
+                    "completion_tokens": len(reply.split()),
+                    "total_tokens": prompt_tokens + len(reply.split()),
+                }
+                base = {"id": "chatcmpl-stub", "created": 1700000000, "model": body["model"]}
+                if not body.get("stream"):
+                    message = {"role": "assistant", "content": reply}
+                    choice = {"index": 0, "message": message, "finish_reason": "stop"}
+                    payload = {**base, "object": "chat.completion", "choices": [choice]}
+                    self._send(200, {**payload, "usage": usage})
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                chunk = {**base, "object": "chat.completion.chunk"}
+                pieces = re.findall(r"\S+\s*|\s+", reply)
+                for piece in pieces:
+                    delta = {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                    self._event({**chunk, "choices": [delta]})
+                self._event(
+                    {**chunk, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+                )
+                self._event({**chunk, "choices": [], "usage": usage})
+                self.wfile.write(b"data: [DONE]\n\n")
+                self.wfile.flush()
+
+            def _event(self, payload):
+                self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")
+                self.wfile.flush()
+
+            def _send(self, status, payload, headers=None):
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def next_reply(self, body):
+        prompt = body["messages"][-1]["content"]
+        with self.lock:
+            for needle, reply in self.rules.items():
+                if needle in prompt:
+                    return reply
+            if self.chat:
+                return self.chat.pop(0)
+            return self.default
+
+    @property
+    def chat_requests(self) -> list[dict]:
+        return [r for r in self.requests if r["path"].endswith("/chat/completions")]
 
     @property
     def base_url(self) -> str:

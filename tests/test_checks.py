@@ -106,6 +106,7 @@ def test_configuration_error_is_improperly_configured():
 
 
 def test_missing_optional_dependency_names_the_extra(monkeypatch):
+    from django_rag import utils
     from django_rag.embeddings import sentence_transformers as st
     from django_rag.ingestion.parsers import parse_bytes
 
@@ -113,7 +114,7 @@ def test_missing_optional_dependency_names_the_extra(monkeypatch):
     with pytest.raises(MissingDependency, match=r"pip install 'django-rag\[pdf\]'"):
         parse_bytes(b"%PDF-1.7", filename="a.pdf")
     monkeypatch.setitem(sys.modules, "sentence_transformers", None)
-    monkeypatch.setattr(st, "_models", {})
+    monkeypatch.setattr(utils, "_loaded", {})
     with pytest.raises(MissingDependency, match=r"django-rag\[local\]"):
         st.SentenceTransformerEmbedder().embed_query("x")
     monkeypatch.setitem(sys.modules, "litellm", None)

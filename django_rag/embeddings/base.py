@@ -6,6 +6,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..signals import span
+
 
 class Embedder:
     """Turns text into L2-normalised vectors.
@@ -58,14 +60,17 @@ class Embedder:
 
     def _run(self, texts: list[str]) -> list[list[float]]:
         vectors: list[list[float]] = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = texts[start : start + self.batch_size]
-            result = self._embed(batch)
-            if len(result) != len(batch):
-                raise ValueError(
-                    f"{type(self).__name__} returned {len(result)} vectors for {len(batch)} texts"
-                )
-            vectors.extend(normalize(v) for v in result)
+        with span("embed", model=self.model_name, count=len(texts)) as s:
+            for start in range(0, len(texts), self.batch_size):
+                batch = texts[start : start + self.batch_size]
+                result = self._embed(batch)
+                if len(result) != len(batch):
+                    raise ValueError(
+                        f"{type(self).__name__} returned {len(result)} vectors for "
+                        f"{len(batch)} texts"
+                    )
+                vectors.extend(normalize(v) for v in result)
+            s.set(dimensions=len(vectors[0]) if vectors else None)
         return vectors
 
     def _embed(self, texts: list[str]) -> Sequence[Sequence[float]]:

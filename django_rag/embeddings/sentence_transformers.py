@@ -7,10 +7,10 @@ instance that names the same model and device.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 
 from ..exceptions import MissingDependency
+from ..utils import load_once
 from .base import Embedder
 
 _BGE_EN_INSTRUCTION = "Represent this sentence for searching relevant passages: "
@@ -51,8 +51,6 @@ KNOWN_DIMENSIONS: dict[str, int] = {
 }
 
 _BUNDLED = {"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"}
-_models: dict[tuple[str, str | None], object] = {}
-_lock = threading.Lock()
 
 
 def prefixes_for(model: str) -> tuple[str, str]:
@@ -78,19 +76,16 @@ def _resolve_path(model: str) -> str:
 
 def load_model(model: str, device: str | None = None):
     """Load (once per process) and return a ``SentenceTransformer``."""
-    key = (_resolve_path(model), device)
-    if key in _models:
-        return _models[key]
-    with _lock:
-        if key not in _models:
-            try:
-                from sentence_transformers import SentenceTransformer
-            except ImportError as exc:
-                raise MissingDependency(
-                    "sentence-transformers", "local", "The local embedder"
-                ) from exc
-            _models[key] = SentenceTransformer(key[0], device=device)
-        return _models[key]
+    path = _resolve_path(model)
+
+    def load():
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise MissingDependency("sentence-transformers", "local", "The local embedder") from exc
+        return SentenceTransformer(path, device=device)
+
+    return load_once(("sentence-transformer", path, device), load)
 
 
 class SentenceTransformerEmbedder(Embedder):

@@ -28,6 +28,7 @@ from ..exceptions import (
     RagError,
 )
 from ..retrieval.fulltext import search_vectors
+from ..signals import span
 from .chunkers import TextChunk, get_chunker
 from .parsers import ParsedDocument, parse_bytes, parse_file
 
@@ -334,19 +335,35 @@ def _ingest_parsed(
     chunk_overlap: int | None = None,
     **document_options,
 ):
-    pending = _validate(parsed, **document_options)
-    if not isinstance(pending, _Pending):
-        return pending
-    resolved = get_embedder(embedder)
-    prepared = prepare_chunks(
-        pending.parsed,
-        chunker=chunker,
-        embedder=resolved,
-        dimensions=embedding_dimensions(),
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-    )
-    return _commit(pending, prepared, resolved.model_name)
+    with span(
+        "ingest",
+        text=parsed.text,
+        collection=document_options.get("collection"),
+        source_id=document_options.get("source_id"),
+        filename=document_options.get("filename", ""),
+        chars=len(parsed.text) if isinstance(parsed.text, str) else None,
+    ) as s:
+        pending = _validate(parsed, **document_options)
+        if not isinstance(pending, _Pending):
+            s.set(document_id=pending.pk, chunk_count=pending.chunk_count, deduplicated=True)
+            return pending
+        resolved = get_embedder(embedder)
+        prepared = prepare_chunks(
+            pending.parsed,
+            chunker=chunker,
+            embedder=resolved,
+            dimensions=embedding_dimensions(),
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+        )
+        document = _commit(pending, prepared, resolved.model_name)
+        s.set(
+            document_id=document.pk,
+            collection=pending.collection,
+            chunk_count=len(prepared),
+            deduplicated=False,
+        )
+        return document
 
 
 _ITEM_KEYS = {"text", "title", "metadata", "source_id", "format"}
@@ -376,6 +393,37 @@ def ingest_many(
     order: if the embedder fails, the documents of earlier groups stay stored and
     :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk.
     """
+    with span("ingest_many", collection=collection, group_size=group_size) as s:
+        results = _ingest_many(
+            documents,
+            collection=collection,
+            replace=replace,
+            format=format,
+            chunker=chunker,
+            embedder=embedder,
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            group_size=group_size,
+        )
+        s.set(
+            document_count=len(results),
+            chunk_count=sum(document.chunk_count for document in results),
+        )
+        return results
+
+
+def _ingest_many(
+    documents,
+    *,
+    collection,
+    replace,
+    format,
+    chunker,
+    embedder,
+    chunk_size,
+    chunk_overlap,
+    group_size,
+) -> list:
     resolved = get_embedder(embedder)
     dimensions = embedding_dimensions()
     results: list = []
@@ -521,6 +569,7 @@ def delete(document) -> None:
     from ..models import Document
 
     pk = document.pk if isinstance(document, Document) else document
-    deleted, _ = Document.objects.filter(pk=pk).delete()
+    with span("delete", document_id=pk):
+        deleted, _ = Document.objects.filter(pk=pk).delete()
     if not deleted:
         raise DocumentNotFound(f"No document with id {pk!r}.", id=pk)

@@ -59,3 +59,20 @@ def fuse(
             f = item.fulltext_score / best_fulltext if best_fulltext > 0 else 0.0
             item.score = semantic_weight * s + fulltext_weight * f
     return sorted(items, key=lambda item: -item.score)
+
+
+def rrf_merge(rankings: Sequence[Sequence[Any]], *, rrf_k: int = 60) -> list[Any]:
+    """Merge several ranked lists of results into one by reciprocal rank fusion.
+
+    Results are identified by ``chunk_id``; the first occurrence of a chunk is kept, with
+    ``score`` set to ``sum(1 / (rrf_k + rank))`` over the lists that contain it.
+    """
+    merged: dict[Any, Any] = {}
+    totals: dict[Any, float] = {}
+    for ranking in rankings:
+        for rank, result in enumerate(ranking, start=1):
+            merged.setdefault(result.chunk_id, result)
+            totals[result.chunk_id] = totals.get(result.chunk_id, 0.0) + 1.0 / (rrf_k + rank)
+    for chunk_id, result in merged.items():
+        result.score = totals[chunk_id]
+    return sorted(merged.values(), key=lambda result: -result.score)

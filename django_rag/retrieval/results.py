@@ -26,6 +26,16 @@ class SearchResult:
     fulltext_score: float | None = None
     rerank_score: float | None = None
 
+    @property
+    def label(self) -> str:
+        """Where the chunk comes from, for people: file or title, and pages ("a.pdf p.3-4")."""
+        where = self.filename or self.title or self.source_id or f"document {self.document_id}"
+        if self.page_start is None:
+            return where
+        if self.page_end in (None, self.page_start):
+            return f"{where} p.{self.page_start}"
+        return f"{where} p.{self.page_start}-{self.page_end}"
+
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict with every field (the serialisation contract)."""
         return asdict(self)

@@ -9,7 +9,9 @@ from typing import Any
 from ..conf import search_setting
 from ..embeddings import get_embedder
 from ..exceptions import InvalidOption, InvalidSearchMode
-from .fusion import FUSIONS
+from ..rerankers import get_reranker
+from ..signals import span
+from .fusion import FUSIONS, rrf_merge
 from .results import SearchResult
 from .stores import get_vector_store
 
@@ -80,6 +82,8 @@ def search(
     semantic_weight: float | None = None,
     fulltext_weight: float | None = None,
     candidates: int | None = None,
+    reranker: Any = None,
+    rewriter: Any = None,
     embedder=None,
     vector_store=None,
 ) -> list[SearchResult]:
@@ -92,6 +96,13 @@ def search(
     ``metadata`` keeps chunks whose document metadata contains the given dict. ``threshold``
     is a minimum on ``score``: cosine similarity in semantic mode, BM25 in full-text mode, the
     fused score in hybrid mode. Options left as None take their ``SEARCH`` setting.
+
+    ``reranker`` (a reranker, alias such as ``"cross-encoder"``, or scoring function; default
+    ``DJANGO_RAG["RERANKER"]``, ``False`` for none) reorders ``RERANK_CANDIDATES x limit``
+    candidates and keeps ``limit``; its own threshold is separate from ``threshold``.
+    ``rewriter`` (``"rewrite"``, ``"expand"``, ``"keywords"``, ``"decompose"`` or a function
+    ``query -> str | list[str]``) rewrites the query first; several queries are searched
+    and merged by reciprocal rank fusion. Reranking always scores against the original query.
     """
     mode = normalize_mode(mode)
     limit = search_setting("LIMIT") if limit is None else limit
@@ -131,7 +142,40 @@ def search(
     )
     if not request.query.strip():
         return []
-    store = get_vector_store(vector_store)
-    if mode in ("semantic", "hybrid"):
-        request.vector = get_embedder(embedder).embed_query(request.query)
-    return store.search(request)
+    query_text = request.query
+    ranker = get_reranker(reranker)
+    with span(
+        "search",
+        query=request.query,
+        mode=mode,
+        limit=limit,
+        collections=request.collections,
+        reranker=ranker.name if ranker else None,
+        rewriter=None if rewriter is None else getattr(rewriter, "__qualname__", str(rewriter)),
+    ) as s:
+        store = get_vector_store(vector_store)
+        queries = _rewrite(request.query, rewriter) if rewriter is not None else [request.query]
+        if ranker is not None:
+            request.limit = min(limit * search_setting("RERANK_CANDIDATES"), MAX_LIMIT)
+        rankings = []
+        for query in queries:
+            request.query = query
+            request.vector = None
+            if mode in ("semantic", "hybrid"):
+                request.vector = get_embedder(embedder).embed_query(query)
+            rankings.append(store.search(request))
+        results = rankings[0] if len(rankings) == 1 else rrf_merge(rankings, rrf_k=request.rrf_k)
+        if ranker is not None:
+            results = ranker.rerank(query_text, results, top_k=limit)
+        results = results[:limit]
+        s.set(result_count=len(results), queries=len(queries), reranked=ranker is not None)
+        return results
+
+
+def _rewrite(query: str, rewriter: Any) -> list[str]:
+    from ..agent.components import get_rewriter
+
+    rewritten = get_rewriter(rewriter)(query)
+    queries = [rewritten] if isinstance(rewritten, str) else list(rewritten or [])
+    queries = [q.strip() for q in queries if isinstance(q, str) and q.strip()]
+    return list(dict.fromkeys(queries)) or [query]

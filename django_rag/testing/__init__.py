@@ -1,18 +1,22 @@
 """Fakes for fast tests, for this project's suite and for users' own tests.
 
 ``HashingEmbedder`` is deterministic and offline: texts that share words get closer vectors.
-Use it with ``DJANGO_RAG = {"EMBEDDER": "hashing"}`` in test settings.
+Use it with ``DJANGO_RAG = {"EMBEDDER": "hashing"}`` in test settings. ``ScriptedLLM`` answers
+from a script, so code that calls an LLM can be tested without one.
 """
 
 from __future__ import annotations
 
 import re
+import threading
 import zlib
 from collections.abc import Sequence
 
 import numpy as np
 
 from ..embeddings.base import Embedder
+from ..exceptions import LLMError
+from ..llm.base import LLM, Completion, Messages, Usage
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -41,4 +45,71 @@ class HashingEmbedder(Embedder):
         return vector
 
 
-__all__ = ["HashingEmbedder"]
+class ScriptedLLM(LLM):
+    """An LLM that answers from a script and records every call.
+
+    ``responses`` are used in order, one per call. ``rules`` maps a substring to a response used
+    (repeatedly) whenever the prompt or system message contains it; rules are checked first.
+    ``default`` answers when nothing else does (otherwise the call fails the test with an
+    AssertionError). A response is a string, an exception (raised as
+    :class:`~django_rag.exceptions.LLMError` like a real backend's failure) or a callable
+    ``prompt -> str``. Each call reports one token per word of prompt and answer.
+
+    ``calls`` lists ``{"prompt": ..., "system": ...}`` dicts in call order.
+    """
+
+    def __init__(
+        self,
+        *responses,
+        rules: dict[str, object] | None = None,
+        default: object | None = None,
+        model_name: str = "scripted",
+        cost_per_call: float | None = None,
+    ):
+        self.responses = list(responses)
+        self.rules = dict(rules or {})
+        self.default = default
+        self.model_name = model_name
+        self.cost_per_call = cost_per_call
+        self.calls: list[dict[str, str | None]] = []
+        self._lock = threading.Lock()
+
+    def _next(self, prompt: str, system: str | None) -> object:
+        with self._lock:
+            self.calls.append({"prompt": prompt, "system": system})
+            for needle, response in self.rules.items():
+                if needle in prompt or (system and needle in system):
+                    return response
+            if self.responses:
+                return self.responses.pop(0)
+            if self.default is not None:
+                return self.default
+        raise AssertionError(f"ScriptedLLM has no response left for prompt: {prompt[:200]!r}")
+
+    def _complete(self, messages: Messages, **options) -> Completion:
+        system = messages[0]["content"] if messages[0]["role"] == "system" else None
+        prompt = messages[-1]["content"]
+        response = self._next(prompt, system)
+        if isinstance(response, type) and issubclass(response, BaseException):
+            response = response("scripted failure")
+        if isinstance(response, LLMError):
+            raise response
+        if isinstance(response, BaseException):
+            raise LLMError(f"scripted failure: {response!r}", model=self.model_name)
+        text = response(prompt) if callable(response) else str(response)
+        usage = Usage.of_call(
+            self.model_name,
+            len("\n".join(m["content"] for m in messages).split()),
+            len(text.split()),
+            self.cost_per_call,
+        )
+        return Completion(text, usage, self.model_name)
+
+    def _stream(self, messages: Messages, **options):
+        completion = self._complete(messages, **options)
+        # Stream word by word (whitespace kept) like a real model writes.
+        yield from re.findall(r"\S+\s*|\s+", completion.text)
+        yield completion.usage
+
+
+__all__ = ["HashingEmbedder", "ScriptedLLM"]

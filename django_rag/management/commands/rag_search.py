@@ -45,20 +45,9 @@ class Command(BaseCommand):
             self.stdout.write("No results.")
             return
         for rank, result in enumerate(results, start=1):
-            where = (
-                result.filename
-                or result.title
-                or result.source_id
-                or f"document {result.document_id}"
-            )
-            pages = ""
-            if result.page_start is not None:
-                pages = f" p.{result.page_start}" + (
-                    f"-{result.page_end}" if result.page_end != result.page_start else ""
-                )
             snippet = " ".join(result.text.split())
             snippet = snippet[:160] + ("..." if len(snippet) > 160 else "")
             self.stdout.write(
-                f"{rank:>2}. {result.score:.3f}  [{result.collection}] {where}{pages} "
+                f"{rank:>2}. {result.score:.3f}  [{result.collection}] {result.label} "
                 f"#{result.chunk_index}\n    {snippet}"
             )

@@ -1,0 +1,130 @@
+"""The agentic pipeline: composable steps over a shared :class:`Context`.
+
+Fluent::
+
+    ctx = (rag.Agent("Compare plan A and plan B", llm="openai/gpt-4o-mini")
+           .gate().rewrite().decompose().search(collection="plans").reason()
+           .rerank(threshold=7).answer(self_correct=True))
+    print(ctx.answer, ctx.citations, ctx.usage)
+
+Functional::
+
+    from django_rag.agent import Context, steps
+    ctx = steps.answer(steps.search(steps.gate(Context("...", llm=my_llm))))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import steps
+from .answer import Answer, AnswerStream, Citation, ask, parse_citations
+from .components import (
+    Answerer,
+    Component,
+    Decomposer,
+    Expander,
+    Gatekeeper,
+    KeywordExtractor,
+    Rewriter,
+    Searcher,
+    Selector,
+    get_rewriter,
+)
+from .context import Context, Retrieval
+
+
+class Agent:
+    """Fluent wrapper around a :class:`Context`: each step method runs the step of the same
+    name in :mod:`django_rag.agent.steps` and returns the agent, so steps chain.
+
+    Fields of the context are read through ``agent.context`` (``agent.context.answer`` is the
+    answer text); those that are not step names can also be read on the agent itself
+    (``agent.error``, ``agent.usage``, ``agent.chunks``). ``agent.result`` is an
+    :class:`Answer`.
+    """
+
+    def __init__(
+        self,
+        question: str,
+        *,
+        llm: Any = None,
+        limit: int = 5,
+        threshold: float | None = None,
+        **search_options: Any,
+    ):
+        self.context = Context(
+            question=question,
+            llm=llm,
+            limit=limit,
+            threshold=threshold,
+            search_options=search_options,
+        )
+
+    def _run(self, name: str, options: dict[str, Any]) -> Agent:
+        steps.STEPS[name](self.context, **options)
+        return self
+
+    def gate(self, **options: Any) -> Agent:
+        return self._run("gate", options)
+
+    def rewrite(self, **options: Any) -> Agent:
+        return self._run("rewrite", options)
+
+    def select(self, **options: Any) -> Agent:
+        return self._run("select", options)
+
+    def expand(self, **options: Any) -> Agent:
+        return self._run("expand", options)
+
+    def decompose(self, **options: Any) -> Agent:
+        return self._run("decompose", options)
+
+    def search(self, **options: Any) -> Agent:
+        return self._run("search", options)
+
+    def reason(self, **options: Any) -> Agent:
+        return self._run("reason", options)
+
+    def rerank(self, **options: Any) -> Agent:
+        return self._run("rerank", options)
+
+    def answer(self, **options: Any) -> Agent:
+        return self._run("answer", options)
+
+    @property
+    def result(self) -> Answer | None:
+        """The answer as an :class:`Answer` (text, chunks, citations, usage) once it ran."""
+        return self.context.to_answer()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for names the agent lacks: the context's fields and properties.
+        if name == "context":
+            raise AttributeError(name)
+        return getattr(self.context, name)
+
+    def __repr__(self) -> str:
+        return f"<Agent question={self.context.question[:40]!r} error={self.context.error!r}>"
+
+
+__all__ = [
+    "Agent",
+    "Answer",
+    "AnswerStream",
+    "Answerer",
+    "Citation",
+    "Component",
+    "Context",
+    "Decomposer",
+    "Expander",
+    "Gatekeeper",
+    "KeywordExtractor",
+    "Retrieval",
+    "Rewriter",
+    "Searcher",
+    "Selector",
+    "ask",
+    "get_rewriter",
+    "parse_citations",
+    "steps",
+]

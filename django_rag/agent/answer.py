@@ -1,0 +1,255 @@
+"""Answers with citations: ``ask()`` and the answer generation the agent shares with it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..exceptions import InvalidInput, InvalidOption, LLMResponseError
+from ..llm import LLM, Completion, Usage, collect_usage, get_llm
+from ..retrieval.results import SearchResult
+from ..signals import span
+from . import prompts
+
+PromptFunction = Callable[[str, list[SearchResult]], "str | tuple[str, str]"]
+
+_CITATION = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
+
+
+@dataclass
+class Citation:
+    """A numbered source the answer cites, resolved to its chunk and document."""
+
+    number: int
+    chunk: SearchResult
+
+    @property
+    def chunk_id(self):
+        return self.chunk.chunk_id
+
+    @property
+    def document_id(self):
+        return self.chunk.document_id
+
+    @property
+    def title(self) -> str:
+        return self.chunk.title
+
+    @property
+    def filename(self) -> str:
+        return self.chunk.filename
+
+    @property
+    def source_id(self) -> str:
+        return self.chunk.source_id
+
+    @property
+    def page_start(self) -> int | None:
+        return self.chunk.page_start
+
+    @property
+    def page_end(self) -> int | None:
+        return self.chunk.page_end
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "number": self.number,
+            "chunk_id": self.chunk_id,
+            "document_id": self.document_id,
+            "title": self.title,
+            "filename": self.filename,
+            "source_id": self.source_id,
+            "page_start": self.page_start,
+            "page_end": self.page_end,
+        }
+
+
+@dataclass
+class Answer:
+    """What :func:`ask` returns: the text, the chunks it was written from, citations, usage."""
+
+    question: str
+    text: str
+    chunks: list[SearchResult] = field(default_factory=list)
+    citations: list[Citation] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+
+    def __str__(self) -> str:
+        return self.text
+
+    @property
+    def cited_chunks(self) -> list[SearchResult]:
+        return [citation.chunk for citation in self.citations]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "question": self.question,
+            "text": self.text,
+            "model": self.model,
+            "chunks": [chunk.to_dict() for chunk in self.chunks],
+            "citations": [citation.to_dict() for citation in self.citations],
+            "usage": self.usage.to_dict(),
+        }
+
+
+def parse_citations(text: str, chunks: Sequence[SearchResult]) -> list[Citation]:
+    """The sources ``text`` cites as ``[n]`` / ``[n, m]``, in order of first mention.
+
+    Numbers outside 1..len(chunks) are ignored (a model may invent them).
+    """
+    seen: dict[int, Citation] = {}
+    for match in _CITATION.finditer(text):
+        for part in re.split(r"[,;]", match.group(1)):
+            number = int(part)
+            if 1 <= number <= len(chunks) and number not in seen:
+                seen[number] = Citation(number, chunks[number - 1])
+    return list(seen.values())
+
+
+def answer_messages(
+    question: str,
+    chunks: Sequence[SearchResult],
+    *,
+    prompt: PromptFunction | None = None,
+    skip_retrieval: bool = False,
+) -> tuple[str | None, str]:
+    """(system, user) for an answer. A custom ``prompt(question, chunks)`` returns the user
+    message (no system message) or a ``(system, user)`` pair."""
+    if prompt is None:
+        return prompts.answer_messages(question, chunks, skip_retrieval=skip_retrieval)
+    result = prompt(question, list(chunks))
+    if isinstance(result, str):
+        return None, result
+    if isinstance(result, tuple) and len(result) == 2:
+        return result[0], result[1]
+    raise InvalidOption(
+        "a prompt function must return a string (the prompt) or a (system, user) tuple, got "
+        f"{type(result).__name__}"
+    )
+
+
+def make_answer(question: str, completion: Completion, chunks: list[SearchResult]) -> Answer:
+    text = completion.text.strip()
+    if not text:
+        raise LLMResponseError("The LLM returned an empty answer.", model=completion.model)
+    return Answer(
+        question=question,
+        text=text,
+        chunks=chunks,
+        citations=parse_citations(text, chunks),
+        usage=completion.usage,
+        model=completion.model,
+    )
+
+
+class AnswerStream:
+    """What ``ask(..., stream=True)`` returns: iterate to get the answer text as it is written.
+
+    When the iteration ends, :attr:`answer` holds the same :class:`Answer` that ``ask()``
+    would have returned. Retrieval runs (and its errors are raised) when ``ask()`` is called.
+    """
+
+    def __init__(self, events: Iterator[Any]):
+        self._events = events
+        self.answer: Answer | None = None
+        # Run up to the end of retrieval now, so bad input fails at the call site.
+        next(self._events)
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while True:
+                yield next(self._events)
+        except StopIteration as stop:
+            self.answer = stop.value
+
+    @property
+    def chunks(self) -> list[SearchResult]:
+        return self.answer.chunks if self.answer else []
+
+
+_RETRIEVED = object()
+
+
+def ask(
+    question: str,
+    *,
+    llm: Any = None,
+    mode: str | None = None,
+    limit: int = 5,
+    collection: str | Sequence[str] | None = None,
+    source_id: str | None = None,
+    threshold: float | None = None,
+    prompt: PromptFunction | None = None,
+    stream: bool = False,
+    **search_options: Any,
+) -> Answer | AnswerStream:
+    """Answer ``question`` from the best ``limit`` chunks, citing them by number.
+
+    Retrieval is :func:`django_rag.search` with ``mode``, ``collection``, ``source_id``,
+    ``threshold`` and any other search option (``reranker``, ``rewriter``, ``metadata``, ...).
+    The chunks reach the LLM as numbered, delimited sources; the answer cites them as ``[n]``
+    and :attr:`Answer.citations` resolves each to its chunk, document, file and pages.
+    ``prompt(question, chunks)`` replaces the default prompt. ``stream=True`` returns an
+    :class:`AnswerStream`. Raises :class:`~django_rag.exceptions.LLMNotConfigured` when no LLM
+    is given or configured, before anything is searched.
+    """
+    if not isinstance(question, str) or not question.strip():
+        raise InvalidInput("ask() needs a non-empty question string.")
+    if prompt is not None and not callable(prompt):
+        raise InvalidOption("prompt must be a function (question, chunks) -> str")
+    model = get_llm(llm, feature="ask()")
+    events = _ask(
+        question,
+        model,
+        prompt,
+        stream,
+        dict(
+            mode=mode,
+            limit=limit,
+            collection=collection,
+            source_id=source_id,
+            threshold=threshold,
+            **search_options,
+        ),
+    )
+    if stream:
+        return AnswerStream(events)
+    next(events)
+    try:
+        while True:
+            next(events)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _ask(
+    question: str, llm: LLM, prompt: PromptFunction | None, stream: bool, search_options: dict
+):
+    """Yields a marker once retrieval is done, then (streaming) text pieces; returns the Answer."""
+    from ..retrieval.service import search
+
+    with span("ask", question=question, model=llm.model_name, stream=stream) as s:
+        with collect_usage() as retrieval_usage:
+            chunks = search(question, **search_options)
+        yield _RETRIEVED
+        system, user = answer_messages(question, chunks, prompt=prompt)
+        if stream:
+            text_stream = llm.stream(user, system=system)
+            yield from text_stream
+            completion = text_stream.completion
+        else:
+            completion = llm.complete(user, system=system)
+        answer = make_answer(question, completion, chunks)
+        answer.usage = retrieval_usage + completion.usage
+        s.set(
+            context_count=len(chunks),
+            citation_count=len(answer.citations),
+            answer=answer.text,
+            prompt_tokens=answer.usage.prompt_tokens,
+            completion_tokens=answer.usage.completion_tokens,
+            cost=answer.usage.cost,
+        )
+        return answer

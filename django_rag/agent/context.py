@@ -1,0 +1,101 @@
+"""The context object every agent step reads and updates."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..exceptions import InvalidInput
+from ..llm import Usage
+from ..retrieval.results import SearchResult
+from .answer import Answer, Citation
+
+
+@dataclass
+class Retrieval:
+    """The chunks one query returned from one collection (None: every collection)."""
+
+    question: str
+    collection: str | None
+    chunks: list[SearchResult]
+
+
+@dataclass
+class Context:
+    """State of one agent run. Steps fill it in; nothing here is required but ``question``.
+
+    ``llm`` is the default for every step (a step's own ``llm=`` wins); ``limit``,
+    ``threshold`` and ``search_options`` (mode, fusion, reranker, metadata...) go to every
+    search. When a step fails, ``error`` and ``failed_step`` are set and later steps return
+    the context unchanged. Fallbacks taken after an LLM failure (for example ``decompose``
+    using the original question) are listed in ``warnings``.
+    """
+
+    question: str
+    llm: Any = None
+    limit: int = 5
+    threshold: float | None = None
+    search_options: dict[str, Any] = field(default_factory=dict)
+    # gate
+    skip_retrieval: bool = False
+    gate_reasoning: str | None = None
+    # rewrite / expand / decompose
+    rewritten_query: str | None = None
+    expanded_query: str | None = None
+    sub_questions: list[str] | None = None
+    # select
+    collections: list[str] | None = None
+    selection_reasoning: str | None = None
+    # search / reason
+    results: list[Retrieval] = field(default_factory=list)
+    searcher: Any = None
+    search_scope: list[str | None] | None = None
+    queries_tried: list[str] = field(default_factory=list)
+    search_iterations: int = 0
+    reason_iterations: int = 0
+    # rerank
+    rerank_scores: dict[Any, float] = field(default_factory=dict)
+    # answer
+    answer: str | None = None
+    citations: list[Citation] = field(default_factory=list)
+    context_used: list[SearchResult] = field(default_factory=list)
+    correction_count: int = 0
+    corrections: list[dict[str, str]] = field(default_factory=list)
+    # bookkeeping
+    error: Exception | None = None
+    failed_step: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    usage: Usage = field(default_factory=Usage)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise InvalidInput("The agent needs a non-empty question string.")
+
+    @property
+    def query(self) -> str:
+        """The query searches use: expanded, else rewritten, else the question."""
+        return self.expanded_query or self.rewritten_query or self.question
+
+    @property
+    def chunks(self) -> list[SearchResult]:
+        """Every retrieved chunk once, in retrieval order (first occurrence wins)."""
+        seen: set[Any] = set()
+        unique = []
+        for retrieval in self.results:
+            for chunk in retrieval.chunks:
+                if chunk.chunk_id not in seen:
+                    seen.add(chunk.chunk_id)
+                    unique.append(chunk)
+        return unique
+
+    def to_answer(self) -> Answer | None:
+        """The result as an :class:`Answer` (as ``ask()`` returns), once ``answer`` ran."""
+        if self.answer is None:
+            return None
+        return Answer(
+            question=self.question,
+            text=self.answer,
+            chunks=list(self.context_used),
+            citations=list(self.citations),
+            usage=self.usage,
+        )

@@ -1,0 +1,63 @@
+"""The LLM layer: a base class, litellm and callable backends, usage and JSON parsing."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from ..conf import build_component, get_setting
+from ..exceptions import ConfigurationError, LLMNotConfigured
+from .base import LLM, Completion, TextStream, Usage, collect_usage, map_concurrently
+from .callable import CallableLLM
+from .litellm import LiteLLM
+from .parsing import parse_json
+
+ALIASES = {
+    "litellm": "django_rag.llm.litellm.LiteLLM",
+    "scripted": "django_rag.testing.ScriptedLLM",
+}
+
+_DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
+
+
+def get_llm(spec: Any = None, *, feature: str = "This operation", setting: str = "LLM") -> LLM:
+    """Build an :class:`LLM` from ``spec``, or from ``DJANGO_RAG["LLM"]`` when it is None.
+
+    ``spec`` may be a litellm model string, ``{"model": ..., **options}``, a
+    ``(model, options)`` pair, ``{"BACKEND": ..., "OPTIONS": ...}``, an alias, a dotted path,
+    a callable taking the prompt and returning text, or an :class:`LLM` instance.
+    """
+    if spec is None:
+        spec = get_setting("LLM")
+        if spec is None:
+            raise LLMNotConfigured(feature)
+    if isinstance(spec, LLM):
+        return spec
+    if isinstance(spec, tuple | list) and len(spec) == 2 and isinstance(spec[0], str):
+        spec = {"model": spec[0], **dict(spec[1] or {})}
+    if isinstance(spec, Mapping) and "BACKEND" not in spec:
+        if "model" not in spec:
+            raise ConfigurationError(
+                setting, spec, "a dict needs 'model' (a litellm model string) or 'BACKEND'"
+            )
+        spec = {"BACKEND": "litellm", "OPTIONS": dict(spec)}
+    if isinstance(spec, str) and spec not in ALIASES and not _DOTTED_PATH.match(spec):
+        spec = {"BACKEND": "litellm", "OPTIONS": {"model": spec}}
+    return build_component(
+        spec, setting=setting, base=LLM, aliases=ALIASES, wrap_callable=CallableLLM
+    )
+
+
+__all__ = [
+    "LLM",
+    "CallableLLM",
+    "Completion",
+    "LiteLLM",
+    "TextStream",
+    "Usage",
+    "collect_usage",
+    "get_llm",
+    "map_concurrently",
+    "parse_json",
+]

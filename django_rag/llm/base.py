@@ -1,0 +1,223 @@
+"""The LLM base class, completions, usage accounting and streaming."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..signals import span
+
+
+@dataclass
+class Usage:
+    """Tokens and cost of one or more LLM calls. ``cost`` is None when no call had a known price."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost: float | None = None
+    by_model: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def add(self, other: Usage) -> None:
+        self.calls += other.calls
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        if other.cost is not None:
+            self.cost = (self.cost or 0.0) + other.cost
+        for model, figures in other.by_model.items():
+            mine = self.by_model.setdefault(model, {})
+            for key, value in figures.items():
+                mine[key] = mine.get(key, 0) + value
+
+    def __add__(self, other: Usage) -> Usage:
+        total = Usage()
+        total.add(self)
+        total.add(other)
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+            "cost": self.cost,
+            "by_model": {model: dict(figures) for model, figures in self.by_model.items()},
+        }
+
+    @classmethod
+    def of_call(
+        cls, model: str, prompt_tokens: int, completion_tokens: int, cost: float | None
+    ) -> Usage:
+        figures = {
+            "calls": 1,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+        }
+        if cost is not None:
+            figures["cost"] = cost
+        return cls(1, prompt_tokens, completion_tokens, cost, {model: figures})
+
+
+@dataclass
+class Completion:
+    """The text of one LLM call and what it cost."""
+
+    text: str
+    usage: Usage = field(default_factory=Usage)
+    model: str = ""
+
+
+# --- usage collection ---------------------------------------------------------------------------
+
+_collectors: contextvars.ContextVar[tuple[_Collector, ...]] = contextvars.ContextVar(
+    "django_rag_usage_collectors", default=()
+)
+
+
+class _Collector:
+    def __init__(self) -> None:
+        self.usage = Usage()
+        self._lock = threading.Lock()
+
+    def add(self, usage: Usage) -> None:
+        with self._lock:
+            self.usage.add(usage)
+
+
+@contextmanager
+def collect_usage() -> Iterator[Usage]:
+    """Sum the usage of every LLM call made inside the block (nested blocks all see it).
+
+    Calls made in worker threads are counted when the thread runs in a copy of the caller's
+    context (``contextvars.copy_context().run``), as django_rag's own thread pools do.
+    """
+    collector = _Collector()
+    token = _collectors.set((*_collectors.get(), collector))
+    try:
+        yield collector.usage
+    finally:
+        _collectors.reset(token)
+
+
+def record_usage(usage: Usage) -> None:
+    for collector in _collectors.get():
+        collector.add(usage)
+
+
+# --- the base class ----------------------------------------------------------------------------
+
+
+Messages = list[dict[str, str]]
+
+
+def build_messages(prompt: str, system: str | None) -> Messages:
+    messages = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": prompt})
+    return messages
+
+
+class LLM:
+    """Base class of LLM backends.
+
+    Subclasses implement :meth:`_complete` (and :meth:`_stream` to stream natively); callers use
+    :meth:`complete` and :meth:`stream`, which add telemetry and usage accounting. Keep secrets
+    out of ``repr`` and error messages, and do no I/O in ``__init__``.
+    """
+
+    model_name: str = "custom"
+
+    def complete(self, prompt: str, *, system: str | None = None, **options: Any) -> Completion:
+        """Send ``prompt`` (the user message) with an optional ``system`` message."""
+        messages = build_messages(prompt, system)
+        with span("llm.complete", **self._span_metadata(messages)) as s:
+            completion = self._complete(messages, **options)
+            self._finish(s, completion)
+        return completion
+
+    def stream(self, prompt: str, *, system: str | None = None, **options: Any) -> TextStream:
+        """Like :meth:`complete`, but iterate over the returned stream to get text as it arrives.
+
+        After the iteration ends, ``stream.completion`` holds the whole :class:`Completion`.
+        """
+        messages = build_messages(prompt, system)
+        return TextStream(self, messages, options)
+
+    def _complete(self, messages: Messages, **options: Any) -> Completion:
+        raise NotImplementedError
+
+    def _stream(self, messages: Messages, **options: Any) -> Iterator[str | Usage]:
+        """Yield text pieces, and optionally a final :class:`Usage`. Default: one piece."""
+        completion = self._complete(messages, **options)
+        yield completion.text
+        yield completion.usage
+
+    def _span_metadata(self, messages: Messages) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "prompt_chars": sum(len(m["content"]) for m in messages),
+            "prompt": messages[-1]["content"],
+        }
+
+    def _finish(self, s, completion: Completion) -> None:
+        record_usage(completion.usage)
+        s.set(
+            response_chars=len(completion.text),
+            answer=completion.text,
+            prompt_tokens=completion.usage.prompt_tokens,
+            completion_tokens=completion.usage.completion_tokens,
+            cost=completion.usage.cost,
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} model={self.model_name!r}>"
+
+
+class TextStream:
+    """Iterate to receive text as the LLM writes it; ``completion`` is set when it ends."""
+
+    def __init__(self, llm: LLM, messages: Messages, options: dict[str, Any]):
+        self._llm = llm
+        self._messages = messages
+        self._options = options
+        self.completion: Completion | None = None
+        self._started = False
+
+    def __iter__(self) -> Iterator[str]:
+        if self._started:
+            raise RuntimeError("a TextStream can be iterated only once")
+        self._started = True
+        llm = self._llm
+        with span("llm.complete", stream=True, **llm._span_metadata(self._messages)) as s:
+            pieces: list[str] = []
+            usage = Usage()
+            for item in llm._stream(self._messages, **self._options):
+                if isinstance(item, Usage):
+                    usage = item
+                elif item:
+                    pieces.append(item)
+                    yield item
+            self.completion = Completion("".join(pieces), usage, llm.model_name)
+            llm._finish(s, self.completion)
+
+
+def map_concurrently(func: Callable[[Any], Any], items: list[Any], max_workers: int) -> list[Any]:
+    """``[func(item) for item in items]`` on at most ``max_workers`` threads, results in order.
+
+    Each call runs in a copy of the caller's context, so usage collection and telemetry see it.
+    """
+    if max_workers <= 1 or len(items) <= 1:
+        return [func(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+        futures = [pool.submit(contextvars.copy_context().run, func, item) for item in items]
+        return [future.result() for future in futures]

@@ -1,0 +1,116 @@
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_rag.agent import Agent, ask
+from django_rag.exceptions import RagError
+
+PIPELINE_FLAGS = ("gate", "rewrite", "select", "expand", "decompose", "reason", "rerank")
+
+
+class Command(BaseCommand):
+    help = (
+        "Answer a question from the ingested documents with an LLM. Any pipeline flag "
+        "(--gate, --rewrite, --select, --expand, --decompose, --reason, --rerank, "
+        "--self-correct) runs the agentic pipeline instead of a single ask()."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("question")
+        parser.add_argument(
+            "--llm", default=None, help="litellm model (default: DJANGO_RAG['LLM'])"
+        )
+        parser.add_argument("--mode", default=None, help="semantic, fulltext or hybrid")
+        parser.add_argument("--limit", type=int, default=5, help="chunks to answer from")
+        parser.add_argument("--threshold", type=float, default=None)
+        parser.add_argument("--collection", action="append", default=None, help="repeatable")
+        parser.add_argument("--source-id", default=None)
+        parser.add_argument("--stream", action="store_true", help="print the answer as it comes")
+        parser.add_argument("--json", action="store_true", help="print the answer as JSON")
+        for flag in PIPELINE_FLAGS:
+            parser.add_argument(f"--{flag}", action="store_true", help=f"run the {flag} step")
+        parser.add_argument(
+            "--self-correct",
+            action="store_true",
+            help="check the answer against the sources and correct it",
+        )
+        parser.add_argument(
+            "--rerank-threshold", type=float, default=None, help="LLM reranker minimum (0-10)"
+        )
+
+    def handle(self, *args, question, **options):
+        try:
+            if any(options[flag] for flag in PIPELINE_FLAGS) or options["self_correct"]:
+                if options["stream"]:
+                    raise CommandError("--stream works with a plain ask, not with pipeline flags")
+                answer = self._pipeline(question, options)
+            elif options["stream"] and not options["json"]:
+                stream = ask(question, stream=True, **self._ask_options(options))
+                for piece in stream:
+                    self.stdout.write(piece, ending="")
+                    self.stdout.flush()
+                self.stdout.write("")
+                self._sources(stream.answer)
+                return
+            else:
+                answer = ask(question, **self._ask_options(options))
+        except RagError as exc:
+            raise CommandError(str(exc)) from exc
+        if options["json"]:
+            self.stdout.write(json.dumps(answer.to_dict(), indent=2, default=str))
+            return
+        self.stdout.write(answer.text)
+        self._sources(answer)
+
+    def _ask_options(self, options):
+        return {
+            "llm": options["llm"],
+            "mode": options["mode"],
+            "limit": options["limit"],
+            "threshold": options["threshold"],
+            "collection": options["collection"],
+            "source_id": options["source_id"],
+        }
+
+    def _pipeline(self, question, options):
+        search_options = {"mode": options["mode"]} if options["mode"] else {}
+        if options["source_id"]:
+            search_options["source_id"] = options["source_id"]
+        agent = Agent(
+            question,
+            llm=options["llm"],
+            limit=options["limit"],
+            threshold=options["threshold"],
+            **search_options,
+        )
+        if options["gate"]:
+            agent.gate()
+        if options["rewrite"]:
+            agent.rewrite()
+        if options["select"]:
+            agent.select(collections=options["collection"])
+        if options["expand"]:
+            agent.expand()
+        if options["decompose"]:
+            agent.decompose()
+        scope = {} if options["select"] else {"collections": options["collection"]}
+        agent.search(**scope)
+        if options["reason"]:
+            agent.reason()
+        if options["rerank"]:
+            agent.rerank(threshold=options["rerank_threshold"])
+        agent.answer(self_correct=options["self_correct"])
+        context = agent.context
+        if context.error is not None:
+            raise CommandError(f"The {context.failed_step} step failed: {context.error}")
+        if options["verbosity"] > 1:
+            for warning in context.warnings:
+                self.stderr.write(f"warning: {warning}")
+        return agent.result
+
+    def _sources(self, answer):
+        if not answer.citations:
+            return
+        self.stdout.write("\nSources:")
+        for citation in answer.citations:
+            self.stdout.write(f"  [{citation.number}] {citation.chunk.label}")

@@ -1,0 +1,134 @@
+"""Telemetry: Django signals sent around every django_rag operation.
+
+Three signals carry every event; receivers tell events apart by the ``event`` argument
+(``"ingest"``, ``"search"``, ``"llm.complete"``, ``"agent.gate"``, ...)::
+
+    from django.dispatch import receiver
+    from django_rag.signals import operation_finished
+
+    @receiver(operation_finished)
+    def log_slow(sender, *, event, duration, metadata, **kwargs):
+        if duration > 1.0:
+            print(event, duration, metadata)
+
+- ``operation_started(event, metadata, system_time)``
+- ``operation_finished(event, metadata, duration)``: ``metadata`` holds the start metadata
+  plus what the operation reported when it finished; ``duration`` is in seconds.
+- ``operation_failed(event, metadata, duration, exception)``
+
+The sender is always ``None``. A receiver that raises never breaks the operation: the error is
+logged on the ``django_rag.signals`` logger. Raw document, query and answer text is left out of
+the metadata unless ``DJANGO_RAG["TELEMETRY"]["INCLUDE_TEXT"]`` is True.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.dispatch import Signal
+
+operation_started = Signal()
+operation_finished = Signal()
+operation_failed = Signal()
+
+logger = logging.getLogger(__name__)
+
+# Metadata keys that carry user text; dropped unless TELEMETRY["INCLUDE_TEXT"] is set.
+TEXT_KEYS = frozenset(
+    {
+        "text",
+        "query",
+        "question",
+        "answer",
+        "prompt",
+        "rewritten_query",
+        "expanded_query",
+        "sub_questions",
+        "follow_up_query",
+    }
+)
+
+
+class Span:
+    """The handle :func:`span` yields: ``set()`` adds metadata to the finished/failed event."""
+
+    __slots__ = ("event", "metadata")
+
+    def __init__(self, event: str, metadata: dict[str, Any]):
+        self.event = event
+        self.metadata = metadata
+
+    def set(self, **metadata: Any) -> None:
+        self.metadata.update(metadata)
+
+
+def _include_text() -> bool:
+    from .conf import get_setting
+
+    try:
+        return bool(get_setting("TELEMETRY").get("INCLUDE_TEXT"))
+    except Exception:  # telemetry must never be the reason an operation fails
+        return False
+
+
+def _public(metadata: dict[str, Any]) -> dict[str, Any]:
+    if _include_text():
+        return dict(metadata)
+    return {key: value for key, value in metadata.items() if key not in TEXT_KEYS}
+
+
+def _has_receivers(signal: Signal) -> bool:
+    return signal.has_listeners(None)
+
+
+def send(signal: Signal, event: str, metadata: dict[str, Any], **kwargs: Any) -> None:
+    """Send ``signal`` for ``event``; receiver errors are logged, never raised."""
+    if not _has_receivers(signal):
+        return
+    for receiver, response in signal.send_robust(
+        None, event=event, metadata=_public(metadata), **kwargs
+    ):
+        if isinstance(response, Exception):
+            logger.error(
+                "django_rag telemetry receiver %r failed on %s: %r",
+                receiver,
+                event,
+                response,
+                exc_info=(type(response), response, response.__traceback__),
+            )
+
+
+@contextmanager
+def span(event: str, **metadata: Any) -> Iterator[Span]:
+    """Wrap an operation: sends started, then finished (or failed, re-raising the error).
+
+    The yielded :class:`Span` collects stop metadata with ``span.set(key=value)``.
+    """
+    handle = Span(event, dict(metadata))
+    send(operation_started, event, metadata, system_time=time.time())
+    started = time.perf_counter()
+    try:
+        yield handle
+    except GeneratorExit:
+        # A streamed operation whose consumer stopped early: it ended, it did not fail.
+        handle.set(cancelled=True)
+        send(operation_finished, event, handle.metadata, duration=time.perf_counter() - started)
+        raise
+    except BaseException as exc:
+        send(
+            operation_failed,
+            event,
+            handle.metadata,
+            duration=time.perf_counter() - started,
+            exception=exc,
+        )
+        raise
+    else:
+        send(operation_finished, event, handle.metadata, duration=time.perf_counter() - started)
+
+
+__all__ = ["operation_started", "operation_finished", "operation_failed", "span", "Span"]
