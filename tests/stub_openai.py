@@ -23,8 +23,9 @@ class StubOpenAI:
     """``/embeddings`` from a hashing embedder; ``/chat/completions`` from a script.
 
     ``chat`` is a list of replies used in order (a string, or a :class:`Failure`); ``rules``
-    maps a substring of the last user message to a reply used whenever it matches (checked
-    first); ``default`` answers otherwise. Streaming requests get SSE chunks, one per word.
+    maps a substring of the last user message to a reply used whenever it matches; a
+    :class:`Failure` at the head of ``chat`` is sent before any rule, then rules are checked,
+    then ``chat``; ``default`` answers otherwise. Streaming requests get SSE chunks, one per word.
     """
 
     def __init__(self, dimensions: int = 384, chat=None, rules=None, default="OK"):
@@ -127,6 +128,9 @@ class StubOpenAI:
     def next_reply(self, body):
         prompt = body["messages"][-1]["content"]
         with self.lock:
+            # Scripted failures come first, so a rate limit can hit any call.
+            if self.chat and isinstance(self.chat[0], Failure):
+                return self.chat.pop(0)
             for needle, reply in self.rules.items():
                 if needle in prompt:
                     return reply

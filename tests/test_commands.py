@@ -102,3 +102,82 @@ def test_commands_via_subprocess_exit_codes(files, tmp_path):
     )
     assert proc.returncode == 1
     assert "not a PDF" in proc.stderr
+
+
+@pytest.fixture
+def policies():
+    import django_rag as rag
+
+    rag.ingest("Refunds are paid within 14 days.", collection="policies", source_id="refunds")
+    rag.ingest("Shipping is free over 50 euros.", collection="policies", source_id="shipping")
+
+
+def scripted_settings(llm):
+    from django.test import override_settings
+
+    return override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": llm})
+
+
+def test_rag_ask_prints_the_answer_and_its_sources(policies):
+    from django_rag.testing import ScriptedLLM
+
+    with scripted_settings(ScriptedLLM("Refunds take 14 days [1].")):
+        output = run(
+            "rag_ask", "How long do refunds take?", "--collection", "policies", "--mode", "fulltext"
+        )
+    assert output.startswith("Refunds take 14 days [1].")
+    assert "Sources:\n  [1] refunds" in output
+
+
+def test_rag_ask_streams_and_prints_json(policies):
+    from django_rag.testing import ScriptedLLM
+
+    with scripted_settings(ScriptedLLM("Streamed answer [1].", "As JSON [2].")):
+        streamed = run("rag_ask", "refunds", "--stream", "--limit", "1")
+        data = json.loads(run("rag_ask", "refunds shipping", "--json", "--limit", "2"))
+    assert streamed.startswith("Streamed answer [1].\n")
+    assert data["text"] == "As JSON [2]." and data["citations"][0]["number"] == 2
+    assert len(data["chunks"]) == 2 and "usage" in data
+
+
+def test_rag_ask_runs_the_pipeline_from_flags(policies):
+    from django_rag.testing import ScriptedLLM
+
+    llm = ScriptedLLM(
+        rules={
+            "requires looking things up": '{"needs_retrieval": true}',
+            "clean search query": "refund duration",
+            "Rate how well each passage": '{"1": 9, "2": 1}',
+            "Review an answer against": '{"grounded": true}',
+            "You answer the user's question": "Refunds: 14 days [1].",
+        }
+    )
+    with scripted_settings(llm):
+        output = run(
+            "rag_ask",
+            "Hello! How long for refunds?",
+            "--gate",
+            "--rewrite",
+            "--rerank",
+            "--self-correct",
+            "--collection",
+            "policies",
+        )
+    assert output.startswith("Refunds: 14 days [1].") and "[1] refunds" in output
+    steps = ["looking things up", "clean search query", "Rate how well", "Review an answer"]
+    prompts = [call["prompt"] for call in llm.calls]
+    assert [
+        next(s for s in steps if s in p) for p in prompts if any(s in p for s in steps)
+    ] == steps
+
+
+def test_rag_ask_errors_are_command_errors(policies):
+    from django_rag.testing import ScriptedLLM
+
+    with pytest.raises(CommandError, match=r"DJANGO_RAG\['LLM'\]"):
+        run("rag_ask", "refunds")
+    with scripted_settings(ScriptedLLM(RuntimeError("provider down"))):
+        with pytest.raises(CommandError, match="answer step failed"):
+            run("rag_ask", "refunds", "--rewrite")
+        with pytest.raises(CommandError, match="not with pipeline flags"):
+            run("rag_ask", "refunds", "--rewrite", "--stream")

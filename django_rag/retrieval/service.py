@@ -9,7 +9,6 @@ from typing import Any
 from ..conf import search_setting
 from ..embeddings import get_embedder
 from ..exceptions import InvalidOption, InvalidSearchMode
-from ..rerankers import get_reranker
 from ..signals import span
 from .fusion import FUSIONS, rrf_merge
 from .results import SearchResult
@@ -142,6 +141,9 @@ def search(
     )
     if not request.query.strip():
         return []
+    # Imported here: rerankers build on retrieval's SearchResult.
+    from ..rerankers import get_reranker
+
     query_text = request.query
     ranker = get_reranker(reranker)
     with span(
