@@ -9,3 +9,6 @@ class DjangoRagConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .telemetry import setup
+
+        setup()

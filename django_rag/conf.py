@@ -75,6 +75,12 @@ DEFAULTS: dict[str, Any] = {
     "TELEMETRY": {
         # Put raw document, query and answer text in telemetry metadata.
         "INCLUDE_TEXT": False,
+        # Attach the logging receiver at this level ("INFO", "DEBUG"...) at start-up.
+        "LOG_LEVEL": None,
+        # Count Prometheus metrics (when prometheus_client is installed).
+        "PROMETHEUS": True,
+        # Emit OpenTelemetry spans (needs opentelemetry-api).
+        "OPENTELEMETRY": False,
     },
 }
 

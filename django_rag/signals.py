@@ -11,10 +11,13 @@ Three signals carry every event; receivers tell events apart by the ``event`` ar
         if duration > 1.0:
             print(event, duration, metadata)
 
-- ``operation_started(event, metadata, system_time)``
-- ``operation_finished(event, metadata, duration)``: ``metadata`` holds the start metadata
-  plus what the operation reported when it finished; ``duration`` is in seconds.
-- ``operation_failed(event, metadata, duration, exception)``
+- ``operation_started(event, metadata, system_time, span_id, parent_id)``
+- ``operation_finished(event, metadata, duration, span_id, parent_id)``: ``metadata`` holds the
+  start metadata plus what the operation reported when it finished; ``duration`` is in seconds.
+- ``operation_failed(event, metadata, duration, exception, span_id, parent_id)``
+
+``span_id`` pairs a start with its end; ``parent_id`` is the span of the enclosing operation
+(the ``search`` inside an ``ask``), or None.
 
 The sender is always ``None``. A receiver that raises never breaks the operation: the error is
 logged on the ``django_rag.signals`` logger. Raw document, query and answer text is left out of
@@ -23,6 +26,8 @@ the metadata unless ``DJANGO_RAG["TELEMETRY"]["INCLUDE_TEXT"]`` is True.
 
 from __future__ import annotations
 
+import contextvars
+import itertools
 import logging
 import time
 from collections.abc import Iterator
@@ -53,14 +58,22 @@ TEXT_KEYS = frozenset(
 )
 
 
+_ids = itertools.count(1)
+_current: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "django_rag_span", default=None
+)
+
+
 class Span:
     """The handle :func:`span` yields: ``set()`` adds metadata to the finished/failed event."""
 
-    __slots__ = ("event", "metadata")
+    __slots__ = ("event", "metadata", "span_id", "parent_id")
 
     def __init__(self, event: str, metadata: dict[str, Any]):
         self.event = event
         self.metadata = metadata
+        self.span_id = next(_ids)
+        self.parent_id = _current.get()
 
     def set(self, **metadata: Any) -> None:
         self.metadata.update(metadata)
@@ -109,26 +122,31 @@ def span(event: str, **metadata: Any) -> Iterator[Span]:
     The yielded :class:`Span` collects stop metadata with ``span.set(key=value)``.
     """
     handle = Span(event, dict(metadata))
-    send(operation_started, event, metadata, system_time=time.time())
+    ids = {"span_id": handle.span_id, "parent_id": handle.parent_id}
+    send(operation_started, event, metadata, system_time=time.time(), **ids)
+    token = _current.set(handle.span_id)
     started = time.perf_counter()
     try:
         yield handle
     except GeneratorExit:
         # A streamed operation whose consumer stopped early: it ended, it did not fail.
         handle.set(cancelled=True)
-        send(operation_finished, event, handle.metadata, duration=time.perf_counter() - started)
+        _finish(token, operation_finished, handle, started, ids)
         raise
     except BaseException as exc:
-        send(
-            operation_failed,
-            event,
-            handle.metadata,
-            duration=time.perf_counter() - started,
-            exception=exc,
-        )
+        _finish(token, operation_failed, handle, started, ids, exception=exc)
         raise
     else:
-        send(operation_finished, event, handle.metadata, duration=time.perf_counter() - started)
+        _finish(token, operation_finished, handle, started, ids)
+
+
+def _finish(token, signal, handle: Span, started: float, ids, **kwargs: Any) -> None:
+    duration = time.perf_counter() - started
+    try:
+        _current.reset(token)
+    except ValueError:  # a generator resumed in another context: nothing to restore there
+        pass
+    send(signal, handle.event, handle.metadata, duration=duration, **ids, **kwargs)
 
 
 __all__ = ["operation_started", "operation_finished", "operation_failed", "span", "Span"]

@@ -321,9 +321,15 @@ def _validate(
 
 def _commit(pending: _Pending, prepared: list[PreparedChunk], model_name: str):
     pending.document.chunk_count = len(prepared)
-    return _write(
-        pending.collection, pending.document, prepared, model_name, replace=pending.replace
-    )
+    with span(
+        "vector_store.store",
+        backend="PgVectorStore",
+        collection=pending.collection,
+        chunk_count=len(prepared),
+    ):
+        return _write(
+            pending.collection, pending.document, prepared, model_name, replace=pending.replace
+        )
 
 
 def _ingest_parsed(

@@ -165,7 +165,11 @@ def search(
             request.vector = None
             if mode in ("semantic", "hybrid"):
                 request.vector = get_embedder(embedder).embed_query(query)
-            rankings.append(store.search(request))
+            with span(
+                "vector_store.search", backend=type(store).__name__, mode=mode, limit=request.limit
+            ) as store_span:
+                rankings.append(store.search(request))
+                store_span.set(result_count=len(rankings[-1]))
         results = rankings[0] if len(rankings) == 1 else rrf_merge(rankings, rrf_k=request.rrf_k)
         if ranker is not None:
             results = ranker.rerank(query_text, results, top_k=limit)
