@@ -34,6 +34,7 @@ class StubOpenAI:
         self.chat = list(chat or [])
         self.rules = dict(rules or {})
         self.default = default
+        self.embedding_failures: list[Failure] = []
         self.lock = threading.Lock()
         stub = self
 
@@ -50,7 +51,11 @@ class StubOpenAI:
                         "authorization": self.headers.get("Authorization"),
                     }
                 )
-                if self.path.endswith("/embeddings"):
+                if self.path.endswith("/embeddings") and stub.embedding_failures:
+                    failure = stub.embedding_failures.pop(0)
+                    headers = {"Retry-After": "0"}
+                    self._send(failure.status, {"error": {"message": failure.message}}, headers)
+                elif self.path.endswith("/embeddings"):
                     inputs = body["input"] if isinstance(body["input"], list) else [body["input"]]
                     vectors = stub.embedder._embed(inputs)
                     payload = {

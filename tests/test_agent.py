@@ -447,48 +447,12 @@ def test_full_pipeline_fluent_and_functional_agree(corpus):
     assert [c.chunk_id for c in functional.context_used] == [c.chunk_id for c in ctx.context_used]
 
 
-EXPECTED_TELEMETRY = {
-    "agent.gate": ({"gatekeeper"}, {"skip_retrieval"}),
-    "agent.rewrite": ({"rewriter"}, set()),
-    "agent.select": (
-        {"available_collections", "selector"},
-        {"selected_count", "selected_collections"},
-    ),
-    "agent.expand": ({"expander"}, set()),
-    "agent.decompose": ({"decomposer"}, {"sub_question_count"}),
-    "agent.search": ({"collections", "searcher"}, {"result_count", "total_chunks"}),
-    "agent.reason": (set(), {"iterations"}),
-    "agent.rerank": ({"reranker"}, {"original", "kept"}),
-    "agent.answer": ({"answerer"}, {"context_chunk_count", "correction_count", "success"}),
-    "agent.self_correct": ({"attempt"}, {"result"}),
-}
-
-
-def test_every_step_emits_start_and_stop_with_its_metadata(corpus, events):
+def test_step_telemetry_names_components_and_reports_outcomes(corpus, events):
+    # The table of every event and its metadata is in test_telemetry.py.
     llm = ScriptedLLM(
-        rules={
-            GATE: '{"needs_retrieval": true}',
-            REWRITE: "drill",
-            SELECT: '{"collections": ["products"]}',
-            EXPAND: "drill",
-            DECOMPOSE: '{"sub_questions": ["drill"]}',
-            SUFFICIENT: '{"sufficient": true}',
-            RERANK: '{"1": 9}',
-            JUDGE: '{"grounded": true}',
-            ANSWER: "ok [1]",
-        }
+        rules={GATE: '{"needs_retrieval": true}', JUDGE: '{"grounded": true}', ANSWER: "ok [1]"}
     )
-    Agent(
-        "drill?", llm=llm
-    ).gate().rewrite().select().expand().decompose().search().reason().rerank().answer(
-        self_correct=True
-    )
-    for event, (start_keys, stop_keys) in EXPECTED_TELEMETRY.items():
-        starts = [m for kind, name, m in events if kind == "start" and name == event]
-        stops = [m for kind, name, m in events if kind == "stop" and name == event]
-        assert starts and stops, event
-        assert start_keys <= set(starts[0]), (event, starts[0])
-        assert stop_keys | {"duration"} <= set(stops[0]), (event, stops[0])
+    Agent("drill?", llm=llm).gate().search().answer(self_correct=True)
     gate_stop = next(m for k, n, m in events if (k, n) == ("stop", "agent.gate"))
     assert gate_stop["gatekeeper"] == "Gatekeeper" and gate_stop["skip_retrieval"] is False
     assert "question" not in gate_stop  # raw text stays out by default

@@ -147,3 +147,27 @@ def test_litellm_embedder_over_real_http():
     assert stub.requests[0]["body"]["input"] == ["first text", "second text"]
     assert stub.requests[0]["authorization"] == "Bearer sk-secret-value"
     assert "sk-secret-value" not in repr(embedder)
+
+
+def test_litellm_embedder_retries_rate_limits_and_hides_the_key():
+    from django_rag.exceptions import LLMError
+
+    from .stub_openai import Failure
+
+    # The OpenAI SDK under litellm tries each embedding request 3 times on its own (litellm
+    # does not pass max_retries through for embeddings); our retries wrap those attempts.
+    with StubOpenAI(dimensions=384) as stub:
+        embedder = LiteLLMEmbedder(
+            model="openai/text-embedding-3-small",
+            api_base=stub.base_url,
+            api_key="sk-secret-value",
+            backoff=0.01,
+            max_retries=1,
+        )
+        stub.embedding_failures = [Failure(429)] * 4  # more than one SDK call absorbs
+        assert len(embedder.embed_query("retried")) == 384
+        assert len(stub.requests) == 5
+        stub.embedding_failures = [Failure(429)] * 6
+        with pytest.raises(LLMError, match="after 2 attempt") as info:
+            embedder.embed_query("gives up")
+        assert "sk-secret-value" not in str(info.value)

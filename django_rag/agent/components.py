@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..exceptions import ConfigurationError, LLMResponseError
-from ..llm import Completion, get_llm, parse_json
+from ..llm import Completion, as_bool, get_llm, parse_json
 from ..retrieval.results import SearchResult
 from . import prompts
 from .answer import answer_messages
@@ -66,13 +66,7 @@ class Gatekeeper(Component):
     def __call__(self, question: str) -> tuple[bool, str | None]:
         data = parse_json(self.complete(self.prompt(question)))
         reasoning = data.get("reasoning")
-        return _truthy(data.get("needs_retrieval", True)), reasoning if reasoning else None
-
-
-def _truthy(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() not in ("false", "no", "0", "")
-    return bool(value)
+        return as_bool(data.get("needs_retrieval", True)), reasoning if reasoning else None
 
 
 class Rewriter(Component):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import LLMError, LLMResponseError
-from ..llm import Completion, collect_usage, get_llm, parse_json
+from ..llm import Completion, as_bool, collect_usage, get_llm, parse_json
 from ..models import Collection
 from ..rerankers import LLMReranker, Reranker, get_reranker
 from ..retrieval.results import SearchResult
@@ -213,7 +213,11 @@ def _dedupe_results(ctx: Context) -> None:
     seen: set[Any] = set()
     kept = []
     for retrieval in ctx.results:
-        chunks = [c for c in retrieval.chunks if not (c.chunk_id in seen or seen.add(c.chunk_id))]
+        chunks = []
+        for chunk in retrieval.chunks:
+            if chunk.chunk_id not in seen:
+                seen.add(chunk.chunk_id)
+                chunks.append(chunk)
         if chunks:
             kept.append(Retrieval(retrieval.question, retrieval.collection, chunks))
     ctx.results = kept
@@ -279,7 +283,26 @@ def search(
             _search_all(ctx, component, question, options)
         _dedupe_results(ctx)
         if self_correct:
-            _correct_search(ctx, component, options, max_iterations, prompt, rewrite_prompt, llm)
+
+            def requery(verdict: dict[str, Any]) -> str:
+                model = get_llm(_llm(ctx, llm), feature="Search self-correction")
+                return model.complete(
+                    (rewrite_prompt or prompts.requery_prompt)(
+                        ctx.question, ctx.queries_tried, verdict.get("missing")
+                    )
+                ).text
+
+            _search_until_sufficient(
+                ctx,
+                "search",
+                component,
+                options,
+                counter="search_iterations",
+                max_iterations=max_iterations,
+                prompt=prompt,
+                llm=llm,
+                next_query=requery,
+            )
         s.set(
             result_count=len(ctx.results),
             total_chunks=len(ctx.chunks),
@@ -287,36 +310,34 @@ def search(
         )
 
 
-def _correct_search(ctx, component, options, max_iterations, prompt, rewrite_prompt, llm):
-    while ctx.search_iterations < max_iterations:
+def _search_until_sufficient(
+    ctx: Context,
+    name: str,
+    searcher: Any,
+    options: dict[str, Any],
+    *,
+    counter: str,
+    max_iterations: int,
+    prompt: Any,
+    llm: Any,
+    next_query: Callable[[dict[str, Any]], str],
+) -> None:
+    """The loop of ``search(self_correct=True)`` and ``reason``: while the LLM judges the
+    chunks insufficient, search the next query (never one already tried) and merge."""
+    while getattr(ctx, counter) < max_iterations:
         try:
             verdict = _judge(ctx, llm, prompt)
+            if as_bool(verdict.get("sufficient", True)):
+                return
+            query = next_query(verdict).strip().strip('"')
         except LLMError as exc:
-            _fallback(ctx, "search", exc, "keeping the results")
+            _fallback(ctx, name, exc, "keeping the results")
             return
-        if _truthy_flag(verdict.get("sufficient", True)):
-            return
-        try:
-            text = get_llm(_llm(ctx, llm), feature="Search self-correction").complete(
-                (rewrite_prompt or prompts.requery_prompt)(
-                    ctx.question, ctx.queries_tried, verdict.get("missing")
-                )
-            )
-        except LLMError as exc:
-            _fallback(ctx, "search", exc, "keeping the results")
-            return
-        query = text.text.strip().strip('"')
         if not query or query in ctx.queries_tried:
             return
-        ctx.search_iterations += 1
-        _search_all(ctx, component, query, options)
+        setattr(ctx, counter, getattr(ctx, counter) + 1)
+        _search_all(ctx, searcher, query, options)
         _dedupe_results(ctx)
-
-
-def _truthy_flag(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in ("true", "yes", "1")
-    return bool(value)
 
 
 @step("reason")
@@ -340,20 +361,17 @@ def reason(
     if not ctx.queries_tried:
         ctx.queries_tried.append(ctx.query)
     with span("agent.reason", question=ctx.question) as s:
-        while ctx.reason_iterations < max_iterations:
-            try:
-                verdict = _judge(ctx, llm, prompt)
-            except LLMError as exc:
-                _fallback(ctx, "reason", exc, "keeping the results")
-                break
-            if _truthy_flag(verdict.get("sufficient", True)):
-                break
-            follow_up = str(verdict.get("follow_up_query") or "").strip()
-            if not follow_up or follow_up in ctx.queries_tried:
-                break
-            ctx.reason_iterations += 1
-            _search_all(ctx, component, follow_up, ctx.search_options)
-            _dedupe_results(ctx)
+        _search_until_sufficient(
+            ctx,
+            "reason",
+            component,
+            ctx.search_options,
+            counter="reason_iterations",
+            max_iterations=max_iterations,
+            prompt=prompt,
+            llm=llm,
+            next_query=lambda verdict: str(verdict.get("follow_up_query") or ""),
+        )
         s.set(iterations=ctx.reason_iterations, total_chunks=len(ctx.chunks))
 
 
@@ -449,7 +467,7 @@ def _self_correct(ctx, chunks: list[SearchResult], max_corrections, judge_prompt
                 _fallback(ctx, "answer", exc, "keeping the answer")
                 s.set(result="eval_failed")
                 return
-            if _truthy_flag(verdict.get("grounded", True)):
+            if as_bool(verdict.get("grounded", True)):
                 s.set(result="accepted")
                 return
             feedback = str(verdict.get("feedback") or "").strip() or (

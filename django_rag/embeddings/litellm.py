@@ -11,7 +11,8 @@ from .base import Embedder
 class LiteLLMEmbedder(Embedder):
     """Embeds through ``litellm.embedding`` (OpenAI, Cohere, Voyage, Ollama, ...).
 
-    ``api_key`` is passed to litellm and never shown in ``repr``.
+    ``api_key`` is passed to litellm and never shown in ``repr`` or errors. Rate limits and
+    other transient failures are retried like the LLM backend's (``max_retries``, ``backoff``).
     """
 
     def __init__(
@@ -22,6 +23,8 @@ class LiteLLMEmbedder(Embedder):
         api_key: str | None = None,
         api_base: str | None = None,
         timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff: float = 1.0,
         batch_size: int = 64,
         query_prefix: str = "",
         document_prefix: str = "",
@@ -32,6 +35,8 @@ class LiteLLMEmbedder(Embedder):
         self._api_key = api_key
         self.api_base = api_base
         self.timeout = timeout
+        self.max_retries = max_retries
+        self.backoff = backoff
         self.batch_size = batch_size
         self.query_prefix = query_prefix
         self.document_prefix = document_prefix
@@ -42,6 +47,8 @@ class LiteLLMEmbedder(Embedder):
             import litellm
         except ImportError as exc:
             raise MissingDependency("litellm", "llm", "The litellm embedder") from exc
+        from ..llm.litellm import call_with_retries
+
         kwargs = dict(self.extra)
         if self._api_key:
             kwargs["api_key"] = self._api_key
@@ -49,8 +56,15 @@ class LiteLLMEmbedder(Embedder):
             kwargs["api_base"] = self.api_base
         if self._dimensions and self.model_name.split("/")[-1].startswith("text-embedding-3"):
             kwargs["dimensions"] = self._dimensions
-        response = litellm.embedding(
-            model=self.model_name, input=texts, timeout=self.timeout, **kwargs
+        response = call_with_retries(
+            lambda: litellm.embedding(
+                model=self.model_name, input=texts, timeout=self.timeout, max_retries=0, **kwargs
+            ),
+            model=self.model_name,
+            max_retries=self.max_retries,
+            backoff=self.backoff,
+            max_backoff=30.0,
+            secret=self._api_key,
         )
         items = sorted(response.data, key=lambda item: _get(item, "index"))
         return [_get(item, "embedding") for item in items]

@@ -11,7 +11,7 @@ from ..exceptions import ConfigurationError, LLMNotConfigured
 from .base import LLM, Completion, TextStream, Usage, collect_usage, map_concurrently
 from .callable import CallableLLM
 from .litellm import LiteLLM
-from .parsing import parse_json
+from .parsing import as_bool, parse_json
 
 ALIASES = {
     "litellm": "django_rag.llm.litellm.LiteLLM",
@@ -55,6 +55,7 @@ __all__ = [
     "Completion",
     "LiteLLM",
     "TextStream",
+    "as_bool",
     "Usage",
     "collect_usage",
     "get_llm",

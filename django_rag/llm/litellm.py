@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..exceptions import LLMError, MissingDependency
@@ -32,6 +32,69 @@ def _litellm():
     # litellm prints a "give feedback" banner on every error; our errors say what to do.
     litellm.suppress_debug_info = True
     return litellm
+
+
+def call_with_retries(
+    call: Callable[[], Any],
+    *,
+    model: str,
+    max_retries: int,
+    backoff: float,
+    max_backoff: float,
+    secret: str | None = None,
+) -> Any:
+    """Run a litellm call, retrying transient failures with exponential backoff and jitter.
+
+    A ``Retry-After`` header is honoured up to ``max_backoff``. Raises :class:`LLMError` (with
+    ``secret`` removed from the message) when a failure is final or the retries run out.
+    """
+    litellm = _litellm()
+    transient = tuple(getattr(litellm, name) for name in _TRANSIENT if hasattr(litellm, name))
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return call()
+        except transient as exc:
+            if attempt > max_retries:
+                raise _error(exc, attempt, model, secret) from None
+            delay = _delay(exc, attempt, backoff, max_backoff)
+            logger.warning(
+                "LLM %s: transient %s, retry %d/%d in %.1fs",
+                model,
+                type(exc).__name__,
+                attempt,
+                max_retries,
+                delay,
+            )
+            time.sleep(delay)
+        except Exception as exc:
+            raise _error(exc, attempt, model, secret) from None
+
+
+def _delay(exc: Exception, attempt: int, backoff: float, max_backoff: float) -> float:
+    retry_after = None
+    headers = getattr(getattr(exc, "response", None), "headers", None)
+    if headers is not None:
+        try:
+            retry_after = float(headers.get("retry-after"))
+        except (TypeError, ValueError):
+            retry_after = None
+    if retry_after is None:
+        retry_after = backoff * 2 ** (attempt - 1) * (0.5 + random.random())
+    return max(0.0, min(retry_after, max_backoff))
+
+
+def _error(exc: Exception, attempt: int, model: str, secret: str | None) -> LLMError:
+    message = str(exc)
+    if secret:
+        message = message.replace(secret, "[REDACTED]")
+    return LLMError(
+        f"LLM call to {model!r} failed after {attempt} attempt(s): "
+        f"{type(exc).__name__}: {message[:500]}",
+        model=model,
+        attempts=attempt,
+    )
 
 
 class LiteLLM(LLM):
@@ -93,52 +156,17 @@ class LiteLLM(LLM):
         return kwargs
 
     def _call(self, kwargs: dict[str, Any]) -> Any:
-        litellm = _litellm()
-        transient = tuple(getattr(litellm, name) for name in _TRANSIENT if hasattr(litellm, name))
-        attempt = 0
-        while True:
-            attempt += 1
-            try:
-                return litellm.completion(**kwargs)
-            except transient as exc:
-                if attempt > self.max_retries:
-                    raise self._error(exc, attempt) from None
-                delay = self._delay(exc, attempt)
-                logger.warning(
-                    "LLM %s: transient %s, retry %d/%d in %.1fs",
-                    self.model_name,
-                    type(exc).__name__,
-                    attempt,
-                    self.max_retries,
-                    delay,
-                )
-                time.sleep(delay)
-            except Exception as exc:
-                raise self._error(exc, attempt) from None
-
-    def _delay(self, exc: Exception, attempt: int) -> float:
-        retry_after = None
-        response = getattr(exc, "response", None)
-        headers = getattr(response, "headers", None)
-        if headers is not None:
-            try:
-                retry_after = float(headers.get("retry-after"))
-            except (TypeError, ValueError):
-                retry_after = None
-        if retry_after is None:
-            retry_after = self.backoff * 2 ** (attempt - 1) * (0.5 + random.random())
-        return max(0.0, min(retry_after, self.max_backoff))
+        return call_with_retries(
+            lambda: _litellm().completion(**kwargs),
+            model=self.model_name,
+            max_retries=self.max_retries,
+            backoff=self.backoff,
+            max_backoff=self.max_backoff,
+            secret=self._api_key,
+        )
 
     def _error(self, exc: Exception, attempt: int) -> LLMError:
-        message = str(exc)
-        if self._api_key:
-            message = message.replace(self._api_key, "[REDACTED]")
-        return LLMError(
-            f"LLM call to {self.model_name!r} failed after {attempt} attempt(s): "
-            f"{type(exc).__name__}: {message[:500]}",
-            model=self.model_name,
-            attempts=attempt,
-        )
+        return _error(exc, attempt, self.model_name, self._api_key)
 
     def _usage(self, usage: Any) -> Usage:
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)

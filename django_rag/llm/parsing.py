@@ -12,13 +12,9 @@ _FENCE = re.compile(r"```[ \t]*(?:json|JSON|javascript)?[ \t]*\n?(.*?)```", re.D
 _TRAILING_COMMA = re.compile(r",(\s*[}\]])")
 
 
-def _balanced(text: str, start: int) -> str | None:
-    """The balanced {...} or [...] starting at ``start``, braces inside strings ignored."""
-    opening = text[start]
-    closing = "}" if opening == "{" else "]"
-    depth = 0
-    in_string = False
-    escaped = False
+def _outside_strings(text: str, start: int = 0):
+    """Yield (index, char) for the characters of ``text`` that are not inside string literals."""
+    in_string = escaped = False
     for index in range(start, len(text)):
         char = text[index]
         if in_string:
@@ -30,7 +26,16 @@ def _balanced(text: str, start: int) -> str | None:
                 in_string = False
         elif char == '"':
             in_string = True
-        elif char in "{[":
+        else:
+            yield index, char
+
+
+def _balanced(text: str, start: int) -> str | None:
+    """The balanced {...} or [...] starting at ``start``, brackets inside strings ignored."""
+    closing = "}" if text[start] == "{" else "]"
+    depth = 0
+    for index, char in _outside_strings(text, start):
+        if char in "{[":
             depth += 1
         elif char in "}]":
             depth -= 1
@@ -40,28 +45,12 @@ def _balanced(text: str, start: int) -> str | None:
 
 
 def _strip_trailing_commas(candidate: str) -> str:
-    # Only outside strings: rebuild the text, touching commas that precede a closer.
-    out: list[str] = []
-    in_string = False
-    escaped = False
-    for index, char in enumerate(candidate):
-        if in_string:
-            out.append(char)
-            if escaped:
-                escaped = False
-            elif char == "\\":
-                escaped = True
-            elif char == '"':
-                in_string = False
-            continue
-        if char == '"':
-            in_string = True
-        elif char == ",":
-            rest = candidate[index + 1 :].lstrip()
-            if rest[:1] in ("}", "]"):
-                continue
-        out.append(char)
-    return "".join(out)
+    drop = {
+        index
+        for index, char in _outside_strings(candidate)
+        if char == "," and candidate[index + 1 :].lstrip()[:1] in ("}", "]")
+    }
+    return "".join(char for index, char in enumerate(candidate) if index not in drop)
 
 
 def _candidates(text: str):
@@ -117,3 +106,10 @@ def _loads(block: str) -> Any:
         except ValueError:
             continue
     return _MISSING
+
+
+def as_bool(value: Any) -> bool:
+    """A yes/no field of LLM JSON: only explicit negatives (false, "no", "0", "") are False."""
+    if isinstance(value, str):
+        return value.strip().lower() not in ("false", "no", "0", "")
+    return bool(value)
