@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import statistics
@@ -37,6 +36,7 @@ from django.db import connection  # noqa: E402
 import django_rag as rag  # noqa: E402
 from django_rag.conf import search_setting  # noqa: E402
 from django_rag.embeddings import Embedder, get_embedder  # noqa: E402
+from django_rag.evaluation.metrics import ndcg  # noqa: E402
 from django_rag.models import Chunk, Collection, Document  # noqa: E402
 from django_rag.models.managers import pgvector_version  # noqa: E402
 from django_rag.retrieval.fulltext import index_chunks  # noqa: E402
@@ -71,12 +71,9 @@ def load(data: Path, split: str):
 
 
 def metrics(ranked: list[str], relevant: dict[str, int]) -> dict[str, float]:
-    dcg = sum(relevant.get(d, 0) / math.log2(i + 2) for i, d in enumerate(ranked[:10]))
-    ideal = sorted(relevant.values(), reverse=True)[:10]
-    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
     first = next((i for i, d in enumerate(ranked[:10]) if d in relevant), None)
     return {
-        "nDCG@10": dcg / idcg if idcg else 0.0,
+        "nDCG@10": ndcg(ranked, relevant, 10),
         "MRR@10": 1 / (first + 1) if first is not None else 0.0,
         "Recall@10": len(set(ranked[:10]) & set(relevant)) / len(relevant),
         "Recall@100": len(set(ranked[:100]) & set(relevant)) / len(relevant),

@@ -1,11 +1,11 @@
-"""Django admin for collections, documents and chunks."""
+"""Django admin for collections, documents, chunks, evaluation test cases and runs."""
 
 from django.contrib import admin, messages
 from django.db.models import Count
 from django.utils.text import Truncator
 
 from .exceptions import CollectionNotEmpty
-from .models import Chunk, Collection, Document
+from .models import Chunk, Collection, Document, Relevance, Run, TestCase
 
 
 @admin.register(Collection)
@@ -89,3 +89,39 @@ class ChunkAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+
+class RelevanceInline(admin.TabularInline):
+    model = Relevance
+    extra = 0
+    raw_id_fields = ["chunk", "document"]
+
+
+@admin.register(TestCase)
+class TestCaseAdmin(admin.ModelAdmin):
+    list_display = ["short_question", "collection", "level", "origin", "created_at"]
+    list_filter = ["origin", "level", "collection"]
+    search_fields = ["question", "reference_answer", "external_id"]
+    raw_id_fields = ["source_chunk"]
+    inlines = [RelevanceInline]
+
+    @admin.display(description="question")
+    def short_question(self, obj):
+        return Truncator(obj.question).chars(80)
+
+
+@admin.register(Run)
+class RunAdmin(admin.ModelAdmin):
+    list_display = ["id", "started_at", "status", "mode", "test_case_count", "recall_at_5", "mrr"]
+    list_filter = ["status", "mode"]
+    readonly_fields = [f.name for f in Run._meta.fields]
+
+    @admin.display(description="recall@5")
+    def recall_at_5(self, obj):
+        value = obj.metrics.get("recall_at_5")
+        return None if value is None else f"{value:.3f}"
+
+    @admin.display(description="MRR")
+    def mrr(self, obj):
+        value = obj.metrics.get("mrr")
+        return None if value is None else f"{value:.3f}"

@@ -38,3 +38,24 @@ def test_admin_refuses_to_delete_a_non_empty_collection(admin_client):
     response = admin_client.post(url, {"post": "yes"}, follow=True)
     assert Collection.objects.filter(name="busy").exists()
     assert b"protected related objects" in response.content
+
+
+def test_evaluation_admin_pages_render(admin_client):
+    from django_rag.evaluation import create_test_case, run_evaluation
+
+    doc = rag.ingest("Refunds take <b>14</b> days.", collection="adm")
+    case = create_test_case(
+        "refund <script>x</script> time?", chunks=list(doc.chunks.all()), collection="adm"
+    )
+    run = run_evaluation(mode="fulltext", collection="adm")
+    for url in [
+        reverse("admin:django_rag_testcase_changelist"),
+        reverse("admin:django_rag_testcase_change", args=[case.pk]),
+        reverse("admin:django_rag_run_changelist"),
+        reverse("admin:django_rag_run_change", args=[run.pk]),
+    ]:
+        response = admin_client.get(url)
+        assert response.status_code == 200, url
+        assert b"<script>x</script>" not in response.content
+    listing = admin_client.get(reverse("admin:django_rag_run_changelist")).content.decode()
+    assert "1.000" in listing and "fulltext" in listing

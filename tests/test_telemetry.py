@@ -42,6 +42,8 @@ EVENTS = {
     "agent.rerank": ({"reranker"}, {"original", "kept"}),
     "agent.answer": ({"answerer"}, {"context_chunk_count", "correction_count", "success"}),
     "agent.self_correct": ({"attempt"}, {"result"}),
+    "evaluation.generate": ({"sample_size", "collection"}, {"created", "skipped"}),
+    "evaluation.run": ({"run_id", "mode", "total"}, {"mrr", "ndcg_at_10", "recall_at_5"}),
 }
 
 RULES = {
@@ -78,6 +80,10 @@ def exercise_everything():
         .rerank()
         .answer(self_correct=True)
     )
+    from django_rag.evaluation import generate_test_cases, run_evaluation
+
+    generate_test_cases(1, collection="docs", llm=ScriptedLLM('{"question": "refunds?"}'))
+    run_evaluation(mode="fulltext", collection="docs")
     rag.delete(doc)
     return llm
 

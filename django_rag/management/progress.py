@@ -16,6 +16,14 @@ class ProgressBar:
 
     def advance(self, label: str = "") -> None:
         self.done += 1
+        self._draw(label)
+
+    def __call__(self, done: int, total: int) -> None:
+        """Use the bar as a ``progress(done, total)`` callback of a service function."""
+        self.done, self.total = done, max(total, 1)
+        self._draw()
+
+    def _draw(self, label: str = "") -> None:
         if not self.enabled:
             return
         filled = int(self.width * self.done / self.total)

@@ -1,5 +1,16 @@
 from .documents import Chunk, Collection, Document
+from .evaluation import Relevance, Run, TestCase
 from .fulltext import CorpusStatistic, TermStatistic
 from .managers import ChunkQuerySet
 
-__all__ = ["Chunk", "ChunkQuerySet", "Collection", "CorpusStatistic", "Document", "TermStatistic"]
+__all__ = [
+    "Chunk",
+    "ChunkQuerySet",
+    "Collection",
+    "CorpusStatistic",
+    "Document",
+    "Relevance",
+    "Run",
+    "TermStatistic",
+    "TestCase",
+]

@@ -62,6 +62,13 @@ DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
         f"{_plural(m.get('context_chunk_count'), 'chunk')}, "
         f"{_plural(m.get('correction_count'), 'correction')}"
     ),
+    "evaluation.generate": lambda m: (
+        f"{_plural(m.get('created'), 'test case')}, {m.get('skipped', '?')} skipped"
+    ),
+    "evaluation.run": lambda m: (
+        f"{_plural(m.get('total'), 'case')}, mrr {m.get('mrr', 0):.3f}, "
+        f"ndcg@10 {m.get('ndcg_at_10', 0):.3f}"
+    ),
     "agent.self_correct": lambda m: f"attempt {m.get('attempt', '?')}: {m.get('result', '?')}",
 }
 
