@@ -32,6 +32,9 @@ DEFAULTS: dict[str, Any] = {
     },
     # Size of the chunk embedding column. Must equal the embedder's output size.
     "EMBEDDING_DIMENSIONS": 384,
+    # The embedder to switch to without downtime (same forms as EMBEDDER): `rag_reembed`
+    # fills a shadow column with its vectors and swaps it in; from then on it is used.
+    "NEXT_EMBEDDER": None,
     # Chunker: same forms as EMBEDDER; "token" is the built-in token-aware splitter.
     "CHUNKER": {"BACKEND": "token", "OPTIONS": {}},
     # Parsers by file extension, merged over the built-ins; a value of None disables one.
@@ -72,6 +75,9 @@ DEFAULTS: dict[str, Any] = {
     "LLM": None,
     # Reranker applied by search() when none is given per call (None: no reranking).
     "RERANKER": None,
+    # Where background work runs: "auto" (Celery when a broker is configured, else inline),
+    # "celery" or "inline".
+    "BACKGROUND": "auto",
     "TELEMETRY": {
         # Put raw document, query and answer text in telemetry metadata.
         "INCLUDE_TEXT": False,

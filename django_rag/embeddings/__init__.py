@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..conf import build_component, get_setting, on_reset
@@ -17,23 +18,77 @@ ALIASES = {
     "hashing": "django_rag.testing.HashingEmbedder",
 }
 
-_default: list[Embedder] = []
+_default: dict[str, Embedder] = {}
+_switched: dict[str, tuple[float, bool]] = {}
+# How long a process trusts its answer to "has the switch to NEXT_EMBEDDER completed?".
+SWITCH_CHECK_SECONDS = 2.0
+
+
+def build_embedder(spec: Any, setting: str = "EMBEDDER") -> Embedder:
+    return build_component(
+        spec, setting=setting, base=Embedder, aliases=ALIASES, wrap_callable=CallableEmbedder
+    )
+
+
+def configured_embedder(setting: str = "EMBEDDER") -> Embedder | None:
+    """The embedder of ``EMBEDDER`` or ``NEXT_EMBEDDER`` (built once), None when unset."""
+    if setting not in _default:
+        spec = get_setting(setting)
+        if spec is None:
+            return None
+        _default[setting] = build_embedder(spec, setting)
+    return _default[setting]
+
+
+def switch_completed(model_name: str) -> bool:
+    """Whether the chunks' vectors were switched to ``model_name`` (checked every 2 s)."""
+    now = time.monotonic()
+    cached = _switched.get(model_name)
+    if cached is None or now - cached[0] > SWITCH_CHECK_SECONDS:
+        from ..models import Job
+
+        done = Job.objects.filter(
+            kind="embedding-switch", status=Job.Status.COMPLETED, params__model=model_name
+        ).exists()
+        cached = _switched[model_name] = (now, done)
+    return cached[1]
 
 
 def get_embedder(spec: Any = None) -> Embedder:
-    """Return the embedder for ``spec``, or the configured one (built once) when it is None."""
+    """Return the embedder for ``spec``, or the active one when it is None.
+
+    The active embedder is ``EMBEDDER``, or ``NEXT_EMBEDDER`` once ``rag_reembed`` has switched
+    the stored vectors to it (so every process moves to the new model at the swap).
+    """
     if spec is not None:
-        return build_component(
-            spec, setting="EMBEDDER", base=Embedder, aliases=ALIASES, wrap_callable=CallableEmbedder
-        )
-    if not _default:
-        _default.append(get_embedder(get_setting("EMBEDDER")))
-    return _default[0]
+        return build_embedder(spec)
+    upcoming = configured_embedder("NEXT_EMBEDDER")
+    if upcoming is not None and switch_completed(upcoming.model_name):
+        return upcoming
+    return configured_embedder("EMBEDDER")
 
 
-on_reset(_default.clear)
+def active_dimensions() -> int:
+    """Size of the stored vectors: ``EMBEDDING_DIMENSIONS``, or the next embedder's once the
+    switch to it has completed (until the setting is updated to match)."""
+    from ..conf import embedding_dimensions
+
+    upcoming = configured_embedder("NEXT_EMBEDDER")
+    if upcoming is not None and switch_completed(upcoming.model_name):
+        return upcoming.dimensions
+    return embedding_dimensions()
+
+
+def _reset() -> None:
+    _default.clear()
+    _switched.clear()
+
+
+on_reset(_reset)
 
 __all__ = [
+    "active_dimensions",
+    "configured_embedder",
     "Embedder",
     "CallableEmbedder",
     "LiteLLMEmbedder",

@@ -11,8 +11,8 @@ from django.db.models import Prefetch, Q
 from django.utils import timezone
 
 from ..agent.answer import answer_messages
-from ..conf import embedding_dimensions, search_setting
-from ..embeddings import get_embedder
+from ..conf import search_setting
+from ..embeddings import active_dimensions, get_embedder
 from ..exceptions import InvalidInput, LLMError
 from ..llm import collect_usage, get_llm, parse_json
 from ..models import Relevance, Run, TestCase
@@ -38,7 +38,7 @@ def _config(mode: str, limit: int, options: dict[str, Any], **extra: Any) -> dic
         "mode": mode,
         "limit": limit,
         "embedder": embedder.model_name,
-        "dimensions": embedding_dimensions(),
+        "dimensions": active_dimensions(),
         "fusion": options.get("fusion") or search_setting("FUSION"),
         "semantic_weight": options.get("semantic_weight", search_setting("SEMANTIC_WEIGHT")),
         "fulltext_weight": options.get("fulltext_weight", search_setting("FULLTEXT_WEIGHT")),

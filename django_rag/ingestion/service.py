@@ -15,8 +15,8 @@ from typing import Any
 
 from django.db import transaction
 
-from ..conf import embedding_dimensions, get_setting
-from ..embeddings import Embedder, get_embedder
+from ..conf import get_setting
+from ..embeddings import Embedder, active_dimensions, get_embedder
 from ..exceptions import (
     DimensionMismatch,
     DocumentNotFound,
@@ -220,6 +220,7 @@ def ingest(
     embedder=None,
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
+    background: bool = False,
 ):
     """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
 
@@ -228,6 +229,10 @@ def ingest(
     document of the same collection and source returns that document (with
     ``deduplicated = True``) instead of creating a second one. ``format`` is ``"text"`` or
     ``"markdown"``; ``chunk_size``/``chunk_overlap`` override the chunker's options.
+
+    ``background=True`` validates now, stores the document as ``pending`` and leaves chunking
+    and embedding to a Celery worker (or runs them inline when no broker is configured); the
+    document moves to ``processing`` and then ``completed`` or ``failed`` (with ``error``).
     """
     parsed = ParsedDocument(
         text=text,
@@ -245,6 +250,7 @@ def ingest(
         embedder=embedder,
         chunk_size=chunk_size,
         chunk_overlap=chunk_overlap,
+        background=background,
     )
 
 
@@ -339,6 +345,7 @@ def _ingest_parsed(
     embedder=None,
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
+    background: bool = False,
     **document_options,
 ):
     with span(
@@ -353,12 +360,21 @@ def _ingest_parsed(
         if not isinstance(pending, _Pending):
             s.set(document_id=pending.pk, chunk_count=pending.chunk_count, deduplicated=True)
             return pending
+        if background:
+            if chunker is not None or embedder is not None:
+                raise InvalidOption(
+                    "background=True uses the configured chunker and embedder (a worker "
+                    "cannot receive per-call components)."
+                )
+            document = _enqueue(pending, {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap})
+            s.set(document_id=document.pk, background=True, status=document.status)
+            return document
         resolved = get_embedder(embedder)
         prepared = prepare_chunks(
             pending.parsed,
             chunker=chunker,
             embedder=resolved,
-            dimensions=embedding_dimensions(),
+            dimensions=active_dimensions(),
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
         )
@@ -431,7 +447,7 @@ def _ingest_many(
     group_size,
 ) -> list:
     resolved = get_embedder(embedder)
-    dimensions = embedding_dimensions()
+    dimensions = active_dimensions()
     results: list = []
     pending: list[tuple[int, _Pending]] = []
     for index, item in enumerate(documents):
@@ -518,17 +534,10 @@ def _find_duplicate(name: str, source_id: str, digest: str):
 
 
 def _write(name: str, document, prepared: list[PreparedChunk], model_name: str, *, replace: bool):
-    from ..models import Chunk, Collection, Document
+    from ..models import Collection, Document
 
-    identity = document.source_id or f"#{document.content_hash}"
     with transaction.atomic():
-        with transaction.get_connection().cursor() as cursor:
-            # Serialise writers of one (collection, source) identity: replace and dedup decide
-            # on committed state, so concurrent replaces end with exactly one document.
-            cursor.execute(
-                "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                [f"django_rag:document:{name}:{identity}"],
-            )
+        _lock_identity(name, document)
         collection, _ = Collection.objects.get_or_create(name=name)
         existing = _find_duplicate(name, document.source_id, document.content_hash)
         if replace:
@@ -541,32 +550,136 @@ def _write(name: str, document, prepared: list[PreparedChunk], model_name: str, 
             return existing
         document.collection = collection
         document.save()
-        # Full-text vectors go in with the rows (an UPDATE afterwards would insert every chunk
-        # into the HNSW index twice); triggers update the BM25 statistics in this transaction.
-        vectors = search_vectors([item.chunk.text for item in prepared])
-        Chunk.objects.bulk_create(
-            [
-                Chunk(
-                    document=document,
-                    collection=collection,
-                    chunk_index=item.chunk_index,
-                    text=item.chunk.text,
-                    token_count=item.chunk.token_count,
-                    start_char=item.chunk.start,
-                    end_char=item.chunk.end,
-                    page_start=item.page_start,
-                    page_end=item.page_end,
-                    metadata=item.chunk.metadata,
-                    embedding=item.embedding,
-                    embedding_model=model_name,
-                    search_vector=vector,
-                    fts_length=length,
-                )
-                for item, (vector, length) in zip(prepared, vectors, strict=True)
-            ],
-            batch_size=500,
-        )
+        _insert_chunks(document, collection, prepared, model_name)
     document.deduplicated = False
+    return document
+
+
+def _lock_identity(name: str, document) -> None:
+    """Serialise writers of one (collection, source) identity until the transaction ends:
+    replace and dedup decide on committed state, so concurrent replaces end with one document."""
+    identity = document.source_id or f"#{document.content_hash}"
+    with transaction.get_connection().cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [f"django_rag:document:{name}:{identity}"],
+        )
+
+
+def _insert_chunks(document, collection, prepared: list[PreparedChunk], model_name: str) -> None:
+    from ..models import Chunk
+
+    # Full-text vectors go in with the rows (an UPDATE afterwards would insert every chunk
+    # into the HNSW index twice); triggers update the BM25 statistics in this transaction.
+    vectors = search_vectors([item.chunk.text for item in prepared])
+    Chunk.objects.bulk_create(
+        [
+            Chunk(
+                document=document,
+                collection=collection,
+                chunk_index=item.chunk_index,
+                text=item.chunk.text,
+                token_count=item.chunk.token_count,
+                start_char=item.chunk.start,
+                end_char=item.chunk.end,
+                page_start=item.page_start,
+                page_end=item.page_end,
+                metadata=item.chunk.metadata,
+                embedding=item.embedding,
+                embedding_model=model_name,
+                search_vector=vector,
+                fts_length=length,
+            )
+            for item, (vector, length) in zip(prepared, vectors, strict=True)
+        ],
+        batch_size=500,
+    )
+
+
+# --- background ingestion -------------------------------------------------------------------
+
+
+def _enqueue(pending: _Pending, options: dict[str, Any]):
+    """Store the document as pending and hand the chunking and embedding to a worker."""
+    from ..background import enqueue
+    from ..models import Collection, Job
+
+    document = pending.document
+    with transaction.atomic():
+        document.collection, _ = Collection.objects.get_or_create(name=pending.collection)
+        document.status = document.Status.PENDING
+        document.chunk_count = 0
+        document.save()
+        job = Job.objects.create(
+            kind="ingest",
+            params={
+                "document_id": document.pk,
+                "replace": pending.replace,
+                "format": pending.parsed.format,
+                "pages": [[p.number, p.start, p.end] for p in pending.parsed.pages],
+                **options,
+            },
+        )
+    # After the commit: a worker must see the document.
+    enqueue("ingest_document", job)
+    document.refresh_from_db()
+    document.deduplicated = False
+    document.job = job
+    return document
+
+
+def process_pending(job) -> Any:
+    """Chunk, embed and store a pending document (the body of the background ingest task).
+
+    Idempotent: a completed document is left alone. On failure the document is marked
+    ``failed`` with the error and the exception is raised (for the task's retries).
+    """
+    from ..models import Document
+    from .parsers import Page
+
+    params = job.params
+    document = Document.objects.select_related("collection").get(pk=params["document_id"])
+    if document.status == Document.Status.COMPLETED:
+        return document
+    Document.objects.filter(pk=document.pk).update(status=Document.Status.PROCESSING, error="")
+    try:
+        parsed = ParsedDocument(
+            text=document.content,
+            format=params.get("format", "text"),
+            content_type=document.content_type,
+            pages=[Page(*page) for page in params.get("pages", [])],
+        )
+        embedder = get_embedder()
+        prepared = prepare_chunks(
+            parsed,
+            embedder=embedder,
+            dimensions=active_dimensions(),
+            chunk_size=params.get("chunk_size"),
+            chunk_overlap=params.get("chunk_overlap"),
+        )
+        name = document.collection.name
+        with transaction.atomic():
+            with transaction.get_connection().cursor() as cursor:
+                cursor.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                    [
+                        f"django_rag:document:{name}:{document.source_id or '#' + document.content_hash}"
+                    ],
+                )
+            document.chunks.all().delete()  # a retried task starts clean
+            _insert_chunks(document, document.collection, prepared, embedder.model_name)
+            if params.get("replace") and document.source_id:
+                Document.objects.filter(
+                    collection=document.collection, source_id=document.source_id
+                ).exclude(pk=document.pk).delete()
+            document.status = Document.Status.COMPLETED
+            document.chunk_count = len(prepared)
+            document.save(update_fields=["status", "chunk_count", "updated_at"])
+    except BaseException as exc:
+        Document.objects.filter(pk=document.pk).update(
+            status=Document.Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000]
+        )
+        raise
     return document
 
 

@@ -1,6 +1,7 @@
 from .documents import Chunk, Collection, Document
 from .evaluation import Relevance, Run, TestCase
 from .fulltext import CorpusStatistic, TermStatistic
+from .jobs import Job
 from .managers import ChunkQuerySet
 
 __all__ = [
@@ -9,6 +10,7 @@ __all__ = [
     "Collection",
     "CorpusStatistic",
     "Document",
+    "Job",
     "Relevance",
     "Run",
     "TermStatistic",

@@ -1,0 +1,56 @@
+"""Run long work on Celery workers, or inline when no broker is configured.
+
+``DJANGO_RAG["BACKGROUND"]``: ``"auto"`` (Celery when the host project's Celery app has a
+broker URL and is not in eager mode, else inline), ``"celery"`` or ``"inline"``. Inline runs
+the same task body synchronously, so the embedded default works with no services.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from .conf import get_setting
+from .exceptions import ConfigurationError, MissingDependency
+from .models import Job
+
+
+def use_celery() -> bool:
+    mode = get_setting("BACKGROUND")
+    if mode == "inline":
+        return False
+    if mode not in ("auto", "celery"):
+        raise ConfigurationError("BACKGROUND", mode, "use 'auto', 'celery' or 'inline'")
+    if importlib.util.find_spec("celery") is None:
+        if mode == "celery":
+            raise MissingDependency("celery", "celery", "Background work on Celery")
+        return False
+    from celery import current_app
+
+    configured = bool(current_app.conf.broker_url) and not current_app.conf.task_always_eager
+    if mode == "celery" and not configured:
+        raise ConfigurationError(
+            "BACKGROUND", mode, "the Celery app has no broker_url (or runs eagerly)"
+        )
+    return configured
+
+
+def enqueue(task_name: str, job: Job, **kwargs: Any) -> Job:
+    """Run ``django_rag.tasks.<task_name>(job_id=job.pk, **kwargs)`` on a worker, or inline."""
+    from . import tasks
+
+    task = getattr(tasks, task_name)
+    if use_celery():
+        result = task.apply_async(kwargs={"job_id": job.pk, **kwargs})
+        Job.objects.filter(pk=job.pk).update(task_id=result.id)
+        job.task_id = result.id
+        return job
+    task(job_id=job.pk, **kwargs)
+    job.refresh_from_db()
+    return job
+
+
+def enqueue_reembed(**params: Any) -> Job:
+    """Queue :func:`django_rag.maintenance.reembed` with ``params``; returns its Job."""
+    job = Job.objects.create(kind="reembed-task", params={"options": params})
+    return enqueue("reembed", job)

@@ -1,0 +1,90 @@
+"""Celery tasks. Each takes a Job id, is idempotent, acknowledges late (a killed worker's task
+is delivered again) and retries transient failures with exponential backoff.
+
+Without Celery installed (or with no broker: see :mod:`django_rag.background`) the same
+functions run inline.
+"""
+
+from __future__ import annotations
+
+from django.db import InterfaceError, OperationalError
+from django.utils import timezone
+
+from .exceptions import EmbeddingFailed, LLMError
+from .models import Job
+
+try:
+    from celery import shared_task
+except ImportError:  # inline only
+
+    def shared_task(*args, **kwargs):
+        return lambda func: func
+
+
+# Worth another attempt: provider hiccups and lost database connections.
+TRANSIENT = (EmbeddingFailed, LLMError, OperationalError, InterfaceError)
+OPTIONS = {
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "autoretry_for": TRANSIENT,
+    "retry_backoff": True,
+    "retry_backoff_max": 60,
+    "max_retries": 5,
+}
+
+
+def _run(job_id: int, body) -> None:
+    job = Job.objects.get(pk=job_id)
+    if job.status == Job.Status.COMPLETED:
+        return
+    Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING, error="")
+    try:
+        result = body(job)
+    except BaseException as exc:
+        Job.objects.filter(pk=job.pk).update(
+            status=Job.Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:4000]
+        )
+        raise
+    Job.objects.filter(pk=job.pk).exclude(status=Job.Status.COMPLETED).update(
+        status=Job.Status.COMPLETED, result=result or {}, finished_at=timezone.now()
+    )
+
+
+@shared_task(name="django_rag.ingest_document", **OPTIONS)
+def ingest_document(job_id: int) -> None:
+    """Chunk, embed and store a document saved as pending by ``ingest(..., background=True)``."""
+    from .ingestion.service import process_pending
+
+    def body(job):
+        document = process_pending(job)
+        return {"document_id": document.pk, "chunk_count": document.chunk_count}
+
+    _run(job_id, body)
+
+
+@shared_task(name="django_rag.reembed", **OPTIONS)
+def reembed(job_id: int) -> None:
+    """:func:`django_rag.maintenance.reembed` with the job's options; resumes its own job."""
+    from . import maintenance
+
+    def body(job):
+        options = dict(job.params.get("options", job.params))
+        options["resume"] = True
+        maintenance.reembed(job=job, **options)
+
+    _run(job_id, body)
+
+
+@shared_task(name="django_rag.run_evaluation", **OPTIONS)
+def run_evaluation(job_id: int) -> None:
+    """:func:`django_rag.evaluation.run_evaluation` with the job's options."""
+    from .evaluation import run_evaluation as evaluate
+
+    def body(job):
+        def progress(done, total):
+            Job.objects.filter(pk=job.pk).update(done=done, total=total)
+
+        run = evaluate(progress=progress, **job.params)
+        return {"run_id": run.pk, "metrics": run.metrics}
+
+    _run(job_id, body)

@@ -1,0 +1,99 @@
+"""Background work: inline fallback (no broker) here; a real Celery worker in
+test_celery_worker.py."""
+
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+import django_rag as rag
+from django_rag import background
+from django_rag.exceptions import ConfigurationError, InvalidOption
+from django_rag.models import Chunk, Document, Job
+from django_rag.testing import HashingEmbedder
+from tests.test_parsers import make_pdf
+
+pytestmark = pytest.mark.django_db
+
+
+def test_no_broker_means_inline():
+    assert background.use_celery() is False
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "celery"}):
+        with pytest.raises(ConfigurationError, match="broker_url"):
+            background.use_celery()
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "sometimes"}):
+        with pytest.raises(ConfigurationError):
+            background.use_celery()
+
+
+def test_background_ingest_inline_gives_the_same_result_as_foreground():
+    text = "Background ingestion stores the same chunks. " * 30
+    queued = rag.ingest(text, collection="bg", source_id="q", background=True)
+    direct = rag.ingest(text, collection="fg", source_id="d")
+    assert queued.status == "completed" and queued.chunk_count == direct.chunk_count
+    job = Job.objects.get(kind="ingest")
+    assert job.status == "completed" and job.result["chunk_count"] == queued.chunk_count
+    queued_chunks = list(
+        Chunk.objects.filter(document=queued)
+        .order_by("chunk_index")
+        .values_list("text", "start_char", "end_char")
+    )
+    direct_chunks = list(
+        Chunk.objects.filter(document=direct)
+        .order_by("chunk_index")
+        .values_list("text", "start_char", "end_char")
+    )
+    assert queued_chunks == direct_chunks
+    hits = rag.search("background ingestion chunks", collection="bg", limit=1)
+    assert hits[0].document_id == queued.pk
+
+
+def test_background_file_ingest_keeps_pages_and_replace():
+    pdf = make_pdf(["First page about apples.", "Second page about bananas."])
+    first = rag.ingest_bytes(
+        pdf, filename="fruit.pdf", collection="bg", source_id="fruit", background=True
+    )
+    assert first.status == "completed" and first.original_filename == "fruit.pdf"
+    chunk = first.chunks.get()
+    assert (chunk.page_start, chunk.page_end) == (1, 2)
+    second = rag.ingest(
+        "Replaced text.", collection="bg", source_id="fruit", replace=True, background=True
+    )
+    assert list(Document.objects.filter(source_id="fruit")) == [second]
+    with pytest.raises(InvalidOption, match="configured chunker and embedder"):
+        rag.ingest("x", background=True, embedder=HashingEmbedder())
+
+
+def test_a_failed_background_ingest_is_marked_failed(failing_embedder):
+    with override_settings(DJANGO_RAG={"EMBEDDER": failing_embedder("poison")}):
+        with pytest.raises(Exception, match="poison|provider refused"):
+            rag.ingest("this text has poison in it", collection="bg", background=True)
+    document = Document.objects.get(collection__name="bg")
+    assert document.status == "failed" and "provider refused" in document.error
+    assert not document.chunks.exists()
+    assert Job.objects.get(kind="ingest").status == "failed"
+
+
+def test_reembed_async_runs_inline_without_a_broker():
+    rag.ingest("legacy", collection="a", embedder=HashingEmbedder(model_name="old-model"))
+    out = StringIO()
+    call_command("rag_reembed", "--async", stdout=out)
+    job = Job.objects.get()
+    assert f"Queued re-embedding as job {job.pk}." in out.getvalue()
+    assert job.kind == "reembed" and job.status == "completed" and job.done == 1
+    assert job.params["options"]["batch_size"] == 64
+
+
+def test_evaluation_task_inline():
+    from django_rag import tasks
+    from django_rag.evaluation import create_test_case
+
+    doc = rag.ingest("Refunds take 14 days.", collection="ev")
+    create_test_case("refunds", chunks=list(doc.chunks.all()), collection="ev")
+    job = Job.objects.create(kind="evaluation", params={"mode": "fulltext", "collection": "ev"})
+    background.enqueue("run_evaluation", job)
+    job.refresh_from_db()
+    assert job.status == "completed" and job.result["metrics"]["mrr"] == 1.0
+    assert (job.done, job.total) == (1, 1)
+    tasks.run_evaluation(job_id=job.pk)  # idempotent: a completed job is left alone
