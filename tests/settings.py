@@ -54,5 +54,12 @@ TEMPLATES = [
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Fast, deterministic embeddings by default; tests that need the real model ask for it.
 DJANGO_RAG = {"EMBEDDER": "hashing"}
+
+# A Celery worker started by tests/test_celery_worker.py works on the test database with the
+# embedder the test chooses.
+if os.environ.get("DJANGO_RAG_TEST_DATABASE"):
+    DATABASES["default"]["NAME"] = os.environ["DJANGO_RAG_TEST_DATABASE"]
+if os.environ.get("DJANGO_RAG_TEST_EMBEDDER"):
+    DJANGO_RAG["EMBEDDER"] = os.environ["DJANGO_RAG_TEST_EMBEDDER"]
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

