@@ -342,6 +342,51 @@ def _swap(embedder: Embedder, dimensions: int, batch_size: int, job: Job) -> Non
     embeddings._switched.pop(embedder.model_name, None)
 
 
+# --- orphans -------------------------------------------------------------------------------------
+
+_ORPHAN_CHUNKS = {
+    # Impossible through the ORM (foreign keys cascade) but left behind when constraints were
+    # disabled, rows were copied by hand, or a restore was partial.
+    "chunks_without_document": (
+        f"FROM {CHUNKS} c WHERE NOT EXISTS "
+        "(SELECT 1 FROM django_rag_document d WHERE d.id = c.document_id)"
+    ),
+    # The chunk's denormalised collection disagrees with its document's: scoped searches
+    # would show it in the wrong collection.
+    "chunks_in_wrong_collection": (
+        f"FROM {CHUNKS} c JOIN django_rag_document d ON d.id = c.document_id "
+        "WHERE d.collection_id <> c.collection_id"
+    ),
+}
+
+
+def find_orphans() -> dict[str, int]:
+    """Count rows without a consistent parent, and a shadow column left by an abandoned
+    model switch (``stale_shadow_column``: 1 when present with no switch running)."""
+    found = {}
+    with connection.cursor() as cursor:
+        for name, where in _ORPHAN_CHUNKS.items():
+            cursor.execute(f"SELECT count(*) {where}")
+            found[name] = cursor.fetchone()[0]
+    running = Job.objects.filter(kind=SWITCH, status=Job.Status.RUNNING).exists()
+    found["stale_shadow_column"] = int(_shadow_dimensions() is not None and not running)
+    return found
+
+
+def remove_orphans() -> dict[str, int]:
+    """Delete what :func:`find_orphans` finds, in one transaction; returns what was removed."""
+    removed = find_orphans()
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            for where in _ORPHAN_CHUNKS.values():
+                cursor.execute(f"DELETE FROM {CHUNKS} WHERE id IN (SELECT c.id {where})")
+            if removed["stale_shadow_column"]:
+                _flush_deferred_checks(cursor)
+                cursor.execute(f"DROP INDEX IF EXISTS {NEXT_INDEX}")
+                cursor.execute(f"ALTER TABLE {CHUNKS} DROP COLUMN {NEXT}, DROP COLUMN {NEXT_MODEL}")
+    return removed
+
+
 # --- info ----------------------------------------------------------------------------------------
 
 

@@ -143,3 +143,55 @@ def test_rag_reembed_command(corpus):
     rag.ingest("legacy two", collection="a", embedder=old)
     call_command("rag_reembed", "--concurrency", "2", stdout=out, stderr=StringIO())
     assert "Re-embedded 1 chunks with hashing-bow" in out.getvalue()
+
+
+def test_orphans_dry_run_and_apply(corpus):
+    out = StringIO()
+    call_command("rag_maintenance", "orphans", stdout=out)
+    assert "Found 0 chunks without document" in out.getvalue()
+    chunk = Chunk.objects.filter(collection__name="a").first()
+    other = Chunk.objects.filter(collection__name="b").first()
+    Chunk.objects.filter(pk=chunk.pk).update(collection=other.collection)  # inconsistent
+    with connection.cursor() as cursor:
+        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")  # this test's writes are pending
+        cursor.execute(
+            "ALTER TABLE django_rag_chunk ADD COLUMN embedding_next vector(8), "
+            "ADD COLUMN embedding_model_next varchar(255)"
+        )
+    assert maintenance.find_orphans() == {
+        "chunks_without_document": 0,
+        "chunks_in_wrong_collection": 1,
+        "stale_shadow_column": 1,
+    }
+    out = StringIO()
+    call_command("rag_maintenance", "orphans", stdout=out)
+    assert "Dry run" in out.getvalue() and Chunk.objects.filter(pk=chunk.pk).exists()
+    call_command("rag_maintenance", "orphans", "--apply", stdout=StringIO())
+    assert not Chunk.objects.filter(pk=chunk.pk).exists()
+    assert column_type("embedding_next") is None
+    assert maintenance.find_orphans() == {
+        "chunks_without_document": 0,
+        "chunks_in_wrong_collection": 0,
+        "stale_shadow_column": 0,
+    }
+
+
+def test_rag_info_redacts_secrets(corpus):
+    import json
+
+    settings = {"EMBEDDER": "hashing", "LLM": {"model": "openai/gpt-4o-mini", "api_key": "sk-top"}}
+    with override_settings(DJANGO_RAG=settings):
+        out = StringIO()
+        call_command("rag_info", stdout=out)
+        text = out.getvalue()
+        data = json.loads(_call_json())
+    assert "sk-top" not in text and "[REDACTED]" in text
+    assert "Embedder: hashing-bow (384 dimensions)" in text and "a: 6 documents, 6 chunks" in text
+    assert data["settings"]["LLM"]["api_key"] == "[REDACTED]" and data["pgvector"]
+    assert data["chunks_by_model"] == {"hashing-bow": 12}
+
+
+def _call_json():
+    out = StringIO()
+    call_command("rag_info", "--json", stdout=out)
+    return out.getvalue()

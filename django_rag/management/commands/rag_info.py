@@ -1,0 +1,30 @@
+import json
+
+from django.core.management.base import BaseCommand
+
+
+class Command(BaseCommand):
+    help = "Show the configuration (secrets redacted), the embedder, pgvector and counts."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true")
+
+    def handle(self, *args, **options):
+        from django_rag import maintenance
+
+        data = maintenance.info()
+        if options["json"]:
+            self.stdout.write(json.dumps(data, indent=2, default=str))
+            return
+        embedder = data["embedder"]
+        self.stdout.write(f"Embedder: {embedder['model']} ({embedder['dimensions']} dimensions)")
+        self.stdout.write(f"EMBEDDING_DIMENSIONS: {data['embedding_dimensions']}")
+        self.stdout.write(f"pgvector: {data['pgvector']}")
+        self.stdout.write("Chunks by embedding model:")
+        for model, count in data["chunks_by_model"].items():
+            self.stdout.write(f"  {model}: {count}")
+        self.stdout.write("Collections:")
+        for c in data["collections"]:
+            self.stdout.write(f"  {c['name']}: {c['documents']} documents, {c['chunks']} chunks")
+        self.stdout.write("Settings:")
+        self.stdout.write(json.dumps(data["settings"], indent=2, default=str))
