@@ -44,6 +44,7 @@ EVENTS = {
     "agent.self_correct": ({"attempt"}, {"result"}),
     "evaluation.generate": ({"sample_size", "collection"}, {"created", "skipped"}),
     "evaluation.run": ({"run_id", "mode", "total"}, {"mrr", "ndcg_at_10", "recall_at_5"}),
+    "reembed": ({"model"}, {"reembedded"}),
 }
 
 RULES = {
@@ -84,6 +85,11 @@ def exercise_everything():
 
     generate_test_cases(1, collection="docs", llm=ScriptedLLM('{"question": "refunds?"}'))
     run_evaluation(mode="fulltext", collection="docs")
+    from django_rag import maintenance
+    from django_rag.testing import HashingEmbedder
+
+    rag.ingest("An old vector.", collection="docs", embedder=HashingEmbedder(model_name="old"))
+    maintenance.reembed()
     rag.delete(doc)
     return llm
 

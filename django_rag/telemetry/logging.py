@@ -69,6 +69,7 @@ DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
         f"{_plural(m.get('total'), 'case')}, mrr {m.get('mrr', 0):.3f}, "
         f"ndcg@10 {m.get('ndcg_at_10', 0):.3f}"
     ),
+    "reembed": lambda m: f"{_plural(m.get('reembedded'), 'chunk')} with {m.get('model', '?')}",
     "agent.self_correct": lambda m: f"attempt {m.get('attempt', '?')}: {m.get('result', '?')}",
 }
 
