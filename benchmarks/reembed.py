@@ -22,6 +22,8 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.core.management import call_command  # noqa: E402
+
 from django_rag import maintenance  # noqa: E402
 from django_rag.embeddings import get_embedder  # noqa: E402
 from django_rag.models import Chunk  # noqa: E402
@@ -32,6 +34,7 @@ def main() -> None:
     parser.add_argument("--sample", type=int, default=2000, help="chunks for the encoder run")
     parser.add_argument("--batch-size", type=int, default=64)
     args = parser.parse_args()
+    call_command("migrate", verbosity=0)
     total = Chunk.objects.count()
     if not total:
         sys.exit("No chunks: run benchmarks/beir.py first.")

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from django.db import transaction
+
 from .conf import get_setting
 from .exceptions import ConfigurationError, MissingDependency
 from .models import Job
@@ -41,9 +43,15 @@ def enqueue(task_name: str, job: Job, **kwargs: Any) -> Job:
 
     task = getattr(tasks, task_name)
     if use_celery():
-        result = task.apply_async(kwargs={"job_id": job.pk, **kwargs})
-        Job.objects.filter(pk=job.pk).update(task_id=result.id)
-        job.task_id = result.id
+
+        def send() -> None:
+            result = task.apply_async(kwargs={"job_id": job.pk, **kwargs})
+            Job.objects.filter(pk=job.pk).update(task_id=result.id)
+            job.task_id = result.id
+
+        # Inside a transaction (ATOMIC_REQUESTS, a caller's atomic block) the worker must not
+        # look for rows that are not committed yet: send when the transaction commits.
+        transaction.on_commit(send)
         return job
     task(job_id=job.pk, **kwargs)
     job.refresh_from_db()
