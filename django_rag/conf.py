@@ -75,6 +75,37 @@ DEFAULTS: dict[str, Any] = {
     "LLM": None,
     # Reranker applied by search() when none is given per call (None: no reranking).
     "RERANKER": None,
+    # GraphRAG (docs/graphrag.md). Off by default; per call: ingest(..., graph=True).
+    "GRAPH": {
+        "ENABLED": False,
+        # A combined extractor (entities and relationships in one call per chunk), or None to
+        # use ENTITY_EXTRACTOR + RELATIONSHIP_EXTRACTOR. Aliases: "llm", "ner", "capitalized",
+        # "cooccurrence"; or dotted paths, classes, instances, functions.
+        "EXTRACTOR": "llm",
+        "ENTITY_EXTRACTOR": "ner",
+        "RELATIONSHIP_EXTRACTOR": "cooccurrence",
+        "CONCURRENCY": 3,
+        # Query time: entity matching, expansion over relationships, fusion.
+        "ENTITY_MATCHER": "embedding",
+        "MATCH_THRESHOLD": 0.3,
+        "MATCH_LIMIT": 20,
+        "DEPTH": 0,
+        "DEPTH_DECAY": 0.5,
+        "RRF_K": 60,
+        # Communities (hierarchical Leiden) and their summaries.
+        "RESOLUTION": 1.0,
+        "LEVELS": 1,
+        "MAX_CLUSTER_SIZE": 50,
+        "MIN_SIZE": 2,
+        "SEED": 42,
+        "SUMMARY_THRESHOLD": 10,
+        "SUMMARY_CONCURRENCY": 4,
+        "SUMMARY_LEVELS": [0],
+        # What ask(..., graph=True) adds to the prompt.
+        "CONTEXT_ENTITIES": 10,
+        "CONTEXT_RELATIONSHIPS": 20,
+        "CONTEXT_SUMMARIES": 5,
+    },
     # Where background work runs: "auto" (Celery when a broker is configured, else inline),
     # "celery" or "inline".
     "BACKGROUND": "auto",
@@ -90,7 +121,7 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
-_NESTED = ("SEARCH", "TELEMETRY")
+_NESTED = ("SEARCH", "TELEMETRY", "GRAPH")
 
 
 @functools.cache
@@ -121,6 +152,10 @@ def get_setting(name: str) -> Any:
 
 def search_setting(name: str) -> Any:
     return get_settings()["SEARCH"][name]
+
+
+def graph_setting(name: str) -> Any:
+    return get_settings()["GRAPH"][name]
 
 
 def embedding_dimensions() -> int:

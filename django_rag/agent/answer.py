@@ -76,6 +76,8 @@ class Answer:
     citations: list[Citation] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
     model: str = ""
+    # With graph=True: the entities, relationships and community summaries given to the LLM.
+    graph: dict[str, list] | None = None
 
     def __str__(self) -> str:
         return self.text
@@ -92,6 +94,15 @@ class Answer:
             "chunks": [chunk.to_dict() for chunk in self.chunks],
             "citations": [citation.to_dict() for citation in self.citations],
             "usage": self.usage.to_dict(),
+            "graph": None
+            if self.graph is None
+            else {
+                "entities": [e.name for e in self.graph["entities"]],
+                "relationships": [
+                    [r.source.name, r.type, r.target.name] for r in self.graph["relationships"]
+                ],
+                "summaries": list(self.graph["summaries"]),
+            },
         }
 
 
@@ -115,11 +126,12 @@ def answer_messages(
     *,
     prompt: PromptFunction | None = None,
     skip_retrieval: bool = False,
+    graph: dict | None = None,
 ) -> tuple[str | None, str]:
     """(system, user) for an answer. A custom ``prompt(question, chunks)`` returns the user
     message (no system message) or a ``(system, user)`` pair."""
     if prompt is None:
-        return prompts.answer_messages(question, chunks, skip_retrieval=skip_retrieval)
+        return prompts.answer_messages(question, chunks, skip_retrieval=skip_retrieval, graph=graph)
     result = prompt(question, list(chunks))
     if isinstance(result, str):
         return None, result
@@ -184,6 +196,7 @@ def ask(
     threshold: float | None = None,
     prompt: PromptFunction | None = None,
     stream: bool = False,
+    global_search: bool = False,
     **search_options: Any,
 ) -> Answer | AnswerStream:
     """Answer ``question`` from the best ``limit`` chunks, citing them by number.
@@ -195,12 +208,21 @@ def ask(
     ``prompt(question, chunks)`` replaces the default prompt. ``stream=True`` returns an
     :class:`AnswerStream`. Raises :class:`~django_rag.exceptions.LLMNotConfigured` when no LLM
     is given or configured, before anything is searched.
+
+    ``graph=True`` adds the graph path to retrieval and the matched entities, their
+    relationships and community summaries to the prompt (``Answer.graph``).
+    ``global_search=True`` answers a corpus-wide question from community summaries instead
+    (map over the summaries, then reduce; no chunks, no citations).
     """
     if not isinstance(question, str) or not question.strip():
         raise InvalidInput("ask() needs a non-empty question string.")
     if prompt is not None and not callable(prompt):
         raise InvalidOption("prompt must be a function (question, chunks) -> str")
     model = get_llm(llm, feature="ask()")
+    if global_search:
+        from ..graph.global_search import global_answer
+
+        return global_answer(question, llm=model, collection=collection)
     events = _ask(
         question,
         model,
@@ -229,13 +251,18 @@ def _ask(
     question: str, llm: LLM, prompt: PromptFunction | None, stream: bool, search_options: dict
 ):
     """Yields a marker once retrieval is done, then (streaming) text pieces; returns the Answer."""
-    from ..retrieval.service import search
+    from ..retrieval.service import run_search
 
     with span("ask", question=question, model=llm.model_name, stream=stream) as s:
         with collect_usage() as retrieval_usage:
-            chunks = search(question, **search_options)
+            chunks, match = run_search(question, **search_options)
+            graph = None
+            if match is not None:
+                from ..graph.search import graph_context
+
+                graph = graph_context(match)
         yield _RETRIEVED
-        system, user = answer_messages(question, chunks, prompt=prompt)
+        system, user = answer_messages(question, chunks, prompt=prompt, graph=graph)
         if stream:
             text_stream = llm.stream(user, system=system)
             yield from text_stream
@@ -244,6 +271,7 @@ def _ask(
             completion = llm.complete(user, system=system)
         answer = make_answer(question, completion, chunks)
         answer.usage = retrieval_usage + completion.usage
+        answer.graph = graph
         s.set(
             context_count=len(chunks),
             citation_count=len(answer.citations),

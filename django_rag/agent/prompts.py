@@ -61,15 +61,48 @@ GENERAL_SYSTEM = (
 )
 
 
+def graph_block(context: dict | None) -> str:
+    """Entities, relationships and community summaries found by the graph path."""
+    if not context:
+        return ""
+    parts = []
+    if context.get("entities"):
+        parts.append(
+            "Relevant entities:\n"
+            + "\n".join(
+                f"- {quote(e.name)} ({e.type})"
+                + (f": {quote(e.description)}" if e.description else "")
+                for e in context["entities"]
+            )
+        )
+    if context.get("relationships"):
+        parts.append(
+            "Relationships:\n"
+            + "\n".join(
+                f"- {quote(r.source.name)} --[{r.type}]--> {quote(r.target.name)}"
+                for r in context["relationships"]
+            )
+        )
+    if context.get("summaries"):
+        parts.append("Background:\n" + "\n\n".join(quote(s) for s in context["summaries"]))
+    if not parts:
+        return ""
+    return "<knowledge_graph>\n" + "\n\n".join(parts) + "\n</knowledge_graph>\n\n"
+
+
 def answer_messages(
-    question: str, chunks: Sequence[SearchResult], *, skip_retrieval: bool = False
+    question: str,
+    chunks: Sequence[SearchResult],
+    *,
+    skip_retrieval: bool = False,
+    graph: dict | None = None,
 ) -> tuple[str, str]:
     """(system, user) messages of the default answer prompt."""
     if skip_retrieval:
         return GENERAL_SYSTEM, question
     if not chunks:
         return NO_RESULTS_SYSTEM, f"Question: {question}"
-    return ANSWER_SYSTEM, f"{sources_block(chunks)}\n\nQuestion: {question}"
+    return ANSWER_SYSTEM, f"{graph_block(graph)}{sources_block(chunks)}\n\nQuestion: {question}"
 
 
 def correction_messages(

@@ -221,6 +221,7 @@ def ingest(
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
     background: bool = False,
+    graph: bool | None = None,
 ):
     """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
 
@@ -233,6 +234,9 @@ def ingest(
     ``background=True`` validates now, stores the document as ``pending`` and leaves chunking
     and embedding to a Celery worker (or runs them inline when no broker is configured); the
     document moves to ``processing`` and then ``completed`` or ``failed`` (with ``error``).
+
+    ``graph=True`` (default ``GRAPH["ENABLED"]``) also extracts entities and relationships from
+    the chunks and stores them in the same transaction as the chunks.
     """
     parsed = ParsedDocument(
         text=text,
@@ -251,6 +255,7 @@ def ingest(
         chunk_size=chunk_size,
         chunk_overlap=chunk_overlap,
         background=background,
+        graph=graph,
     )
 
 
@@ -325,7 +330,7 @@ def _validate(
     return _Pending(name, document, parsed, replace)
 
 
-def _commit(pending: _Pending, prepared: list[PreparedChunk], model_name: str):
+def _commit(pending: _Pending, prepared: list[PreparedChunk], model_name: str, extractions=None):
     pending.document.chunk_count = len(prepared)
     with span(
         "vector_store.store",
@@ -334,8 +339,26 @@ def _commit(pending: _Pending, prepared: list[PreparedChunk], model_name: str):
         chunk_count=len(prepared),
     ):
         return _write(
-            pending.collection, pending.document, prepared, model_name, replace=pending.replace
+            pending.collection,
+            pending.document,
+            prepared,
+            model_name,
+            replace=pending.replace,
+            extractions=extractions,
         )
+
+
+def _extract_graph(prepared: list[PreparedChunk]):
+    """Entities and relationships of the chunks, found before the write transaction opens
+    (LLM calls must not hold it)."""
+    from ..conf import graph_setting
+    from ..graph.builder import extract_all
+    from ..graph.extractors import get_extractor
+
+    extractions, _ = extract_all(
+        [item.chunk.text for item in prepared], get_extractor(), graph_setting("CONCURRENCY")
+    )
+    return extractions
 
 
 def _ingest_parsed(
@@ -346,6 +369,7 @@ def _ingest_parsed(
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
     background: bool = False,
+    graph: bool | None = None,
     **document_options,
 ):
     with span(
@@ -378,7 +402,11 @@ def _ingest_parsed(
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
         )
-        document = _commit(pending, prepared, resolved.model_name)
+        from ..conf import graph_setting
+
+        use_graph = graph_setting("ENABLED") if graph is None else graph
+        extractions = _extract_graph(prepared) if use_graph else None
+        document = _commit(pending, prepared, resolved.model_name, extractions)
         s.set(
             document_id=document.pk,
             collection=pending.collection,
@@ -533,7 +561,16 @@ def _find_duplicate(name: str, source_id: str, digest: str):
     )
 
 
-def _write(name: str, document, prepared: list[PreparedChunk], model_name: str, *, replace: bool):
+def _write(
+    name: str,
+    document,
+    prepared: list[PreparedChunk],
+    model_name: str,
+    *,
+    replace: bool,
+    extractions=None,
+):
+    from ..graph.builder import persist, sweep_orphans
     from ..models import Collection, Document
 
     with transaction.atomic():
@@ -544,13 +581,18 @@ def _write(name: str, document, prepared: list[PreparedChunk], model_name: str, 
             others = Document.objects.filter(collection=collection, source_id=document.source_id)
             if existing is not None:
                 others = others.exclude(pk=existing.pk)
-            others.delete()
+            if others.delete()[0]:
+                sweep_orphans(collection.pk)
         if existing is not None:
             existing.deduplicated = True
             return existing
         document.collection = collection
         document.save()
         _insert_chunks(document, collection, prepared, model_name)
+        if extractions is not None:
+            # The graph goes in with the chunks: a failure leaves neither.
+            chunk_ids = list(document.chunks.order_by("chunk_index").values_list("pk", flat=True))
+            persist(collection.pk, chunk_ids, extractions)
     document.deduplicated = False
     return document
 
@@ -685,10 +727,17 @@ def process_pending(job) -> Any:
 
 def delete(document) -> None:
     """Delete a document (instance or id) and its chunks."""
+    from ..graph.builder import sweep_orphans
     from ..models import Document
 
     pk = document.pk if isinstance(document, Document) else document
-    with span("delete", document_id=pk):
+    with span("delete", document_id=pk), transaction.atomic():
+        collection_id = (
+            Document.objects.filter(pk=pk).values_list("collection_id", flat=True).first()
+        )
         deleted, _ = Document.objects.filter(pk=pk).delete()
+        if deleted:
+            # Entities no chunk mentions any more, in this collection only.
+            sweep_orphans(collection_id)
     if not deleted:
         raise DocumentNotFound(f"No document with id {pk!r}.", id=pk)

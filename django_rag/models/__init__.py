@@ -1,11 +1,17 @@
 from .documents import Chunk, Collection, Document
 from .evaluation import Relevance, Run, TestCase
 from .fulltext import CorpusStatistic, TermStatistic
+from .graph import Community, Entity, EntityMention, GraphChunk, Relationship
 from .jobs import Job
 from .managers import ChunkQuerySet
 
 __all__ = [
     "Chunk",
+    "Community",
+    "Entity",
+    "EntityMention",
+    "GraphChunk",
+    "Relationship",
     "ChunkQuerySet",
     "Collection",
     "CorpusStatistic",

@@ -25,6 +25,7 @@ class SearchResult:
     semantic_score: float | None = None
     fulltext_score: float | None = None
     rerank_score: float | None = None
+    graph_score: float | None = None
 
     @property
     def label(self) -> str:

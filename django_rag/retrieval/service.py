@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..conf import search_setting
+from ..conf import graph_setting, search_setting
 from ..embeddings import get_embedder
 from ..exceptions import InvalidOption, InvalidSearchMode
 from ..signals import span
@@ -83,6 +83,9 @@ def search(
     candidates: int | None = None,
     reranker: Any = None,
     rewriter: Any = None,
+    graph: bool | None = None,
+    graph_depth: int | None = None,
+    entity_matcher: Any = None,
     embedder=None,
     vector_store=None,
 ) -> list[SearchResult]:
@@ -102,7 +105,38 @@ def search(
     ``rewriter`` (``"rewrite"``, ``"expand"``, ``"keywords"``, ``"decompose"`` or a function
     ``query -> str | list[str]``) rewrites the query first; several queries are searched
     and merged by reciprocal rank fusion. Reranking always scores against the original query.
+
+    ``graph=True`` (default ``GRAPH["ENABLED"]``) also finds the query's entities
+    (``entity_matcher``), follows their relationships ``graph_depth`` hops, scores the chunks
+    that mention them (within the same collection, source and metadata scope) and fuses them
+    with the results above by reciprocal rank fusion (``graph_score`` is set on them).
     """
+    return run_search(query, **{k: v for k, v in locals().items() if k != "query"})[0]
+
+
+def run_search(
+    query: str,
+    *,
+    mode: str | None = None,
+    limit: int | None = None,
+    threshold: float | None = None,
+    collection: str | Sequence[str] | None = None,
+    source_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    fusion: str | None = None,
+    rrf_k: int | None = None,
+    semantic_weight: float | None = None,
+    fulltext_weight: float | None = None,
+    candidates: int | None = None,
+    reranker: Any = None,
+    rewriter: Any = None,
+    graph: bool | None = None,
+    graph_depth: int | None = None,
+    entity_matcher: Any = None,
+    embedder=None,
+    vector_store=None,
+):
+    """:func:`search`, also returning what the graph path matched (None without it)."""
     mode = normalize_mode(mode)
     limit = search_setting("LIMIT") if limit is None else limit
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
@@ -140,7 +174,8 @@ def search(
         candidates=candidates,
     )
     if not request.query.strip():
-        return []
+        return [], None
+    use_graph = graph_setting("ENABLED") if graph is None else graph
     # Imported here: rerankers build on retrieval's SearchResult.
     from ..rerankers import get_reranker
 
@@ -171,11 +206,44 @@ def search(
                 rankings.append(store.search(request))
                 store_span.set(result_count=len(rankings[-1]))
         results = rankings[0] if len(rankings) == 1 else rrf_merge(rankings, rrf_k=request.rrf_k)
+        match = None
+        if use_graph:
+            results, match = _with_graph(
+                query_text, results, request, store, graph_depth, entity_matcher, embedder
+            )
+            s.set(graph_enhanced=True, entities_found=len(match.entities))
         if ranker is not None:
             results = ranker.rerank(query_text, results, top_k=limit)
         results = results[:limit]
         s.set(result_count=len(results), queries=len(queries), reranked=ranker is not None)
-        return results
+        return results, match
+
+
+def _with_graph(query, results, request, store, depth, matcher, embedder):
+    from ..graph.search import collection_ids, graph_results
+    from .stores import PgVectorStore, scoped_chunks
+
+    if not isinstance(store, PgVectorStore):
+        raise InvalidOption("graph=True needs the pgvector store (the graph lives in PostgreSQL)")
+    vector = request.vector
+    if vector is None and (matcher or graph_setting("ENTITY_MATCHER")) == "embedding":
+        vector = get_embedder(embedder).embed_query(query)
+    found, match = graph_results(
+        query,
+        vector,
+        scoped_chunks(request),
+        collection_ids(request.collections),
+        depth=graph_setting("DEPTH") if depth is None else depth,
+        limit=request.limit,
+        matcher=matcher,
+    )
+    if not found:
+        return results, match
+    scores = {r.chunk_id: r.graph_score for r in found}
+    fused = rrf_merge([results, found], rrf_k=graph_setting("RRF_K"))
+    for result in fused:
+        result.graph_score = scores.get(result.chunk_id)
+    return fused, match
 
 
 def _rewrite(query: str, rewriter: Any) -> list[str]:

@@ -36,23 +36,30 @@ class VectorStore:
         raise NotImplementedError
 
 
+def scoped_chunks(request):
+    """The chunks a request may return: its collections (an unknown name raises
+    :class:`UnknownCollection`), source and metadata filters. Used by every search path."""
+    from ..models import Chunk, Collection
+
+    chunks = Chunk.objects.all()
+    if request.collections is not None:
+        ids = dict(
+            Collection.objects.filter(name__in=request.collections).values_list("name", "pk")
+        )
+        for name in request.collections:
+            if name not in ids:
+                raise UnknownCollection(name)
+        chunks = chunks.filter(collection_id__in=list(ids.values()))
+    if request.source_id:
+        chunks = chunks.filter(document__source_id=request.source_id)
+    if request.metadata:
+        chunks = chunks.filter(document__metadata__contains=request.metadata)
+    return chunks
+
+
 class PgVectorStore(VectorStore):
     def search(self, request):
-        from ..models import Chunk, Collection
-
-        chunks = Chunk.objects.all()
-        if request.collections is not None:
-            ids = dict(
-                Collection.objects.filter(name__in=request.collections).values_list("name", "pk")
-            )
-            for name in request.collections:
-                if name not in ids:
-                    raise UnknownCollection(name)
-            chunks = chunks.filter(collection_id__in=list(ids.values()))
-        if request.source_id:
-            chunks = chunks.filter(document__source_id=request.source_id)
-        if request.metadata:
-            chunks = chunks.filter(document__metadata__contains=request.metadata)
+        chunks = scoped_chunks(request)
         if request.mode == "semantic":
             rows = chunks.semantic(request.vector, limit=request.limit, threshold=request.threshold)
         elif request.mode == "fulltext":

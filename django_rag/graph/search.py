@@ -1,0 +1,189 @@
+"""Graph retrieval: match entities in the query, expand over relationships, score chunks."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db.models import Q, QuerySet
+from pgvector.django import CosineDistance
+
+from ..conf import graph_setting
+from ..exceptions import ConfigurationError, InvalidOption
+from ..models import Community, Entity, EntityMention, Relationship
+from ..retrieval.results import SearchResult
+from ..signals import span
+from .names import normalize_name
+
+
+@dataclass
+class GraphMatch:
+    """What the graph path found for a query (also the graph context of ``ask``)."""
+
+    entities: dict[int, float] = field(default_factory=dict)  # matched: id -> similarity
+    expanded: dict[int, float] = field(default_factory=dict)  # all, with decayed scores
+    hops: dict[int, int] = field(default_factory=dict)
+
+
+def match_entities(
+    query: str,
+    vector: list[float] | None,
+    collection_ids: list[int] | None,
+    *,
+    matcher: Any = None,
+    threshold: float | None = None,
+    limit: int | None = None,
+) -> dict[int, float]:
+    """Entities the query is about, with a score in (0, 1].
+
+    ``matcher``: ``"embedding"`` (cosine similarity of the query and entity embeddings, at
+    least ``threshold``), ``"ner"`` (names the NER/entity extractor finds in the query, matched
+    by normalised name), or a function ``(query, collection_ids) -> ids or {id: score}``.
+    """
+    matcher = graph_setting("ENTITY_MATCHER") if matcher is None else matcher
+    threshold = graph_setting("MATCH_THRESHOLD") if threshold is None else threshold
+    limit = graph_setting("MATCH_LIMIT") if limit is None else limit
+    entities = Entity.objects.all()
+    if collection_ids is not None:
+        entities = entities.filter(collection_id__in=collection_ids)
+    if matcher == "embedding":
+        if vector is None:
+            from ..embeddings import get_embedder
+
+            vector = get_embedder().embed_query(query)
+        rows = (
+            entities.filter(embedding__isnull=False)
+            .annotate(distance=CosineDistance("embedding", vector))
+            .filter(distance__lte=1 - threshold)
+            .order_by("distance", "pk")
+            .values_list("pk", "distance")[:limit]
+        )
+        return {pk: 1.0 - distance for pk, distance in rows}
+    if matcher == "ner":
+        from .extractors import get_extractor
+
+        found = get_extractor(None, entity_extractor=graph_setting("ENTITY_EXTRACTOR")).extract(
+            query
+        )
+        names = {normalize_name(e.name) for e in found.entities}
+        ids = entities.filter(normalized_name__in=names).values_list("pk", flat=True)[:limit]
+        return dict.fromkeys(ids, 1.0)
+    if callable(matcher):
+        result = matcher(query, collection_ids)
+        if isinstance(result, dict):
+            return {int(k): float(v) for k, v in result.items()}
+        return dict.fromkeys((int(pk) for pk in result), 1.0)
+    raise ConfigurationError(
+        "GRAPH.ENTITY_MATCHER", matcher, "use 'embedding', 'ner' or a function"
+    )
+
+
+def expand(
+    seeds: dict[int, float], depth: int, decay: float, collection_ids: list[int] | None
+) -> tuple[dict[int, float], dict[int, int]]:
+    """Follow relationships (both directions) ``depth`` hops from the seeds. A neighbour's
+    score is its best parent's times ``decay``; each entity appears once, at its first hop."""
+    scores = dict(seeds)
+    hops = dict.fromkeys(seeds, 0)
+    frontier = dict(seeds)
+    for hop in range(1, depth + 1):
+        if not frontier:
+            break
+        edges = Relationship.objects.filter(
+            Q(source_id__in=list(frontier)) | Q(target_id__in=list(frontier))
+        )
+        if collection_ids is not None:
+            edges = edges.filter(source__collection_id__in=collection_ids)
+        following: dict[int, float] = {}
+        for source, target in edges.values_list("source_id", "target_id"):
+            for parent, child in ((source, target), (target, source)):
+                if parent in frontier and child not in scores:
+                    following[child] = max(following.get(child, 0.0), frontier[parent] * decay)
+        for pk, score in following.items():
+            scores[pk] = score
+            hops[pk] = hop
+        frontier = following
+    return scores, hops
+
+
+def graph_results(
+    query: str,
+    vector: list[float] | None,
+    chunks: QuerySet,
+    collection_ids: list[int] | None,
+    *,
+    depth: int,
+    limit: int,
+    matcher: Any = None,
+) -> tuple[list[SearchResult], GraphMatch]:
+    """Chunks (within ``chunks``, the request's scope) that mention the query's entities or
+    their neighbours, scored by the sum of those entities' scores."""
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        raise InvalidOption(f"graph_depth must be a non-negative integer, got {depth!r}")
+    with span(
+        "graph.search", depth=depth, matcher=str(matcher or graph_setting("ENTITY_MATCHER"))
+    ) as s:
+        seeds = match_entities(query, vector, collection_ids, matcher=matcher)
+        expanded, hops = expand(seeds, depth, graph_setting("DEPTH_DECAY"), collection_ids)
+        totals: dict[int, float] = defaultdict(float)
+        for chunk_id, entity_id in EntityMention.objects.filter(
+            entity_id__in=list(expanded), chunk__in=chunks
+        ).values_list("chunk_id", "entity_id"):
+            totals[chunk_id] += expanded[entity_id]
+        best = sorted(totals, key=lambda pk: (-totals[pk], pk))[:limit]
+        rows = {
+            chunk.pk: chunk
+            for chunk in chunks.filter(pk__in=best).select_related("document", "collection")
+        }
+        results = []
+        for pk in best:
+            chunk = rows[pk]
+            chunk.score = totals[pk]
+            result = SearchResult.from_chunk(chunk)
+            result.graph_score = totals[pk]
+            results.append(result)
+        s.set(
+            entities_found=len(seeds),
+            expanded_entity_count=len(expanded),
+            result_count=len(results),
+        )
+    return results, GraphMatch(seeds, expanded, hops)
+
+
+def graph_context(match: GraphMatch) -> dict[str, list]:
+    """Entities, relationships and community summaries for an answer prompt."""
+    if not match.entities:
+        return {"entities": [], "relationships": [], "summaries": []}
+    matched = sorted(match.entities, key=lambda pk: -match.entities[pk])
+    entities = Entity.objects.in_bulk(matched[: graph_setting("CONTEXT_ENTITIES")])
+    ordered = [entities[pk] for pk in matched if pk in entities]
+    inside = list(match.expanded)
+    relationships = list(
+        Relationship.objects.filter(source_id__in=inside, target_id__in=inside)
+        .select_related("source", "target")
+        .order_by("-strength", "pk")[: graph_setting("CONTEXT_RELATIONSHIPS")]
+    )
+    seeds = set(match.entities)
+    communities = [
+        c
+        for c in Community.objects.filter(
+            entity_ids__overlap=list(seeds), level__in=graph_setting("SUMMARY_LEVELS")
+        ).exclude(summary="")
+    ]
+    # Most overlap with the matched entities first; then the more specific (smaller) ones.
+    communities.sort(key=lambda c: (-len(seeds & set(c.entity_ids)), len(c.entity_ids), c.pk))
+    return {
+        "entities": ordered,
+        "relationships": relationships,
+        "summaries": [c.summary for c in communities[: graph_setting("CONTEXT_SUMMARIES")]],
+    }
+
+
+def collection_ids(names: Iterable[str] | None) -> list[int] | None:
+    if names is None:
+        return None
+    from ..models import Collection
+
+    return list(Collection.objects.filter(name__in=list(names)).values_list("pk", flat=True))
