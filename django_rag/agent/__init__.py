@@ -92,6 +92,9 @@ class Agent:
     def answer(self, **options: Any) -> Agent:
         return self._run("answer", options)
 
+    def global_answer(self, **options: Any) -> Agent:
+        return self._run("global_answer", options)
+
     @property
     def result(self) -> Answer | None:
         """The answer as an :class:`Answer` (text, chunks, citations, usage) once it ran."""

@@ -489,7 +489,38 @@ def _self_correct(ctx, chunks: list[SearchResult], max_corrections, judge_prompt
             s.set(result="corrected")
 
 
+@step("global_answer")
+def global_answer(
+    ctx: Context, *, collection: Any = None, levels: Any = None, llm: Any = None
+) -> None:
+    """Answer a corpus-wide question from community summaries (GraphRAG's global mode)."""
+    from ..graph.global_search import global_answer as answer_globally
+
+    with span("agent.global_answer", question=ctx.question) as s:
+        result = answer_globally(
+            ctx.question,
+            llm=_llm(ctx, llm),
+            collection=collection or ctx.collections,
+            levels=levels,
+        )
+        ctx.answer = result.text
+        ctx.context_used = []
+        ctx.citations = []
+        s.set(success=True)
+
+
 STEPS = {
     func.step_name: func
-    for func in (gate, rewrite, select, expand, decompose, search, reason, rerank, answer)
+    for func in (
+        gate,
+        rewrite,
+        select,
+        expand,
+        decompose,
+        search,
+        reason,
+        rerank,
+        answer,
+        global_answer,
+    )
 }

@@ -1,0 +1,50 @@
+"""GraphRAG: entities, relationships and communities extracted from the chunks, used by
+``search(..., graph=True)``, ``ask(..., graph=True)`` and ``ask(..., global_search=True)``."""
+
+from __future__ import annotations
+
+from .builder import build_graph, delete_graph, sweep_orphans
+from .communities import detect_communities, fingerprint, summarize_communities
+from .extractors import (
+    CapitalizedEntityExtractor,
+    CooccurrenceRelationshipExtractor,
+    EntityExtractor,
+    ExtractedEntity,
+    ExtractedRelationship,
+    Extraction,
+    GraphExtractor,
+    LLMEntityExtractor,
+    LLMGraphExtractor,
+    LLMRelationshipExtractor,
+    NEREntityExtractor,
+    RelationshipExtractor,
+    get_extractor,
+)
+from .global_search import global_answer
+from .names import normalize_name
+from .query import GraphQuery
+
+__all__ = [
+    "CapitalizedEntityExtractor",
+    "CooccurrenceRelationshipExtractor",
+    "EntityExtractor",
+    "ExtractedEntity",
+    "ExtractedRelationship",
+    "Extraction",
+    "GraphExtractor",
+    "GraphQuery",
+    "LLMEntityExtractor",
+    "LLMGraphExtractor",
+    "LLMRelationshipExtractor",
+    "NEREntityExtractor",
+    "RelationshipExtractor",
+    "build_graph",
+    "delete_graph",
+    "detect_communities",
+    "fingerprint",
+    "get_extractor",
+    "global_answer",
+    "normalize_name",
+    "summarize_communities",
+    "sweep_orphans",
+]
