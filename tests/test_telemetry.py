@@ -45,6 +45,12 @@ EVENTS = {
     "evaluation.generate": ({"sample_size", "collection"}, {"created", "skipped"}),
     "evaluation.run": ({"run_id", "mode", "total"}, {"mrr", "ndcg_at_10", "recall_at_5"}),
     "reembed": ({"model"}, {"reembedded"}),
+    "graph.extraction": (set(), {"entity_count", "relationship_count"}),
+    "graph.build": ({"collection", "resume"}, {"chunks", "entities", "relationships"}),
+    "graph.search": ({"depth", "matcher"}, {"entities_found", "result_count"}),
+    "graph.community_detection": ({"detector"}, {"community_count"}),
+    "graph.community_summary": ({"entity_count"}, {"summary_length"}),
+    "graph.global_search": ({"summaries"}, {"points"}),
 }
 
 RULES = {
@@ -90,8 +96,25 @@ def exercise_everything():
 
     rag.ingest("An old vector.", collection="docs", embedder=HashingEmbedder(model_name="old"))
     maintenance.reembed()
+    exercise_graph()
     rag.delete(doc)
     return llm
+
+
+def exercise_graph():
+    from django_rag.graph import build_graph, detect_communities, summarize_communities
+    from tests.test_graph import respond
+
+    graph_llm = ScriptedLLM(default=respond)
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": graph_llm}):
+        rag.ingest("Jane Doe works for Acme Corp in Berlin.", collection="g", graph=True)
+        rag.ingest("Acme Corp makes the X200 drill.", collection="g")
+        build_graph("g")
+        detect_communities("g", min_size=2)
+        summarize_communities("g")
+        rag.search("Acme Corp", collection="g", graph=True, graph_depth=1)
+        mapper = ScriptedLLM(default='[{"point": "Acme makes drills", "score": 50}]')
+        rag.ask("What is it about?", llm=mapper, collection="g", global_search=True)
 
 
 def test_every_event_fires_with_its_metadata(events):

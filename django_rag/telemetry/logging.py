@@ -12,9 +12,10 @@ DEFAULT_LOGGER = "django_rag.telemetry"
 
 
 def _plural(count: Any, word: str) -> str:
+    many = word[:-1] + "ies" if word.endswith("y") and word[-2:-1] not in "aeiou" else word + "s"
     if not isinstance(count, int):
-        return f"? {word}s"
-    return f"{count} {word}{'' if count == 1 else 's'}"
+        return f"? {many}"
+    return f"{count} {word if count == 1 else many}"
 
 
 def _llm(m: dict[str, Any]) -> str:
@@ -68,6 +69,24 @@ DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
     "evaluation.run": lambda m: (
         f"{_plural(m.get('total'), 'case')}, mrr {m.get('mrr', 0):.3f}, "
         f"ndcg@10 {m.get('ndcg_at_10', 0):.3f}"
+    ),
+    "graph.extraction": lambda m: (
+        f"{_plural(m.get('entity_count'), 'entity')}, "
+        f"{_plural(m.get('relationship_count'), 'relationship')}"
+    ),
+    "graph.ner": lambda m: _plural(m.get("entity_count"), "entity"),
+    "graph.build": lambda m: (
+        f"{_plural(m.get('chunks'), 'chunk')}, "
+        f"{_plural(m.get('entities'), 'entity')}, {_plural(m.get('relationships'), 'relationship')}"
+    ),
+    "graph.search": lambda m: (
+        f"{_plural(m.get('entities_found'), 'entity')} matched, "
+        f"{_plural(m.get('result_count'), 'chunk')}"
+    ),
+    "graph.community_detection": lambda m: _plural(m.get("community_count"), "community"),
+    "graph.community_summary": lambda m: f"{m.get('summary_length', '?')} chars",
+    "graph.global_search": lambda m: (
+        f"{_plural(m.get('summaries'), 'summary')}, {_plural(m.get('points'), 'point')}"
     ),
     "reembed": lambda m: f"{_plural(m.get('reembedded'), 'chunk')} with {m.get('model', '?')}",
     "agent.self_correct": lambda m: f"attempt {m.get('attempt', '?')}: {m.get('result', '?')}",
