@@ -21,6 +21,7 @@ from .signals import span
 logger = logging.getLogger(__name__)
 
 CHUNKS = Chunk._meta.db_table
+ENTITIES = "django_rag_entity"
 SWITCH = "embedding-switch"
 REEMBED = "reembed"
 Progress = Callable[[int, int], None]
@@ -334,12 +335,46 @@ def _swap(embedder: Embedder, dimensions: int, batch_size: int, job: Job) -> Non
             )
             cursor.execute(f"ALTER INDEX {NEXT_INDEX} RENAME TO django_rag_chunk_hnsw_idx")
             cursor.execute(f"CREATE INDEX django_rag_chunk_model_idx ON {CHUNKS} (embedding_model)")
+            # Entity vectors come from the old model (and may have the old size): clear them
+            # and re-embed after the swap; graph matching skips entities without one meanwhile.
+            cursor.execute(
+                f"ALTER TABLE {ENTITIES} ALTER COLUMN embedding TYPE vector({int(dimensions)}) "
+                "USING NULL"
+            )
         Job.objects.filter(kind=SWITCH, params__model=embedder.model_name).exclude(
             status=Job.Status.COMPLETED
         ).update(status=Job.Status.COMPLETED, finished_at=timezone.now())
     from . import embeddings
 
     embeddings._switched.pop(embedder.model_name, None)
+    embed_entities(embedder, batch_size=batch_size)
+
+
+def embed_entities(embedder: Embedder | None = None, *, batch_size: int = 64) -> int:
+    """Embed the graph entities that have no vector (``"name: description"``); returns how
+    many. Run after a model switch, or to backfill entities stored while embedding failed."""
+    from .models import Entity
+
+    embedder = embedder or get_embedder()
+    done = 0
+    while batch := list(
+        Entity.objects.filter(embedding__isnull=True)
+        .order_by("pk")
+        .values_list("pk", "name", "description")[:batch_size]
+    ):
+        texts = [
+            f"{name}: {description}" if description else name for _, name, description in batch
+        ]
+        vectors = embedder.embed_documents(texts)
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(
+                f"UPDATE {ENTITIES} AS e SET embedding = v.e::vector "
+                "FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS e) AS v "
+                "WHERE e.id = v.id",
+                [[pk for pk, _, _ in batch], [_vector_literal(v) for v in vectors]],
+            )
+        done += len(batch)
+    return done
 
 
 # --- orphans -------------------------------------------------------------------------------------

@@ -73,9 +73,20 @@ def test_switch_to_a_model_with_other_dimensions_keeps_search_answering(corpus):
         hits = rag.search("topic7 apples", limit=1)
         answers.append(hits[0].source_id)
 
+    from django_rag.models import Collection, Entity
+
+    entity = Entity.objects.create(
+        collection=Collection.objects.get(name="a"),
+        name="Topic7",
+        normalized_name="topic7",
+        embedding=HashingEmbedder().embed_documents(["Topic7"])[0],
+    )
     with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "NEXT_EMBEDDER": NEXT}):
         assert get_embedder().model_name == "hashing-bow"
         job = maintenance.reembed(batch_size=5, progress=search_meanwhile)
+        # Graph entities follow the switch: re-embedded with the new model and size.
+        entity.refresh_from_db()
+        assert len(entity.embedding) == 256
         assert job.kind == "embedding-switch" and job.status == "completed"
         assert job.done == job.total == len(TEXTS)
         assert answers == ["7"] * len(answers) and len(answers) == 3
