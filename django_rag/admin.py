@@ -5,7 +5,18 @@ from django.db.models import Count
 from django.utils.text import Truncator
 
 from .exceptions import CollectionNotEmpty
-from .models import Chunk, Collection, Document, Relevance, Run, TestCase
+from .models import (
+    Chunk,
+    Collection,
+    Community,
+    Document,
+    Entity,
+    Job,
+    Relationship,
+    Relevance,
+    Run,
+    TestCase,
+)
 
 
 @admin.register(Collection)
@@ -125,3 +136,42 @@ class RunAdmin(admin.ModelAdmin):
     def mrr(self, obj):
         value = obj.metrics.get("mrr")
         return None if value is None else f"{value:.3f}"
+
+
+@admin.register(Entity)
+class EntityAdmin(admin.ModelAdmin):
+    list_display = ["name", "type", "collection", "created_at"]
+    list_filter = ["type", "collection"]
+    search_fields = ["name", "normalized_name", "description"]
+    exclude = ["embedding"]
+    readonly_fields = ["normalized_name"]
+
+
+@admin.register(Relationship)
+class RelationshipAdmin(admin.ModelAdmin):
+    list_display = ["source", "type", "target", "strength", "count"]
+    list_filter = ["type"]
+    search_fields = ["source__name", "target__name", "type", "description"]
+    raw_id_fields = ["source", "target"]
+
+
+@admin.register(Community)
+class CommunityAdmin(admin.ModelAdmin):
+    list_display = ["id", "collection", "level", "size", "dirty", "short_summary", "updated_at"]
+    list_filter = ["level", "dirty", "collection"]
+    search_fields = ["summary"]
+
+    @admin.display(description="entities")
+    def size(self, obj):
+        return len(obj.entity_ids)
+
+    @admin.display(description="summary")
+    def short_summary(self, obj):
+        return Truncator(obj.summary).chars(80)
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = ["id", "kind", "status", "done", "total", "created_at", "finished_at"]
+    list_filter = ["kind", "status"]
+    readonly_fields = [f.name for f in Job._meta.fields]

@@ -106,6 +106,14 @@ DEFAULTS: dict[str, Any] = {
         "CONTEXT_RELATIONSHIPS": 20,
         "CONTEXT_SUMMARIES": 5,
     },
+    # The dashboard (django_rag.dashboard.urls): who may use it, which collections each user
+    # sees (a dotted path or callable: user -> list of names, or None for all), upload limit.
+    "DASHBOARD": {
+        "PERMISSION": None,  # None: staff users; else a callable (user) -> bool
+        "COLLECTIONS": None,
+        "MAX_UPLOAD_BYTES": 10 * 1024 * 1024,
+        "PAGE_SIZE": 20,
+    },
     # Where background work runs: "auto" (Celery when a broker is configured, else inline),
     # "celery" or "inline".
     "BACKGROUND": "auto",
@@ -121,7 +129,7 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
-_NESTED = ("SEARCH", "TELEMETRY", "GRAPH")
+_NESTED = ("SEARCH", "TELEMETRY", "GRAPH", "DASHBOARD")
 
 
 @functools.cache

@@ -59,3 +59,28 @@ def test_evaluation_admin_pages_render(admin_client):
         assert b"<script>x</script>" not in response.content
     listing = admin_client.get(reverse("admin:django_rag_run_changelist")).content.decode()
     assert "1.000" in listing and "fulltext" in listing
+
+
+def test_graph_and_job_admin_pages_render(admin_client):
+    from django_rag.models import Community, Entity, Job, Relationship
+
+    collection = Collection.objects.create(name="g")
+    a = Entity.objects.create(collection=collection, name="<b>A</b>", normalized_name="a")
+    b = Entity.objects.create(collection=collection, name="B", normalized_name="b")
+    rel = Relationship.objects.create(source=a, target=b, type="KNOWS")
+    community = Community.objects.create(
+        collection=collection, entity_ids=[a.pk, b.pk], summary="S"
+    )
+    job = Job.objects.create(kind="reembed")
+    for model, obj in [
+        ("entity", a),
+        ("relationship", rel),
+        ("community", community),
+        ("job", job),
+    ]:
+        for response in (
+            admin_client.get(reverse(f"admin:django_rag_{model}_changelist")),
+            admin_client.get(reverse(f"admin:django_rag_{model}_change", args=[obj.pk])),
+        ):
+            assert response.status_code == 200, model
+            assert b"<b>A</b>" not in response.content

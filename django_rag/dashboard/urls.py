@@ -1,0 +1,19 @@
+from django.urls import path
+
+from . import views
+
+app_name = "django_rag_dashboard"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("documents/", views.documents, name="documents"),
+    path("documents/<int:pk>/", views.document, name="document"),
+    path("documents/<int:pk>/delete/", views.delete_document, name="delete_document"),
+    path("documents/ingest/", views.ingest_text, name="ingest_text"),
+    path("documents/upload/", views.upload, name="upload"),
+    path("collections/", views.collections, name="collections"),
+    path("collections/save/", views.save_collection, name="save_collection"),
+    path("collections/<int:pk>/delete/", views.delete_collection, name="delete_collection"),
+    path("search/", views.search, name="search"),
+    path("info/", views.info, name="info"),
+]

@@ -1,0 +1,241 @@
+"""Dashboard views: thin wrappers over the library's services, scoped per user."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.db.models import Count
+from django.http import HttpResponseRedirect
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from ..conf import get_setting
+from ..exceptions import CollectionNotEmpty, RagError
+from ..models import Chunk, Collection, Document
+from .access import check_collection, dashboard_view, scope
+from .forms import CollectionForm, IngestTextForm, SearchForm, UploadForm
+
+
+def _visible_collections(request):
+    return scope(Collection.objects.order_by("name"), request, field="name")
+
+
+def _context(request, **extra):
+    documents = scope(Document.objects.all(), request)
+    chunks = scope(Chunk.objects.all(), request)
+    return {
+        "stats": {"documents": documents.count(), "chunks": chunks.count()},
+        "collections": list(_visible_collections(request).values_list("name", flat=True)),
+        **extra,
+    }
+
+
+@dashboard_view
+def home(request):
+    return redirect("django_rag_dashboard:documents")
+
+
+@dashboard_view
+def documents(request):
+    items = scope(Document.objects.select_related("collection"), request).order_by(
+        "-created_at", "-pk"
+    )
+    collection = request.GET.get("collection") or ""
+    status = request.GET.get("status") or ""
+    source = request.GET.get("source") or ""
+    if collection:
+        items = items.filter(collection__name=collection)
+    if status:
+        items = items.filter(status=status)
+    if source:
+        items = items.filter(source_id__icontains=source)
+    page = Paginator(items, get_setting("DASHBOARD")["PAGE_SIZE"]).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "django_rag/dashboard/documents.html",
+        _context(
+            request,
+            page=page,
+            filters={"collection": collection, "status": status, "source": source},
+            statuses=Document.Status.choices,
+            ingest_form=IngestTextForm(),
+            upload_form=UploadForm(),
+        ),
+    )
+
+
+@dashboard_view
+def document(request, pk: int):
+    doc = get_object_or_404(scope(Document.objects.select_related("collection"), request), pk=pk)
+    chunks = doc.chunks.order_by("chunk_index")
+    return render(
+        request,
+        "django_rag/dashboard/document.html",
+        _context(request, document=doc, chunks=chunks),
+    )
+
+
+def _back(request, default: str):
+    return HttpResponseRedirect(reverse(f"django_rag_dashboard:{default}"))
+
+
+@require_POST
+@dashboard_view
+def ingest_text(request):
+    from ..ingestion.service import ingest
+
+    form = IngestTextForm(request.POST)
+    if not form.is_valid():
+        messages.error(
+            request,
+            "Check the form: "
+            + "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()),
+        )
+        return _back(request, "documents")
+    data = form.cleaned_data
+    check_collection(request, data["collection"])
+    try:
+        doc = ingest(
+            data["text"],
+            collection=data["collection"],
+            title=data["title"],
+            source_id=data["source_id"] or None,
+            format=data["format"],
+        )
+    except RagError as exc:
+        messages.error(request, str(exc))
+        return _back(request, "documents")
+    messages.success(request, f"Ingested “{doc.title or doc.pk}”: {doc.chunk_count} chunks.")
+    return redirect("django_rag_dashboard:document", pk=doc.pk)
+
+
+@require_POST
+@dashboard_view
+def upload(request):
+    from ..ingestion.service import ingest_bytes
+
+    form = UploadForm(request.POST, request.FILES)
+    if not form.is_valid():
+        messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
+        return _back(request, "documents")
+    check_collection(request, form.cleaned_data["collection"])
+    upload = form.cleaned_data["file"]
+    try:
+        doc = ingest_bytes(
+            upload.read(),
+            filename=upload.name,
+            collection=form.cleaned_data["collection"],
+            background=True,
+        )
+    except RagError as exc:
+        messages.error(request, f"{upload.name}: {exc}")
+        return _back(request, "documents")
+    messages.success(
+        request, f"{upload.name}: {doc.get_status_display().lower()}, {doc.chunk_count} chunks."
+    )
+    return redirect("django_rag_dashboard:document", pk=doc.pk)
+
+
+@require_POST
+@dashboard_view
+def delete_document(request, pk: int):
+    from ..ingestion.service import delete
+
+    doc = get_object_or_404(scope(Document.objects.all(), request), pk=pk)
+    delete(doc)
+    messages.success(request, f"Deleted document {pk}.")
+    return _back(request, "documents")
+
+
+@dashboard_view
+def collections(request):
+    rows = _visible_collections(request).annotate(document_count=Count("documents", distinct=True))
+    chunk_counts = dict(
+        scope(Chunk.objects.all(), request).values_list("collection__name").annotate(n=Count("pk"))
+    )
+    return render(
+        request,
+        "django_rag/dashboard/collections.html",
+        _context(request, rows=rows, chunk_counts=chunk_counts, form=CollectionForm()),
+    )
+
+
+@require_POST
+@dashboard_view
+def save_collection(request):
+    form = CollectionForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "A collection needs a name.")
+        return _back(request, "collections")
+    name = form.cleaned_data["name"].strip()
+    check_collection(request, name)
+    collection, created = Collection.objects.get_or_create(name=name)
+    collection.description = form.cleaned_data["description"]
+    collection.save(update_fields=["description", "updated_at"])
+    messages.success(request, f"{'Created' if created else 'Updated'} collection “{name}”.")
+    return _back(request, "collections")
+
+
+@require_POST
+@dashboard_view
+def delete_collection(request, pk: int):
+    collection = get_object_or_404(_visible_collections(request), pk=pk)
+    try:
+        collection.delete()
+    except CollectionNotEmpty as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Deleted collection “{collection.name}”.")
+    return _back(request, "collections")
+
+
+@dashboard_view
+def search(request):
+    from ..retrieval.service import search as run
+
+    visible = list(_visible_collections(request).values_list("name", flat=True))
+    form = SearchForm(request.GET or None, collections=visible)
+    columns = []
+    if form.is_bound and form.is_valid() and form.cleaned_data["q"].strip():
+        data = form.cleaned_data
+        chosen = data["collection"] or (visible if request.rag_collections is not None else None)
+        modes = (
+            ["semantic", "fulltext", "hybrid"] if data["compare"] else [data["mode"] or "hybrid"]
+        )
+        options = {"limit": data["limit"] or 10, "collection": chosen}
+        if data["semantic_weight"] is not None:
+            options["semantic_weight"] = data["semantic_weight"]
+        if data["fulltext_weight"] is not None:
+            options["fulltext_weight"] = data["fulltext_weight"]
+        for mode in modes:
+            try:
+                columns.append({"mode": mode, "results": run(data["q"], mode=mode, **options)})
+            except RagError as exc:
+                messages.error(request, str(exc))
+                break
+    elif form.is_bound and not form.is_valid():
+        messages.error(request, "Check the search options.")
+    return render(
+        request, "django_rag/dashboard/search.html", _context(request, form=form, columns=columns)
+    )
+
+
+@dashboard_view
+def info(request):
+    from ..maintenance import info as collect
+
+    data = collect()
+    if request.rag_collections is not None:
+        data["collections"] = [
+            c for c in data["collections"] if c["name"] in request.rag_collections
+        ]
+    return render(
+        request,
+        "django_rag/dashboard/info.html",
+        _context(
+            request, info=data, settings_json=json.dumps(data["settings"], indent=2, default=str)
+        ),
+    )

@@ -1,0 +1,178 @@
+"""The dashboard with the Django test client: access, scoping, CSRF, escaping, every page."""
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client, override_settings
+from django.urls import reverse
+
+import django_rag as rag
+from django_rag.models import Collection, Document
+from tests.test_parsers import make_pdf
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["documents", "collections", "search", "info"]
+
+
+def url(name, *args):
+    return reverse(f"django_rag_dashboard:{name}", args=args)
+
+
+@pytest.fixture
+def staff(client):
+    client.force_login(User.objects.create_user("staff", password="pw", is_staff=True))
+    return client
+
+
+@pytest.fixture
+def corpus():
+    a = rag.ingest(
+        "Refunds take 14 days. <script>alert('x')</script>",
+        collection="a",
+        title="Refunds",
+        source_id="refunds",
+    )
+    b = rag.ingest("Secret salaries of the board.", collection="b", title="Salaries")
+    return a, b
+
+
+def only_a(user):
+    return ["a"]
+
+
+SCOPED = {"EMBEDDER": "hashing", "DASHBOARD": {"COLLECTIONS": "tests.test_dashboard.only_a"}}
+
+
+def test_mounted_under_any_prefix():
+    assert url("documents") == "/tools/rag/documents/"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_anonymous_users_go_to_login_and_non_staff_get_403(client, page):
+    response = client.get(url(page))
+    assert response.status_code == 302 and "/login/" in response["Location"]
+    client.force_login(User.objects.create_user("plain", password="pw"))
+    assert client.get(url(page)).status_code == 403
+
+
+def test_a_custom_permission_check(client):
+    client.force_login(User.objects.create_user("analyst", password="pw"))
+    settings = {
+        "EMBEDDER": "hashing",
+        "DASHBOARD": {"PERMISSION": lambda user: user.username == "analyst"},
+    }
+    with override_settings(DJANGO_RAG=settings):
+        assert client.get(url("documents")).status_code == 200
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_renders_and_escapes_stored_text(staff, corpus, page):
+    response = staff.get(url(page), {"q": "refunds script"} if page == "search" else {})
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "<script>alert(" not in body
+    assert "/tools/rag/documents/" in body  # links use the real mount prefix
+
+
+def test_document_detail_shows_chunks_escaped(staff, corpus):
+    a, _ = corpus
+    body = staff.get(url("document", a.pk)).content.decode()
+    assert "Refunds take 14 days." in body and "&lt;script&gt;alert" in body
+
+
+def test_ingest_upload_and_delete(staff):
+    response = staff.post(
+        url("ingest_text"),
+        {"collection": "new", "format": "markdown", "text": "# Title\n\nSome text.", "title": "T"},
+    )
+    doc = Document.objects.get(title="T")
+    assert response.status_code == 302 and response["Location"] == url("document", doc.pk)
+    from django.core.files.uploadedfile import SimpleUploadedFile
+
+    pdf = SimpleUploadedFile(
+        "manual.pdf", make_pdf(["Press the red button."]), content_type="application/pdf"
+    )
+    staff.post(url("upload"), {"collection": "new", "file": pdf})
+    uploaded = Document.objects.get(original_filename="manual.pdf")
+    assert uploaded.status == "completed" and uploaded.chunks.count() == 1
+    bad = SimpleUploadedFile("evil.exe", b"MZ")
+    page = staff.post(url("upload"), {"collection": "new", "file": bad}, follow=True)
+    assert "Upload a .txt, .md or .pdf file." in page.content.decode()
+    with override_settings(
+        DJANGO_RAG={"EMBEDDER": "hashing", "DASHBOARD": {"MAX_UPLOAD_BYTES": 10}}
+    ):
+        big = SimpleUploadedFile("big.txt", b"x" * 100)
+        page = staff.post(url("upload"), {"collection": "new", "file": big}, follow=True)
+    assert "larger than" in page.content.decode()
+    empty = staff.post(
+        url("ingest_text"), {"collection": "new", "text": "   ", "format": "text"}, follow=True
+    )
+    assert empty.status_code == 200 and "messages" in empty.content.decode()
+    staff.post(url("delete_document", doc.pk))
+    assert not Document.objects.filter(pk=doc.pk).exists()
+
+
+def test_collections_create_edit_and_refuse_to_delete_non_empty(staff, corpus):
+    staff.post(url("save_collection"), {"name": "empty", "description": "Nothing yet"})
+    empty = Collection.objects.get(name="empty")
+    assert empty.description == "Nothing yet"
+    staff.post(url("save_collection"), {"name": "a", "description": "Policies"})
+    assert Collection.objects.get(name="a").description == "Policies"
+    page = staff.post(url("delete_collection", Collection.objects.get(name="a").pk), follow=True)
+    assert "still has 1 document" in page.content.decode()
+    assert Collection.objects.filter(name="a").exists()
+    staff.post(url("delete_collection", empty.pk))
+    assert not Collection.objects.filter(name="empty").exists()
+
+
+def test_search_modes_side_by_side(staff, corpus):
+    body = staff.get(
+        url("search"), {"q": "refunds days", "compare": "on", "limit": 3}
+    ).content.decode()
+    for mode in ("semantic", "fulltext", "hybrid"):
+        assert f"<h2>{mode}</h2>" in body
+    assert "full-text" in body and body.count("Refunds take 14 days.") == 3
+
+
+def test_a_scoped_user_sees_and_acts_only_on_allowed_collections(staff, corpus):
+    a, b = corpus
+    with override_settings(DJANGO_RAG=SCOPED):
+        listing = staff.get(url("documents")).content.decode()
+        assert "Refunds" in listing and "Salaries" not in listing
+        assert "1 documents" in listing  # the stats are scoped too
+        assert staff.get(url("document", b.pk)).status_code == 404  # forged id
+        assert staff.post(url("delete_document", b.pk)).status_code == 404
+        results = staff.get(url("search"), {"q": "secret salaries board"}).content.decode()
+        assert "Secret salaries" not in results
+        forged = staff.get(url("search"), {"q": "salaries", "collection": "b"})
+        assert "Secret salaries" not in forged.content.decode()
+        assert (
+            staff.post(
+                url("ingest_text"), {"collection": "b", "text": "x", "format": "text"}
+            ).status_code
+            == 404
+        )
+        assert (
+            staff.post(url("delete_collection", Collection.objects.get(name="b").pk)).status_code
+            == 404
+        )
+        info = staff.get(url("info")).content.decode()
+        assert "<td>b</td>" not in info
+    assert Document.objects.filter(pk=b.pk).exists()
+
+
+def test_posts_need_csrf(corpus):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(User.objects.create_user("s2", password="pw", is_staff=True))
+    response = client.post(url("save_collection"), {"name": "x"})
+    assert response.status_code == 403
+
+
+def test_no_secret_on_the_info_page(staff):
+    settings = {
+        "EMBEDDER": "hashing",
+        "LLM": {"model": "openai/gpt-4o-mini", "api_key": "sk-live-123"},
+    }
+    with override_settings(DJANGO_RAG=settings):
+        body = staff.get(url("info")).content.decode()
+    assert "sk-live-123" not in body and "[REDACTED]" in body
