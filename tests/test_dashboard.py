@@ -11,7 +11,7 @@ from tests.test_parsers import make_pdf
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["documents", "collections", "search", "info"]
+PAGES = ["documents", "collections", "search", "ask", "info"]
 
 
 def url(name, *args):
@@ -176,3 +176,80 @@ def test_no_secret_on_the_info_page(staff):
     with override_settings(DJANGO_RAG=settings):
         body = staff.get(url("info")).content.decode()
     assert "sk-live-123" not in body and "[REDACTED]" in body
+
+
+def llm_settings(llm, **extra):
+    return override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": llm, **extra})
+
+
+def test_ask_page_plain_and_agentic(staff, corpus):
+    from django_rag.testing import ScriptedLLM
+
+    with llm_settings(ScriptedLLM("Refunds take 14 days [1].")):
+        page = staff.post(
+            url("ask"),
+            {
+                "question": "How long do refunds take?",
+                "collection": "a",
+                "mode": "fulltext",
+                "limit": 3,
+            },
+        )
+    body = page.content.decode()
+    assert page.status_code == 200 and "Refunds take 14 days [1]." in body
+    assert f"{url('document', corpus[0].pk)}#chunk-" in body  # the citation links to its chunk
+    agentic = ScriptedLLM(
+        rules={
+            "clean search query": "refunds",
+            "You answer the user's question": "Fourteen days [1].",
+        }
+    )
+    with llm_settings(agentic):
+        page = staff.post(
+            url("ask"),
+            {"question": "Hi! refunds?", "mode": "fulltext", "limit": 3, "steps": ["rewrite"]},
+        )
+    assert "Fourteen days [1]." in page.content.decode()
+    with llm_settings(ScriptedLLM(RuntimeError("provider down"))):
+        page = staff.post(url("ask"), {"question": "refunds?", "mode": "fulltext", "limit": 3})
+    assert page.status_code == 200 and "provider down" in page.content.decode()
+
+
+def test_ask_stream_sends_text_then_citations(staff, corpus):
+    import json
+
+    from django_rag.testing import ScriptedLLM
+
+    with llm_settings(ScriptedLLM("Refunds take 14 days [1].")):
+        response = staff.post(
+            url("ask_stream"),
+            {"question": "refunds?", "collection": "a", "mode": "fulltext", "limit": 3},
+        )
+        chunks = [piece.decode() for piece in response.streaming_content]
+    assert len(chunks) > 2
+    text, citations = "".join(chunks).split("\n\x1e")
+    assert text == "Refunds take 14 days [1]."
+    assert json.loads(citations)[0]["url"].startswith(url("document", corpus[0].pk))
+
+
+def test_ask_is_scoped(staff, corpus):
+    from django_rag.testing import ScriptedLLM
+
+    llm = ScriptedLLM(default="An answer.")
+    with llm_settings(llm, DASHBOARD={"COLLECTIONS": "tests.test_dashboard.only_a"}):
+        assert (
+            staff.post(
+                url("ask"),
+                {"question": "salaries", "collection": "b", "mode": "fulltext", "limit": 3},
+            ).status_code
+            == 200
+        )  # not an allowed choice
+        staff.post(
+            url("ask"), {"question": "secret salaries board", "mode": "fulltext", "limit": 3}
+        )
+        assert all("Secret salaries" not in call["prompt"] for call in llm.calls)
+        forged = staff.post(
+            url("ask_stream"),
+            {"question": "salaries", "collection": "b", "mode": "fulltext", "limit": 3},
+        )
+        assert forged.status_code == 400

@@ -46,3 +46,29 @@ class SearchForm(forms.Form):
     def __init__(self, *args, collections=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["collection"].choices = [(name, name) for name in collections]
+
+
+STEPS = [
+    ("gate", "Gate"),
+    ("rewrite", "Rewrite"),
+    ("expand", "Expand"),
+    ("decompose", "Decompose"),
+    ("reason", "Reason"),
+    ("rerank", "Rerank"),
+    ("self_correct", "Self-correct"),
+]
+
+
+class AskForm(forms.Form):
+    question = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+    collection = forms.ChoiceField(choices=[], required=False)
+    mode = forms.ChoiceField(choices=MODES, initial="hybrid")
+    limit = forms.IntegerField(min_value=1, max_value=20, initial=5)
+    steps = forms.MultipleChoiceField(
+        choices=STEPS, required=False, widget=forms.CheckboxSelectMultiple,
+        label="Agentic steps (none: a single ask)",
+    )  # fmt: skip
+
+    def __init__(self, *args, collections=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["collection"].choices = [("", "All visible")] + [(n, n) for n in collections]

@@ -15,5 +15,7 @@ urlpatterns = [
     path("collections/save/", views.save_collection, name="save_collection"),
     path("collections/<int:pk>/delete/", views.delete_collection, name="delete_collection"),
     path("search/", views.search, name="search"),
+    path("ask/", views.ask_page, name="ask"),
+    path("ask/stream/", views.ask_stream, name="ask_stream"),
     path("info/", views.info, name="info"),
 ]

@@ -16,7 +16,7 @@ from ..conf import get_setting
 from ..exceptions import CollectionNotEmpty, RagError
 from ..models import Chunk, Collection, Document
 from .access import check_collection, dashboard_view, scope
-from .forms import CollectionForm, IngestTextForm, SearchForm, UploadForm
+from .forms import AskForm, CollectionForm, IngestTextForm, SearchForm, UploadForm
 
 
 def _visible_collections(request):
@@ -239,3 +239,97 @@ def info(request):
             request, info=data, settings_json=json.dumps(data["settings"], indent=2, default=str)
         ),
     )
+
+
+def _ask_scope(request, data) -> list[str] | None:
+    if data["collection"]:
+        check_collection(request, data["collection"])
+        return [data["collection"]]
+    if request.rag_collections is not None:
+        return sorted(request.rag_collections)
+    return None
+
+
+def _run_ask(request, data):
+    """The answer for the Ask form: one ask(), or the agent with the chosen steps."""
+    from ..agent import Agent, ask
+
+    scope_names = _ask_scope(request, data)
+    steps = set(data["steps"])
+    if not steps:
+        return ask(data["question"], mode=data["mode"], limit=data["limit"], collection=scope_names)
+    agent = Agent(data["question"], limit=data["limit"], mode=data["mode"])
+    for name in ("gate", "rewrite", "expand", "decompose"):
+        if name in steps:
+            getattr(agent, name)()
+    agent.search(collections=scope_names)
+    if "reason" in steps:
+        agent.reason()
+    if "rerank" in steps:
+        agent.rerank()
+    agent.answer(self_correct="self_correct" in steps)
+    if agent.context.error is not None:
+        raise agent.context.error
+    return agent.result
+
+
+@dashboard_view
+def ask_page(request):
+    visible = list(_visible_collections(request).values_list("name", flat=True))
+    form = AskForm(request.POST or None, collections=visible)
+    answer = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            answer = _run_ask(request, form.cleaned_data)
+        except Exception as exc:  # shown as a message: an LLM outage must not be a 500
+            messages.error(request, f"{type(exc).__name__}: {exc}")
+    return render(
+        request, "django_rag/dashboard/ask.html", _context(request, form=form, answer=answer)
+    )
+
+
+@require_POST
+@dashboard_view
+def ask_stream(request):
+    """A single ask(), streamed: text as it arrives, then a line with the citations as JSON."""
+    from django.http import HttpResponseBadRequest, StreamingHttpResponse
+
+    from ..agent import ask
+
+    visible = list(_visible_collections(request).values_list("name", flat=True))
+    form = AskForm(request.POST, collections=visible)
+    if not form.is_valid():
+        return HttpResponseBadRequest("Check the question and options.")
+    data = form.cleaned_data
+    try:
+        stream = ask(
+            data["question"],
+            mode=data["mode"],
+            limit=data["limit"],
+            collection=_ask_scope(request, data),
+            stream=True,
+        )
+    except RagError as exc:
+        return HttpResponseBadRequest(str(exc))
+
+    def body():
+        try:
+            yield from stream
+        except Exception as exc:
+            yield f"\n[error: {type(exc).__name__}: {exc}]"
+            return
+        citations = [
+            {
+                "number": c.number,
+                "label": c.chunk.label,
+                "url": reverse("django_rag_dashboard:document", args=[c.document_id])
+                + f"#chunk-{c.chunk_id}",
+            }
+            for c in stream.answer.citations
+        ]
+        yield "\n\x1e" + json.dumps(citations)
+
+    response = StreamingHttpResponse(body(), content_type="text/plain; charset=utf-8")
+    response["X-Accel-Buffering"] = "no"
+    response["Cache-Control"] = "no-cache"
+    return response
