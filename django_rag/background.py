@@ -58,6 +58,12 @@ def enqueue(task_name: str, job: Job, **kwargs: Any) -> Job:
     return job
 
 
+def start(task_name: str, **params: Any) -> Job:
+    """Create a job for ``django_rag.tasks.<task_name>`` with ``params`` and queue it."""
+    job = Job.objects.create(kind=task_name.replace("_", "-"), params=params)
+    return enqueue(task_name, job)
+
+
 def enqueue_reembed(**params: Any) -> Job:
     """Queue :func:`django_rag.maintenance.reembed` with ``params``; returns its Job."""
     job = Job.objects.create(kind="reembed-task", params={"options": params})

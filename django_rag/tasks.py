@@ -81,10 +81,50 @@ def run_evaluation(job_id: int) -> None:
     from .evaluation import run_evaluation as evaluate
 
     def body(job):
-        def progress(done, total):
-            Job.objects.filter(pk=job.pk).update(done=done, total=total)
-
-        run = evaluate(progress=progress, **job.params)
+        run = evaluate(progress=_progress(job), **job.params)
         return {"run_id": run.pk, "metrics": run.metrics}
+
+    _run(job_id, body)
+
+
+def _progress(job: Job):
+    def report(done: int, total: int) -> None:
+        Job.objects.filter(pk=job.pk).update(done=done, total=total)
+
+    return report
+
+
+@shared_task(name="django_rag.build_graph", **OPTIONS)
+def build_graph(job_id: int) -> None:
+    """:func:`django_rag.graph.build_graph` with the job's options."""
+    from .graph import build_graph as build
+
+    _run(job_id, lambda job: build(progress=_progress(job), **job.params))
+
+
+@shared_task(name="django_rag.detect_communities", **OPTIONS)
+def detect_communities(job_id: int) -> None:
+    """:func:`django_rag.graph.detect_communities` with the job's options."""
+    from .graph import detect_communities as detect
+
+    _run(job_id, lambda job: detect(progress=_progress(job), **job.params))
+
+
+@shared_task(name="django_rag.summarize_communities", **OPTIONS)
+def summarize_communities(job_id: int) -> None:
+    """:func:`django_rag.graph.summarize_communities` with the job's options."""
+    from .graph import summarize_communities as summarize
+
+    _run(job_id, lambda job: summarize(progress=_progress(job), **job.params))
+
+
+@shared_task(name="django_rag.generate_test_cases", **OPTIONS)
+def generate_test_cases(job_id: int) -> None:
+    """:func:`django_rag.evaluation.generate_test_cases` with the job's options."""
+    from .evaluation import generate_test_cases as generate
+
+    def body(job):
+        result = generate(progress=_progress(job), **job.params)
+        return {"created": len(result.created), "skipped": result.skipped}
 
     _run(job_id, body)

@@ -11,7 +11,7 @@ from tests.test_parsers import make_pdf
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["documents", "collections", "search", "ask", "info"]
+PAGES = ["documents", "collections", "search", "ask", "evaluation", "maintenance", "info"]
 
 
 def url(name, *args):
@@ -253,3 +253,64 @@ def test_ask_is_scoped(staff, corpus):
             {"question": "salaries", "collection": "b", "mode": "fulltext", "limit": 3},
         )
         assert forged.status_code == 400
+
+
+def test_maintenance_starts_jobs_and_shows_progress(staff, corpus):
+    from django_rag.models import Job
+    from django_rag.testing import HashingEmbedder
+
+    rag.ingest("legacy text", collection="a", embedder=HashingEmbedder(model_name="old"))
+    page = staff.post(url("maintenance"), {"action": "reembed", "collection": "a"}, follow=True)
+    body = page.content.decode()
+    assert "Reembed finished" in body
+    job = Job.objects.get(kind="reembed")
+    assert job.status == "completed" and job.done == 1
+    assert "<progress" in body and "job-completed" in body
+    fragment = staff.get(url("maintenance"), HTTP_HX_REQUEST="true").content.decode()
+    assert fragment.startswith('<div id="jobs"') and "<html" not in fragment
+    page = staff.post(url("maintenance"), {"action": "orphans"}, follow=True)
+    assert "Orphans removed" in page.content.decode()
+    # A failing job is shown as a message, not a 500.
+    page = staff.post(url("maintenance"), {"action": "summarize_communities"}, follow=True)
+    assert page.status_code == 200 and "needs an LLM" in page.content.decode()
+    pending = Job.objects.create(kind="reembed", status="running", total=10, done=3)
+    polling = staff.get(url("maintenance")).content.decode()
+    assert 'hx-trigger="every 2s"' in polling and f"<td>{pending.pk}</td>" in polling
+    assert "htmx" in polling  # htmx is served from django-htmx's static files
+
+
+def test_maintenance_is_scoped(staff, corpus):
+    with override_settings(DJANGO_RAG=SCOPED):
+        page = staff.post(url("maintenance"), {"action": "orphans"}, follow=True)
+        assert "Choose one of your collections." in page.content.decode()
+        assert (
+            staff.post(url("maintenance"), {"action": "reembed", "collection": "b"}).status_code
+            == 404
+        )
+
+
+def test_evaluation_page_runs_generates_and_charts(staff, corpus):
+    from django_rag.evaluation import create_test_case
+    from django_rag.models import Run, TestCase
+    from django_rag.testing import ScriptedLLM
+
+    create_test_case("refunds days", chunks=list(corpus[0].chunks.all()), collection="a")
+    for mode in ("fulltext", "hybrid"):
+        page = staff.post(
+            url("evaluation"), {"action": "run", "mode": mode, "collection": "a"}, follow=True
+        )
+    body = page.content.decode()
+    assert Run.objects.count() == 2 and "<polyline" in body and "recall_at_5" in body
+    with llm_settings(ScriptedLLM(default='{"question": "How long are refunds?"}')):
+        staff.post(url("evaluation"), {"action": "generate", "sample_size": 1, "collection": "a"})
+    assert TestCase.objects.filter(origin="generated").count() == 1
+    case = TestCase.objects.filter(origin="generated").get()
+    staff.post(url("evaluation"), {"action": "delete_case", "case": case.pk})
+    assert not TestCase.objects.filter(pk=case.pk).exists()
+    with override_settings(DJANGO_RAG=SCOPED):
+        other = create_test_case("salaries", chunks=list(corpus[1].chunks.all()), collection="b")
+        assert "salaries" not in staff.get(url("evaluation")).content.decode()
+        assert (
+            staff.post(url("evaluation"), {"action": "delete_case", "case": other.pk}).status_code
+            == 404
+        )

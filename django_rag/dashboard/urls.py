@@ -17,5 +17,8 @@ urlpatterns = [
     path("search/", views.search, name="search"),
     path("ask/", views.ask_page, name="ask"),
     path("ask/stream/", views.ask_stream, name="ask_stream"),
+    path("maintenance/", views.maintenance, name="maintenance"),
+    path("evaluation/", views.evaluation, name="evaluation"),
+    path("evaluation/jobs/", views.evaluation_jobs, name="evaluation_jobs"),
     path("info/", views.info, name="info"),
 ]

@@ -6,7 +6,7 @@ import json
 
 from django.contrib import messages
 from django.core.paginator import Paginator
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -333,3 +333,186 @@ def ask_stream(request):
     response["X-Accel-Buffering"] = "no"
     response["Cache-Control"] = "no-cache"
     return response
+
+
+# --- background work: maintenance and evaluation ---------------------------------------------
+
+JOB_LIMIT = 20
+
+
+def _start(request, task: str, **params):
+    """Start a background job; its failure (inline mode) becomes a message, never a 500."""
+    from ..background import start
+
+    try:
+        job = start(task, **params)
+    except Exception as exc:
+        messages.error(request, f"{task.replace('_', ' ').capitalize()} failed: {exc}")
+        return None
+    if job.status == job.Status.COMPLETED:
+        messages.success(request, f"{task.replace('_', ' ').capitalize()} finished (job {job.pk}).")
+    else:
+        messages.info(request, f"{task.replace('_', ' ').capitalize()} started as job {job.pk}.")
+    return job
+
+
+def _jobs(request, kinds):
+    from ..models import Job
+
+    jobs = Job.objects.filter(kind__in=kinds).order_by("-created_at", "-pk")
+    if request.rag_collections is not None:
+        # A restricted user sees the jobs of their collections only.
+        allowed = list(request.rag_collections)
+        jobs = jobs.filter(
+            Q(params__collection__in=allowed) | Q(params__options__collection__in=allowed)
+        )
+    return list(jobs[:JOB_LIMIT])
+
+
+MAINTENANCE_JOBS = [
+    "reembed", "reembed-task", "embedding-switch", "build-graph", "detect-communities",
+    "summarize-communities",
+]  # fmt: skip
+
+
+@dashboard_view
+def maintenance(request):
+    if request.method == "POST":
+        action = request.POST.get("action", "")
+        collection = request.POST.get("collection") or None
+        restricted = request.rag_collections is not None
+        if collection:
+            check_collection(request, collection)
+        if restricted and collection is None:
+            messages.error(request, "Choose one of your collections.")
+        elif action == "reembed":
+            _start(request, "reembed", options={"collection": collection, "batch_size": 64})
+        elif action in ("build_graph", "detect_communities", "summarize_communities"):
+            params = {"collection": collection}
+            if action == "build_graph":
+                params["resume"] = request.POST.get("resume") == "on"
+            _start(request, action, **params)
+        elif action == "orphans" and not restricted:
+            from ..maintenance import remove_orphans
+
+            removed = remove_orphans()
+            messages.success(
+                request,
+                "Orphans removed: "
+                + ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in removed.items()),
+            )
+        else:
+            messages.error(request, "Unknown or forbidden action.")
+        return redirect("django_rag_dashboard:maintenance")
+    jobs = _jobs(request, MAINTENANCE_JOBS)
+    template = (
+        "django_rag/dashboard/_jobs.html"
+        if request.headers.get("HX-Request")
+        else ("django_rag/dashboard/maintenance.html")
+    )
+    return render(
+        request,
+        template,
+        _context(
+            request,
+            jobs=jobs,
+            polling=_polling(jobs),
+            jobs_url=reverse("django_rag_dashboard:maintenance"),
+        ),
+    )
+
+
+def _polling(jobs) -> bool:
+    return any(job.status in ("pending", "running") for job in jobs)
+
+
+@dashboard_view
+def evaluation(request):
+    from ..models import Run, TestCase
+
+    cases = scope(TestCase.objects.select_related("collection"), request)
+    runs = Run.objects.order_by("-started_at", "-pk")
+    if request.rag_collections is not None:
+        allowed = request.rag_collections
+        runs = [
+            r
+            for r in runs[:200]
+            if r.config.get("collections") and set(r.config["collections"]) <= allowed
+        ]
+    else:
+        runs = list(runs[:200])
+    if request.method == "POST":
+        action = request.POST.get("action")
+        collection = request.POST.get("collection") or None
+        if action == "delete_case":
+            get_object_or_404(cases, pk=request.POST.get("case")).delete()
+            messages.success(request, "Test case deleted.")
+            return redirect("django_rag_dashboard:evaluation")
+        if collection:
+            check_collection(request, collection)
+        elif request.rag_collections is not None:
+            messages.error(request, "Choose one of your collections.")
+            return redirect("django_rag_dashboard:evaluation")
+        if action == "run":
+            _start(
+                request,
+                "run_evaluation",
+                mode=request.POST.get("mode") or "hybrid",
+                collection=collection,
+            )
+        elif action == "generate":
+            try:
+                size = max(1, min(500, int(request.POST.get("sample_size") or 20)))
+            except ValueError:
+                size = 20
+            _start(request, "generate_test_cases", sample_size=size, collection=collection)
+        return redirect("django_rag_dashboard:evaluation")
+    jobs = _jobs(request, ["run-evaluation", "generate-test-cases"])
+    return render(
+        request,
+        "django_rag/dashboard/evaluation.html",
+        _context(
+            request,
+            cases=cases.order_by("-created_at")[:50],
+            case_count=cases.count(),
+            runs=runs[:20],
+            chart=_chart(list(reversed(runs[:30]))),
+            jobs=jobs,
+            polling=_polling(jobs),
+            jobs_url=reverse("django_rag_dashboard:evaluation_jobs"),
+            modes=["semantic", "fulltext", "hybrid"],
+        ),
+    )
+
+
+@dashboard_view
+def evaluation_jobs(request):
+    jobs = _jobs(request, ["run-evaluation", "generate-test-cases"])
+    return render(
+        request,
+        "django_rag/dashboard/_jobs.html",
+        {
+            "jobs": jobs,
+            "polling": _polling(jobs),
+            "jobs_url": reverse("django_rag_dashboard:evaluation_jobs"),
+        },
+    )
+
+
+CHART_METRICS = [("recall_at_5", "#2457c5"), ("mrr", "#1c7c3c"), ("ndcg_at_10", "#b26a00")]
+
+
+def _chart(runs) -> dict:
+    """Polylines (in a 0..100 x 0..40 viewBox) of a few metrics over the runs, oldest first."""
+    done = [r for r in runs if r.status == "completed"]
+    if len(done) < 2:
+        return {"lines": [], "runs": len(done)}
+    step = 100 / (len(done) - 1)
+    lines = []
+    for name, color in CHART_METRICS:
+        points = " ".join(
+            f"{i * step:.1f},{40 - 38 * float(r.metrics.get(name, 0)):.1f}"
+            for i, r in enumerate(done)
+        )
+        lines.append({"name": name, "color": color, "points": points})
+    return {"lines": lines, "runs": len(done)}
