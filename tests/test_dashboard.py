@@ -11,7 +11,7 @@ from tests.test_parsers import make_pdf
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["documents", "collections", "search", "ask", "evaluation", "maintenance", "info"]
+PAGES = ["documents", "collections", "search", "ask", "graph", "evaluation", "maintenance", "info"]
 
 
 def url(name, *args):
@@ -314,3 +314,33 @@ def test_evaluation_page_runs_generates_and_charts(staff, corpus):
             staff.post(url("evaluation"), {"action": "delete_case", "case": other.pk}).status_code
             == 404
         )
+
+
+def test_graph_page_browses_entities_and_neighbourhoods(staff):
+    from django_rag.models import Collection, Community, Entity, EntityMention, Relationship
+
+    doc = rag.ingest("Jane Doe works for Acme <i>Corp</i>.", collection="a")
+    other = rag.ingest("Hidden Corp in b.", collection="b")
+    a, b = Collection.objects.get(name="a"), Collection.objects.get(name="b")
+    jane = Entity.objects.create(
+        collection=a, name="Jane Doe", normalized_name="jane doe", type="person"
+    )
+    acme = Entity.objects.create(collection=a, name="Acme <i>Corp</i>", normalized_name="acme corp")
+    hidden = Entity.objects.create(collection=b, name="Hidden Corp", normalized_name="hidden corp")
+    Relationship.objects.create(source=jane, target=acme, type="WORKS_FOR", strength=8)
+    EntityMention.objects.create(entity=jane, chunk=doc.chunks.get())
+    EntityMention.objects.create(entity=hidden, chunk=other.chunks.get())
+    Community.objects.create(collection=a, entity_ids=[jane.pk, acme.pk], summary="Jane at Acme.")
+    body = staff.get(url("graph"), {"entity": jane.pk}).content.decode()
+    assert "WORKS_FOR" in body and "<svg" in body and "&lt;i&gt;Corp&lt;/i&gt;" in body
+    assert f"entity={acme.pk}" in body  # neighbours link to their own view
+    assert "Jane at Acme." in staff.get(url("graph"), {"tab": "communities"}).content.decode()
+    assert (
+        "WORKS_FOR"
+        in staff.get(url("graph"), {"tab": "relationships", "q": "jane"}).content.decode()
+    )
+    with override_settings(DJANGO_RAG=SCOPED):
+        listing = staff.get(url("graph")).content.decode()
+        assert "Jane Doe" in listing and "Hidden Corp" not in listing
+        assert staff.get(url("graph"), {"entity": hidden.pk}).status_code == 404
+        assert staff.get(url("graph"), {"collection": "b"}).status_code == 404

@@ -17,6 +17,7 @@ urlpatterns = [
     path("search/", views.search, name="search"),
     path("ask/", views.ask_page, name="ask"),
     path("ask/stream/", views.ask_stream, name="ask_stream"),
+    path("graph/", views.graph, name="graph"),
     path("maintenance/", views.maintenance, name="maintenance"),
     path("evaluation/", views.evaluation, name="evaluation"),
     path("evaluation/jobs/", views.evaluation_jobs, name="evaluation_jobs"),

@@ -516,3 +516,96 @@ def _chart(runs) -> dict:
         )
         lines.append({"name": name, "color": color, "points": points})
     return {"lines": lines, "runs": len(done)}
+
+
+@dashboard_view
+def graph(request):
+    import math
+
+    from ..models import Community, Entity, EntityMention, Relationship
+
+    tab = (
+        request.GET.get("tab")
+        if request.GET.get("tab") in ("relationships", "communities")
+        else "entities"
+    )
+    q = (request.GET.get("q") or "").strip()
+    entities = scope(Entity.objects.select_related("collection"), request)
+    relationships = scope(
+        Relationship.objects.select_related("source", "target"),
+        request,
+        field="source__collection__name",
+    )
+    communities = scope(Community.objects.select_related("collection"), request)
+    collection = request.GET.get("collection") or ""
+    if collection:
+        check_collection(request, collection)
+        entities = entities.filter(collection__name=collection)
+        relationships = relationships.filter(source__collection__name=collection)
+        communities = communities.filter(collection__name=collection)
+    if tab == "entities":
+        rows = entities.annotate(mention_count=Count("mentions", distinct=True))
+        if q:
+            rows = rows.filter(name__icontains=q)
+        if request.GET.get("type"):
+            rows = rows.filter(type=request.GET["type"])
+        rows = rows.order_by("-mention_count", "name")
+    elif tab == "relationships":
+        rows = relationships
+        if q:
+            rows = rows.filter(
+                Q(source__name__icontains=q) | Q(target__name__icontains=q) | Q(type__icontains=q)
+            )
+        rows = rows.order_by("-strength", "pk")
+    else:
+        rows = communities
+        if q:
+            rows = rows.filter(summary__icontains=q)
+        rows = rows.order_by("level", "pk")
+    page = Paginator(rows, 50).get_page(request.GET.get("page"))
+    detail = None
+    if request.GET.get("entity"):
+        entity = get_object_or_404(entities, pk=request.GET["entity"])
+        edges = list(
+            relationships.filter(Q(source=entity) | Q(target=entity)).order_by("-strength", "pk")[
+                :24
+            ]
+        )
+        neighbours = []
+        for i, edge in enumerate(edges):
+            other = edge.target if edge.source_id == entity.pk else edge.source
+            angle = 2 * math.pi * i / max(len(edges), 1)
+            neighbours.append(
+                {
+                    "entity": other,
+                    "type": edge.type,
+                    "x": round(50 + 38 * math.cos(angle), 1),
+                    "y": round(50 + 38 * math.sin(angle), 1),
+                }
+            )
+        mentions = EntityMention.objects.filter(entity=entity).select_related("chunk")[:5]
+        detail = {"entity": entity, "neighbours": neighbours, "mentions": mentions}
+    types = list(
+        entities.values("type")
+        .annotate(n=Count("pk"))
+        .order_by("-n")
+        .values_list("type", flat=True)[:20]
+    )
+    return render(
+        request,
+        "django_rag/dashboard/graph.html",
+        _context(
+            request,
+            tab=tab,
+            page=page,
+            detail=detail,
+            q=q,
+            selected=collection,
+            types=types,
+            graph_stats={
+                "entities": entities.count(),
+                "relationships": relationships.count(),
+                "communities": communities.count(),
+            },
+        ),
+    )
