@@ -19,10 +19,34 @@ from .models import (
 )
 
 
+@admin.action(description="Re-embed the selected documents")
+def reembed_documents(modeladmin, request, queryset):
+    from .maintenance import reembed_documents as reembed
+
+    job = reembed(list(queryset.values_list("pk", flat=True)))
+    modeladmin.message_user(request, f"Re-embedded {job.done} chunks with {job.result['model']}.")
+
+
+@admin.action(description="Rebuild the graph of the selected collections")
+def rebuild_graph(modeladmin, request, queryset):
+    from .background import start
+
+    for collection in queryset:
+        try:
+            job = start("build_graph", collection=collection.name, resume=False)
+        except Exception as exc:  # shown to the user, never a 500
+            modeladmin.message_user(
+                request, f"{collection.name}: graph build failed: {exc}", level=messages.ERROR
+            )
+        else:
+            modeladmin.message_user(request, f"{collection.name}: graph job {job.pk} {job.status}.")
+
+
 @admin.register(Collection)
 class CollectionAdmin(admin.ModelAdmin):
     list_display = ["name", "description", "document_count", "created_at"]
     search_fields = ["name", "description"]
+    actions = [rebuild_graph]
 
     def get_queryset(self, request):
         return super().get_queryset(request).annotate(_documents=Count("documents"))
@@ -67,6 +91,7 @@ class DocumentAdmin(admin.ModelAdmin):
     list_select_related = ["collection"]
     readonly_fields = ["content_hash", "chunk_count", "status", "error", "created_at", "updated_at"]
     inlines = [ChunkInline]
+    actions = [reembed_documents]
 
 
 @admin.register(Chunk)

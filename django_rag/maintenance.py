@@ -198,6 +198,42 @@ def _reembed_in_place(collection, batch_size, concurrency, resume, progress, job
     return _finish(job, {"reembedded": job.done, "model": embedder.model_name})
 
 
+def reembed_documents(document_ids: Sequence[int], *, batch_size: int = 64) -> Job:
+    """Re-embed every chunk of these documents with the current embedder, in place."""
+    embedder = get_embedder()
+    chunks = Chunk.objects.filter(document_id__in=list(document_ids))
+    job = _job(
+        REEMBED, {"model": embedder.model_name, "documents": list(document_ids)}, False, None
+    )
+    job.total = chunks.count()
+    job.save(update_fields=["total", "updated_at"])
+    cursor = {"last": 0}
+
+    def fetch(limit: int) -> list[tuple[int, str]]:
+        rows = list(
+            chunks.filter(pk__gt=cursor["last"]).order_by("pk").values_list("pk", "text")[:limit]
+        )
+        if rows:
+            cursor["last"] = rows[-1][0]
+        return rows
+
+    try:
+        _run_batches(
+            fetch,
+            embedder,
+            embedding_dimensions(),
+            ("embedding", "embedding_model"),
+            job,
+            batch_size=batch_size,
+            concurrency=1,
+            progress=None,
+        )
+    except BaseException as exc:
+        _fail(job, exc)
+        raise
+    return _finish(job, {"reembedded": job.done, "model": embedder.model_name})
+
+
 # --- zero-downtime switch ---------------------------------------------------------------------
 
 NEXT = "embedding_next"

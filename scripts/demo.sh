@@ -20,9 +20,9 @@ search "descale" --mode fulltext
 search "can I carry over unused holiday" --mode hybrid
 cat <<'MSG'
 
-Done. To browse documents and chunks in the Django admin:
+Done. To browse documents and chunks in the dashboard and the Django admin:
   cd example_project
   ../.venv/bin/python manage.py createsuperuser
   ../.venv/bin/python manage.py runserver
-and open http://127.0.0.1:8000/admin/
+and open http://127.0.0.1:8000/rag/ (dashboard) or http://127.0.0.1:8000/admin/
 MSG

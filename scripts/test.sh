@@ -3,5 +3,11 @@
 # DATABASE_URL is set). Installs what it needs. Extra arguments go to pytest.
 set -euo pipefail
 . "$(dirname "$0")/bootstrap.sh"
+# The dashboard's browser tests drive Debian's headless Chromium (never a downloaded browser).
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  echo "Installing chromium and chromium-driver for the browser tests..."
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) \
+    >/dev/null 2>&1 || echo "Could not install chromium: the browser tests will be skipped."
+fi
 ruff check .
 python -m pytest "$@"

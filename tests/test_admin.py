@@ -84,3 +84,38 @@ def test_graph_and_job_admin_pages_render(admin_client):
         ):
             assert response.status_code == 200, model
             assert b"<b>A</b>" not in response.content
+
+
+def test_admin_actions_reembed_documents_and_rebuild_graph(admin_client):
+    from django.test import override_settings
+
+    from django_rag.models import Job
+    from django_rag.testing import HashingEmbedder, ScriptedLLM
+    from tests.test_graph import respond
+
+    doc = rag.ingest(
+        "Acme Corp is in Berlin.", collection="adm", embedder=HashingEmbedder(model_name="old")
+    )
+    response = admin_client.post(
+        reverse("admin:django_rag_document_changelist"),
+        {"action": "reembed_documents", "_selected_action": [doc.pk]},
+        follow=True,
+    )
+    assert "Re-embedded 1 chunks with hashing-bow" in response.content.decode()
+    assert doc.chunks.get().embedding_model == "hashing-bow"
+    collection = Collection.objects.get(name="adm")
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": ScriptedLLM(default=respond)}):
+        response = admin_client.post(
+            reverse("admin:django_rag_collection_changelist"),
+            {"action": "rebuild_graph", "_selected_action": [collection.pk]},
+            follow=True,
+        )
+    assert "graph job" in response.content.decode()
+    assert Job.objects.get(kind="build-graph").status == "completed"
+    assert collection.entities.count() == 2
+    response = admin_client.post(  # no LLM configured: a message, not a 500
+        reverse("admin:django_rag_collection_changelist"),
+        {"action": "rebuild_graph", "_selected_action": [collection.pk]},
+        follow=True,
+    )
+    assert response.status_code == 200 and "graph build failed" in response.content.decode()
