@@ -146,3 +146,25 @@ def check_database(app_configs=None, databases=None, **kwargs):
                 )
             )
     return errors
+
+
+@checks.register(checks.Tags.urls)
+def check_dashboard(app_configs=None, **kwargs):
+    """The dashboard's templates need django-htmx installed as an app."""
+    from django.apps import apps
+    from django.urls import NoReverseMatch, reverse
+
+    try:
+        reverse("django_rag_dashboard:home")
+    except NoReverseMatch:
+        return []  # the dashboard is not mounted
+    if apps.is_installed("django_htmx"):
+        return []
+    return [
+        checks.Error(
+            "The django_rag dashboard is mounted but django_htmx is not in INSTALLED_APPS.",
+            hint='pip install "django-rag[dashboard]" and add "django_htmx" to INSTALLED_APPS '
+            '(and "django_htmx.middleware.HtmxMiddleware" to MIDDLEWARE).',
+            id="django_rag.E006",
+        )
+    ]

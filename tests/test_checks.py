@@ -1,6 +1,7 @@
 import sys
 
 import pytest
+from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection
@@ -122,3 +123,15 @@ def test_missing_optional_dependency_names_the_extra(monkeypatch):
 
     with pytest.raises(MissingDependency, match=r"django-rag\[llm\]"):
         LiteLLMEmbedder().embed_query("x")
+
+
+def test_dashboard_needs_django_htmx():
+    from django.test import override_settings
+
+    from django_rag.checks import check_dashboard
+
+    assert check_dashboard() == []
+    apps = [app for app in settings.INSTALLED_APPS if app != "django_htmx"]
+    with override_settings(INSTALLED_APPS=apps):
+        errors = check_dashboard()
+    assert [e.id for e in errors] == ["django_rag.E006"] and "INSTALLED_APPS" in errors[0].hint
