@@ -316,22 +316,27 @@ def switch_embedder(
             job.total = total
             job.done = total - pending
             job.save(update_fields=["total", "done", "updated_at"])
-            _run_batches(
-                _pending_next,
-                embedder,
-                dimensions,
-                (NEXT, NEXT_MODEL),
-                job,
-                batch_size=batch_size,
-                concurrency=concurrency,
-                progress=progress,
-            )
+            _fill_shadow(embedder, dimensions, job, batch_size, concurrency, progress)
             _swap(embedder, dimensions, batch_size, job)
             s.set(reembedded=job.done)
     except BaseException as exc:
         _fail(job, exc)
         raise
     return _finish(job, {"reembedded": job.done, "model": embedder.model_name})
+
+
+def _fill_shadow(embedder, dimensions, job, batch_size, concurrency, progress) -> None:
+    """Give every chunk still lacking one a vector in the shadow column."""
+    _run_batches(
+        _pending_next,
+        embedder,
+        dimensions,
+        (NEXT, NEXT_MODEL),
+        job,
+        batch_size=batch_size,
+        concurrency=concurrency,
+        progress=progress,
+    )
 
 
 def _swap(embedder: Embedder, dimensions: int, batch_size: int, job: Job) -> None:
@@ -348,16 +353,7 @@ def _swap(embedder: Embedder, dimensions: int, batch_size: int, job: Job) -> Non
             # Writers wait from here to the commit; readers keep reading the current column.
             cursor.execute(f"LOCK TABLE {CHUNKS} IN SHARE ROW EXCLUSIVE MODE")
         # Chunks ingested since the last batch.
-        _run_batches(
-            _pending_next,
-            embedder,
-            dimensions,
-            (NEXT, NEXT_MODEL),
-            job,
-            batch_size=batch_size,
-            concurrency=1,
-            progress=None,
-        )
+        _fill_shadow(embedder, dimensions, job, batch_size, 1, None)
         with connection.cursor() as cursor:
             _flush_deferred_checks(cursor)
             cursor.execute(
