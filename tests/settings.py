@@ -61,6 +61,9 @@ DJANGO_RAG = {"EMBEDDER": "hashing"}
 
 # A Celery worker started by tests/test_celery_worker.py works on the test database with the
 # embedder the test chooses.
+# Parallel test runs against the same embedded server each need their own test database.
+if os.environ.get("DJANGO_RAG_TEST_DB_NAME"):
+    DATABASES["default"]["TEST"] = {"NAME": os.environ["DJANGO_RAG_TEST_DB_NAME"]}
 if os.environ.get("DJANGO_RAG_TEST_DATABASE"):
     DATABASES["default"]["NAME"] = os.environ["DJANGO_RAG_TEST_DATABASE"]
 if os.environ.get("DJANGO_RAG_TEST_EMBEDDER"):
