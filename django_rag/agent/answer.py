@@ -4,106 +4,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from ..exceptions import InvalidInput, InvalidOption, LLMResponseError
-from ..llm import LLM, Completion, Usage, collect_usage, get_llm
-from ..retrieval.results import SearchResult
+from ..llm import LLM, Completion, collect_usage, get_llm
+from ..results import Answer, Citation, SearchResult
 from ..signals import span
 from . import prompts
 
 PromptFunction = Callable[[str, list[SearchResult]], "str | tuple[str, str]"]
 
 _CITATION = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
-
-
-@dataclass
-class Citation:
-    """A numbered source the answer cites, resolved to its chunk and document."""
-
-    number: int
-    chunk: SearchResult
-
-    @property
-    def chunk_id(self):
-        return self.chunk.chunk_id
-
-    @property
-    def document_id(self):
-        return self.chunk.document_id
-
-    @property
-    def title(self) -> str:
-        return self.chunk.title
-
-    @property
-    def filename(self) -> str:
-        return self.chunk.filename
-
-    @property
-    def source_id(self) -> str:
-        return self.chunk.source_id
-
-    @property
-    def page_start(self) -> int | None:
-        return self.chunk.page_start
-
-    @property
-    def page_end(self) -> int | None:
-        return self.chunk.page_end
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "number": self.number,
-            "chunk_id": self.chunk_id,
-            "document_id": self.document_id,
-            "title": self.title,
-            "filename": self.filename,
-            "source_id": self.source_id,
-            "page_start": self.page_start,
-            "page_end": self.page_end,
-        }
-
-
-@dataclass
-class Answer:
-    """What :func:`ask` returns: the text, the chunks it was written from, citations, usage."""
-
-    question: str
-    text: str
-    chunks: list[SearchResult] = field(default_factory=list)
-    citations: list[Citation] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)
-    model: str = ""
-    # With graph=True: the entities, relationships and community summaries given to the LLM.
-    graph: dict[str, list] | None = None
-
-    def __str__(self) -> str:
-        return self.text
-
-    @property
-    def cited_chunks(self) -> list[SearchResult]:
-        return [citation.chunk for citation in self.citations]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "question": self.question,
-            "text": self.text,
-            "model": self.model,
-            "chunks": [chunk.to_dict() for chunk in self.chunks],
-            "citations": [citation.to_dict() for citation in self.citations],
-            "usage": self.usage.to_dict(),
-            "graph": None
-            if self.graph is None
-            else {
-                "entities": [e.name for e in self.graph["entities"]],
-                "relationships": [
-                    [r.source.name, r.type, r.target.name] for r in self.graph["relationships"]
-                ],
-                "summaries": list(self.graph["summaries"]),
-            },
-        }
 
 
 def parse_citations(text: str, chunks: Sequence[SearchResult]) -> list[Citation]:

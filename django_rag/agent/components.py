@@ -24,38 +24,24 @@ passed as ``select(context=...)`` (a user, a tenant...). The rewriters double as
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..exceptions import ConfigurationError, LLMResponseError
 from ..llm import Completion, as_bool, get_llm, parse_json
-from ..retrieval.results import SearchResult
+from ..llm.component import Component
+from ..results import SearchResult
+from ..retrieval.rewriters import (  # noqa: F401 (re-exported: the agent's steps use them)
+    REWRITERS,
+    Decomposer,
+    Expander,
+    KeywordExtractor,
+    Rewriter,
+    get_rewriter,
+)
+from ..retrieval.service import search
 from . import prompts
 from .answer import answer_messages
-
-
-class Component:
-    """Base of the LLM-backed components: holds the ``llm`` and ``prompt`` they use."""
-
-    default_prompt: Callable[..., str] | None = None
-
-    def __init__(self, *, llm: Any = None, prompt: Callable[..., Any] | None = None):
-        self.llm = llm
-        self.prompt = prompt or type(self).default_prompt
-
-    def complete(self, prompt: str, *, system: str | None = None) -> str:
-        llm = get_llm(self.llm, feature=f"The {type(self).__name__}")
-        return llm.complete(prompt, system=system).text.strip()
-
-    def __repr__(self) -> str:
-        return f"<{type(self).__name__}>"
-
-
-def _one_line(text: str, what: str) -> str:
-    line = text.strip().strip("`").strip().splitlines()[0].strip().strip('"') if text else ""
-    if not line:
-        raise LLMResponseError(f"The LLM returned an empty {what}.")
-    return line
 
 
 class Gatekeeper(Component):
@@ -67,53 +53,6 @@ class Gatekeeper(Component):
         data = parse_json(self.complete(self.prompt(question)))
         reasoning = data.get("reasoning")
         return as_bool(data.get("needs_retrieval", True)), reasoning if reasoning else None
-
-
-class Rewriter(Component):
-    """Cleans a conversational message into a search query."""
-
-    default_prompt = staticmethod(prompts.rewrite_prompt)
-
-    def __call__(self, question: str) -> str:
-        return _one_line(self.complete(self.prompt(question)), "rewritten query")
-
-
-class Expander(Component):
-    """Adds synonyms and related terms to a query."""
-
-    default_prompt = staticmethod(prompts.expand_prompt)
-
-    def __call__(self, query: str) -> str:
-        return _one_line(self.complete(self.prompt(query)), "expanded query")
-
-
-class KeywordExtractor(Component):
-    """Reduces a question to its search keywords."""
-
-    default_prompt = staticmethod(prompts.keywords_prompt)
-
-    def __call__(self, query: str) -> str:
-        return _one_line(self.complete(self.prompt(query)), "keyword list")
-
-
-class Decomposer(Component):
-    """Splits a compound question into searchable sub-questions."""
-
-    default_prompt = staticmethod(prompts.decompose_prompt)
-
-    def __init__(self, *, max_sub_questions: int = 4, **kwargs: Any):
-        super().__init__(**kwargs)
-        self.max_sub_questions = max_sub_questions
-
-    def __call__(self, query: str) -> list[str]:
-        data = parse_json(self.complete(self.prompt(query)))
-        for key in ("sub_questions", "subquestions", "questions"):
-            items = data.get(key)
-            if isinstance(items, list):
-                questions = [str(item).strip() for item in items if str(item).strip()]
-                if questions:
-                    return list(dict.fromkeys(questions))[: self.max_sub_questions]
-        raise LLMResponseError("The decomposer's JSON had no list of sub-questions.")
 
 
 class Selector(Component):
@@ -135,8 +74,6 @@ class Searcher:
     """The default searcher: :func:`django_rag.search` with the agent's search options."""
 
     def __call__(self, query: str, collection: str | None, **options: Any) -> list[SearchResult]:
-        from ..retrieval.service import search
-
         return search(query, collection=collection, **options)
 
     def __repr__(self) -> str:
@@ -176,28 +113,3 @@ def component_name(component: Any) -> str:
     if inspect.isfunction(component) or inspect.ismethod(component):
         return "custom_function"
     return type(component).__name__
-
-
-REWRITERS = {
-    "rewrite": Rewriter,
-    "expand": Expander,
-    "keywords": KeywordExtractor,
-    "decompose": Decomposer,
-}
-
-
-def get_rewriter(spec: Any) -> Callable[[str], str | list[str]]:
-    """A query rewriter for ``search(rewriter=...)``: an alias, a component or a function."""
-    if isinstance(spec, str):
-        if spec not in REWRITERS:
-            raise ConfigurationError(
-                "rewriter", spec, f"known rewriters are {', '.join(sorted(REWRITERS))}"
-            )
-        return REWRITERS[spec]()
-    if inspect.isclass(spec) and issubclass(spec, Component):
-        return spec()
-    if callable(spec):
-        return spec
-    raise ConfigurationError(
-        "rewriter", spec, "expected 'rewrite', 'expand', 'keywords', 'decompose' or a function"
-    )

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..exceptions import InvalidInput
 from ..llm import Usage
-from ..retrieval.results import SearchResult
+from ..results import SearchResult
 from .answer import Answer, Citation
 
 

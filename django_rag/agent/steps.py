@@ -20,7 +20,7 @@ from ..exceptions import LLMError, LLMResponseError
 from ..llm import Completion, as_bool, collect_usage, get_llm, parse_json
 from ..models import Collection
 from ..rerankers import LLMReranker, Reranker, get_reranker
-from ..retrieval.results import SearchResult
+from ..results import SearchResult
 from ..signals import span
 from . import prompts
 from .answer import make_answer, parse_citations

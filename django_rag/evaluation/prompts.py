@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from ..agent.prompts import DATA_NOTICE, sources_block
 from ..llm.prompting import quote
-from ..retrieval.results import SearchResult
+from ..results import SearchResult
 
 
 def question_prompt(chunk_text: str) -> str:

@@ -47,7 +47,7 @@ def global_answer(
     max_points: int = 30,
 ):
     """Answer a corpus-wide question from community summaries (see ``rag_graph``)."""
-    from ..agent.answer import Answer
+    from ..results import Answer
 
     model = get_llm(llm, feature="Global graph answers")
     communities = Community.objects.exclude(summary="").filter(

@@ -13,7 +13,7 @@ from pgvector.django import CosineDistance
 from ..conf import graph_setting
 from ..exceptions import ConfigurationError, InvalidOption
 from ..models import Community, Entity, EntityMention, Relationship
-from ..retrieval.results import SearchResult
+from ..results import SearchResult
 from ..signals import span
 from .names import normalize_name
 

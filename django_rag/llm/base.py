@@ -9,62 +9,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..results import Usage
 from ..signals import span
-
-
-@dataclass
-class Usage:
-    """Tokens and cost of one or more LLM calls. ``cost`` is None when no call had a known price."""
-
-    calls: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cost: float | None = None
-    by_model: dict[str, dict[str, float]] = field(default_factory=dict)
-
-    @property
-    def total_tokens(self) -> int:
-        return self.prompt_tokens + self.completion_tokens
-
-    def add(self, other: Usage) -> None:
-        self.calls += other.calls
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        if other.cost is not None:
-            self.cost = (self.cost or 0.0) + other.cost
-        for model, figures in other.by_model.items():
-            mine = self.by_model.setdefault(model, {})
-            for key, value in figures.items():
-                mine[key] = mine.get(key, 0) + value
-
-    def __add__(self, other: Usage) -> Usage:
-        total = Usage()
-        total.add(self)
-        total.add(other)
-        return total
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "calls": self.calls,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.total_tokens,
-            "cost": self.cost,
-            "by_model": {model: dict(figures) for model, figures in self.by_model.items()},
-        }
-
-    @classmethod
-    def of_call(
-        cls, model: str, prompt_tokens: int, completion_tokens: int, cost: float | None
-    ) -> Usage:
-        figures = {
-            "calls": 1,
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-        }
-        if cost is not None:
-            figures["cost"] = cost
-        return cls(1, prompt_tokens, completion_tokens, cost, {model: figures})
 
 
 @dataclass

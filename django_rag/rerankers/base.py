@@ -6,7 +6,7 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..retrieval.results import SearchResult
+from ..results import SearchResult
 from ..signals import span
 
 

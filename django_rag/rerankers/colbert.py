@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..exceptions import MissingDependency
-from ..retrieval.results import SearchResult
+from ..results import SearchResult
 from ..utils import load_once
 from .base import Reranker
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..exceptions import MissingDependency
-from ..retrieval.results import SearchResult
+from ..results import SearchResult
 from ..utils import load_once
 from .base import Reranker
 

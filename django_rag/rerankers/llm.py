@@ -8,7 +8,7 @@ from collections.abc import Callable
 from ..exceptions import LLMError
 from ..llm import get_llm, map_concurrently, parse_json
 from ..llm.prompting import quote
-from ..retrieval.results import SearchResult
+from ..results import SearchResult
 from .base import Reranker
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-from .results import SearchResult
+from ..results import SearchResult
 from .service import search
 from .stores import MemoryVectorStore, PgVectorStore, VectorStore, get_vector_store
 

@@ -9,9 +9,10 @@ from typing import Any
 from ..conf import graph_setting, search_setting
 from ..embeddings import get_embedder
 from ..exceptions import InvalidOption, InvalidSearchMode
+from ..results import SearchResult
 from ..signals import span
 from .fusion import FUSIONS, rrf_merge
-from .results import SearchResult
+from .rewriters import get_rewriter
 from .stores import get_vector_store
 
 MODES = ("semantic", "fulltext", "hybrid")
@@ -247,8 +248,6 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
 
 
 def _rewrite(query: str, rewriter: Any) -> list[str]:
-    from ..agent.components import get_rewriter
-
     rewritten = get_rewriter(rewriter)(query)
     queries = [rewritten] if isinstance(rewritten, str) else list(rewritten or [])
     queries = [q.strip() for q in queries if isinstance(q, str) and q.strip()]

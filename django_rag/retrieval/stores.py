@@ -19,9 +19,9 @@ import numpy as np
 
 from ..conf import build_component, get_setting, on_reset, search_setting
 from ..exceptions import UnknownCollection
+from ..results import SearchResult
 from .fulltext import split_query
 from .fusion import fuse
-from .results import SearchResult
 
 
 class VectorStore:
