@@ -8,7 +8,10 @@ class DjangoRagConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import (
+            checks,  # noqa: F401  (registers the system checks)
+            tasks,  # noqa: F401  (registers the background tasks)
+        )
         from .telemetry import setup
 
         setup()

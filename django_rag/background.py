@@ -8,12 +8,13 @@ the same task body synchronously, so the embedded default works with no services
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import Any
 
 from django.db import transaction
 
 from .conf import get_setting
-from .exceptions import ConfigurationError, MissingDependency
+from .exceptions import BackgroundUnavailable, ConfigurationError, MissingDependency
 from .models import Job
 
 
@@ -37,20 +38,43 @@ def use_celery() -> bool:
     return configured
 
 
-def enqueue(task_name: str, job: Job, **kwargs: Any) -> Job:
-    """Run ``django_rag.tasks.<task_name>(job_id=job.pk, **kwargs)`` on a worker, or inline."""
-    from . import tasks
+# Task name -> task (a Celery task, or the plain function without Celery). Filled by
+# django_rag.tasks as it is imported (the app config imports it when Django starts), so this
+# module, which every layer may use to queue work, never imports the tasks themselves.
+_TASKS: dict[str, Callable[..., Any]] = {}
 
-    task = getattr(tasks, task_name)
+
+def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator: make ``task`` runnable by ``enqueue(name, job)``."""
+
+    def decorate(task: Callable[..., Any]) -> Callable[..., Any]:
+        _TASKS[name] = task
+        return task
+
+    return decorate
+
+
+def enqueue(task_name: str, job: Job, **kwargs: Any) -> Job:
+    """Run the task ``task_name`` (``task(job_id=job.pk, **kwargs)``) on a worker, or inline."""
+    task = _TASKS[task_name]
     if use_celery():
 
         def send() -> None:
-            result = task.apply_async(kwargs={"job_id": job.pk, **kwargs})
+            try:
+                result = task.apply_async(kwargs={"job_id": job.pk, **kwargs})
+            except Exception as exc:  # kombu's OperationalError, a refused connection...
+                job.fail(exc)
+                raise BackgroundUnavailable(
+                    f"The task could not be sent to the Celery broker ({type(exc).__name__}: "
+                    f"{exc}). Start the broker, or set DJANGO_RAG['BACKGROUND'] = 'inline' to "
+                    "run background work in the calling process."
+                ) from exc
             Job.objects.filter(pk=job.pk).update(task_id=result.id)
             job.task_id = result.id
 
         # Inside a transaction (ATOMIC_REQUESTS, a caller's atomic block) the worker must not
-        # look for rows that are not committed yet: send when the transaction commits.
+        # look for rows that are not committed yet: send when the transaction commits (outside
+        # one, at once, so a broker failure reaches the caller as BackgroundUnavailable).
         transaction.on_commit(send)
         return job
     task(job_id=job.pk, **kwargs)
@@ -60,11 +84,11 @@ def enqueue(task_name: str, job: Job, **kwargs: Any) -> Job:
 
 def start(task_name: str, **params: Any) -> Job:
     """Create a job for ``django_rag.tasks.<task_name>`` with ``params`` and queue it."""
-    job = Job.objects.create(kind=task_name.replace("_", "-"), params=params)
+    job = Job.objects.create(kind=Job.Kind(task_name.replace("_", "-")), params=params)
     return enqueue(task_name, job)
 
 
 def enqueue_reembed(**params: Any) -> Job:
     """Queue :func:`django_rag.maintenance.reembed` with ``params``; returns its Job."""
-    job = Job.objects.create(kind="reembed-task", params={"options": params})
+    job = Job.objects.create(kind=Job.Kind.REEMBED_TASK, params={"options": params})
     return enqueue("reembed", job)

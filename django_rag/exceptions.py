@@ -113,6 +113,12 @@ class InvalidSearchMode(InvalidInput):
     code = "invalid_search_mode"
 
 
+class QueryTooLong(InvalidInput):
+    """A search query or question is longer than ``MAX_QUERY_CHARS``."""
+
+    code = "query_too_long"
+
+
 # --- state ------------------------------------------------------------------------------------
 
 
@@ -190,3 +196,10 @@ class LLMResponseError(LLMError):
         super().__init__(message, model=model)
         # Keep a bounded excerpt: enough to debug a prompt, never a whole document.
         self.text = text[:500]
+
+
+class BackgroundUnavailable(RagError):
+    """Background work could not be handed to a worker (the Celery broker is unreachable).
+    Nothing was left waiting: the pending document or job was removed or marked failed."""
+
+    code = "background_unavailable"

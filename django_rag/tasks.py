@@ -8,8 +8,8 @@ functions run inline.
 from __future__ import annotations
 
 from django.db import InterfaceError, OperationalError
-from django.utils import timezone
 
+from .background import register
 from .exceptions import EmbeddingFailed, LLMError
 from .models import Job
 
@@ -37,19 +37,16 @@ def _run(job_id: int, body) -> None:
     job = Job.objects.get(pk=job_id)
     if job.status == Job.Status.COMPLETED:
         return
-    Job.objects.filter(pk=job.pk).update(status=Job.Status.RUNNING, error="")
+    job.start()
     try:
         result = body(job)
     except BaseException as exc:
-        Job.objects.filter(pk=job.pk).update(
-            status=Job.Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:4000]
-        )
+        job.fail(exc)
         raise
-    Job.objects.filter(pk=job.pk).exclude(status=Job.Status.COMPLETED).update(
-        status=Job.Status.COMPLETED, result=result or {}, finished_at=timezone.now()
-    )
+    job.finish(result)
 
 
+@register("ingest_document")
 @shared_task(name="django_rag.ingest_document", **OPTIONS)
 def ingest_document(job_id: int) -> None:
     """Chunk, embed and store a document saved as pending by ``ingest(..., background=True)``."""
@@ -62,6 +59,7 @@ def ingest_document(job_id: int) -> None:
     _run(job_id, body)
 
 
+@register("reembed")
 @shared_task(name="django_rag.reembed", **OPTIONS)
 def reembed(job_id: int) -> None:
     """:func:`django_rag.maintenance.reembed` with the job's options; resumes its own job."""
@@ -75,6 +73,7 @@ def reembed(job_id: int) -> None:
     _run(job_id, body)
 
 
+@register("run_evaluation")
 @shared_task(name="django_rag.run_evaluation", **OPTIONS)
 def run_evaluation(job_id: int) -> None:
     """:func:`django_rag.evaluation.run_evaluation` with the job's options."""
@@ -88,12 +87,10 @@ def run_evaluation(job_id: int) -> None:
 
 
 def _progress(job: Job):
-    def report(done: int, total: int) -> None:
-        Job.objects.filter(pk=job.pk).update(done=done, total=total)
-
-    return report
+    return job.report
 
 
+@register("build_graph")
 @shared_task(name="django_rag.build_graph", **OPTIONS)
 def build_graph(job_id: int) -> None:
     """:func:`django_rag.graph.build_graph` with the job's options."""
@@ -102,6 +99,7 @@ def build_graph(job_id: int) -> None:
     _run(job_id, lambda job: build(progress=_progress(job), **job.params))
 
 
+@register("detect_communities")
 @shared_task(name="django_rag.detect_communities", **OPTIONS)
 def detect_communities(job_id: int) -> None:
     """:func:`django_rag.graph.detect_communities` with the job's options."""
@@ -110,6 +108,7 @@ def detect_communities(job_id: int) -> None:
     _run(job_id, lambda job: detect(progress=_progress(job), **job.params))
 
 
+@register("summarize_communities")
 @shared_task(name="django_rag.summarize_communities", **OPTIONS)
 def summarize_communities(job_id: int) -> None:
     """:func:`django_rag.graph.summarize_communities` with the job's options."""
@@ -118,6 +117,7 @@ def summarize_communities(job_id: int) -> None:
     _run(job_id, lambda job: summarize(progress=_progress(job), **job.params))
 
 
+@register("generate_test_cases")
 @shared_task(name="django_rag.generate_test_cases", **OPTIONS)
 def generate_test_cases(job_id: int) -> None:
     """:func:`django_rag.evaluation.generate_test_cases` with the job's options."""

@@ -1,7 +1,15 @@
 """The ingest service: text, files and bytes become a Document with embedded chunks.
 
-Every chunk is embedded before anything is written; the document and all its chunks are then
-written in one transaction, so a failure at any point leaves the database as it was.
+Every path (``ingest``, ``ingest_file``, ``ingest_bytes``, ``ingest_many``, background
+ingestion inline or on a worker, the dashboard and the admin) does the same three things:
+
+1. validate the input (:mod:`django_rag.validation`) and find a stored duplicate;
+2. prepare: chunk, embed every chunk, extract the graph when asked (:func:`prepare_document`),
+   before any write, so no transaction waits on a model or an LLM;
+3. write through :func:`django_rag.store.write_document`: the document, its chunks and their
+   graph in one transaction, replacing older versions with ``replace=True``.
+
+A failure at any point leaves the database as it was.
 """
 
 from __future__ import annotations
@@ -12,10 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from django.db import transaction
-
+from ..background import enqueue
+from ..conf import graph_setting
 from ..embeddings import Embedder, active_dimensions, get_embedder
 from ..exceptions import (
+    BackgroundUnavailable,
     DimensionMismatch,
     DocumentNotFound,
     EmbeddingFailed,
@@ -23,8 +32,12 @@ from ..exceptions import (
     InvalidOption,
     RagError,
 )
-from ..retrieval.fulltext import search_vectors
+from ..graph.builder import extract_all
+from ..graph.extractors import get_extractor
+from ..models import Document, Job
 from ..signals import span
+from ..store import ChunkRow, delete_document, mark_document, save_pending, write_document
+from ..store.documents import find_duplicate
 from ..validation import (
     clean_collection_name,
     clean_metadata,
@@ -33,7 +46,10 @@ from ..validation import (
     clean_title,
 )
 from .chunkers import TextChunk, get_chunker
-from .parsers import ParsedDocument, parse_bytes, parse_file
+from .parsers import Page, ParsedDocument, parse_bytes, parse_file
+
+FORMATS = ("text", "markdown")
+ON_CHUNK_ERROR = ("raise", "skip")
 
 
 @dataclass
@@ -44,8 +60,18 @@ class PreparedChunk:
     page_start: int | None = None
     page_end: int | None = None
 
-
-# --- validation -------------------------------------------------------------------------------
+    def row(self) -> ChunkRow:
+        return ChunkRow(
+            chunk_index=self.chunk_index,
+            text=self.chunk.text,
+            embedding=self.embedding,
+            token_count=self.chunk.token_count,
+            start_char=self.chunk.start,
+            end_char=self.chunk.end,
+            page_start=self.page_start,
+            page_end=self.page_end,
+            metadata=self.chunk.metadata,
+        )
 
 
 def content_hash(text: str) -> str:
@@ -80,23 +106,28 @@ def chunk_text(
 def attach_vectors(
     parsed: ParsedDocument,
     chunks: list[TextChunk],
-    vectors: list[list[float]],
+    vectors: Sequence[list[float] | None],
     *,
     embedder: Embedder,
     dimensions: int | None = None,
 ) -> list[PreparedChunk]:
-    """Pair chunks with their vectors and pages, checking the vectors fit the column."""
-    if dimensions is not None and len(vectors[0]) != dimensions:
+    """Pair chunks with their vectors and pages, checking the vectors fit the column. A chunk
+    whose vector is None (skipped with ``on_chunk_error="skip"``) is left out."""
+    sizes = {len(vector) for vector in vectors if vector is not None}
+    if dimensions is not None and sizes - {dimensions}:
+        actual = next(iter(sizes - {dimensions}))
         raise DimensionMismatch(
-            f"{embedder!r} returned {len(vectors[0])}-dimensional vectors but the embedding "
+            f"{embedder!r} returned {actual}-dimensional vectors but the embedding "
             f"column holds {dimensions}. Set DJANGO_RAG['EMBEDDING_DIMENSIONS'] to match the "
             "embedder and migrate the column (see docs/configuration.md, 'Changing the "
             "embedding model').",
             expected=dimensions,
-            actual=len(vectors[0]),
+            actual=actual,
         )
     prepared = []
     for index, (chunk, vector) in enumerate(zip(chunks, vectors, strict=True)):
+        if vector is None:
+            continue
         page_start, page_end = parsed.page_range(chunk.start, chunk.end)
         prepared.append(PreparedChunk(index, chunk, vector, page_start, page_end))
     return prepared
@@ -110,6 +141,7 @@ def prepare_chunks(
     dimensions: int | None = None,
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
+    on_chunk_error: str = "raise",
 ) -> list[PreparedChunk]:
     """Chunk ``parsed.text`` and embed every chunk; raises before anything is stored."""
     chunks = chunk_text(
@@ -119,25 +151,46 @@ def prepare_chunks(
         chunk_size=chunk_size,
         chunk_overlap=chunk_overlap,
     )
-    vectors = embed_texts(embedder, [chunk.text for chunk in chunks])
+    vectors = embed_texts(embedder, [chunk.text for chunk in chunks], on_error=on_chunk_error)
     return attach_vectors(parsed, chunks, vectors, embedder=embedder, dimensions=dimensions)
 
 
-def embed_texts(embedder: Embedder, texts: Sequence[str]) -> list[list[float]]:
-    """Embed ``texts`` in batches; a failure names the first chunk that cannot be embedded."""
-    vectors: list[list[float]] = []
+def embed_texts(
+    embedder: Embedder, texts: Sequence[str], *, on_error: str = "raise"
+) -> list[list[float] | None]:
+    """Embed ``texts`` in batches. A failure names the first chunk that cannot be embedded;
+    with ``on_error="skip"`` such chunks get None instead (when some chunk embedded)."""
+    vectors: list[list[float] | None] = []
     size = max(1, int(getattr(embedder, "batch_size", 32) or 32))
     for start in range(0, len(texts), size):
         batch = list(texts[start : start + size])
         try:
             vectors.extend(embedder.embed_documents(batch))
         except Exception as exc:
+            if on_error == "skip":
+                vectors.extend(_one_by_one(embedder, batch))
+                continue
             index, cause = _failing_index(embedder, batch, exc)
             raise EmbeddingFailed(
                 f"Embedding chunk {start + index} failed with {type(cause).__name__}: {cause}. "
-                "Nothing was written; fix the embedder (or the text) and ingest again.",
+                "Nothing was written; fix the embedder (or the text) and ingest again, or "
+                "pass on_chunk_error='skip' to store the chunks that embed.",
                 chunk_index=start + index,
             ) from cause
+    if on_error == "skip" and texts and all(vector is None for vector in vectors):
+        raise EmbeddingFailed(
+            "No chunk of this document could be embedded; nothing was written.", chunk_index=0
+        )
+    return vectors
+
+
+def _one_by_one(embedder: Embedder, batch: list[str]) -> list[list[float] | None]:
+    vectors: list[list[float] | None] = []
+    for text in batch:
+        try:
+            vectors.extend(embedder.embed_documents([text]))
+        except Exception:
+            vectors.append(None)
     return vectors
 
 
@@ -149,6 +202,145 @@ def _failing_index(embedder: Embedder, batch: list[str], error: Exception):
             except Exception as exc:
                 return index, exc
     return 0, error
+
+
+# --- one document: validate, prepare, store ------------------------------------------------
+
+
+@dataclass
+class _Pending:
+    """A validated document waiting for its chunks' vectors."""
+
+    collection: str
+    document: Document  # unsaved, or saved as pending for a worker
+    parsed: ParsedDocument
+    replace: bool
+    chunks: list[TextChunk] = field(default_factory=list)
+
+
+@dataclass
+class Prepared:
+    """A document's chunks with their vectors and (optionally) graph extractions."""
+
+    chunks: list[PreparedChunk]
+    extractions: list | None
+    model_name: str
+    skipped: list[int] = field(default_factory=list)
+
+
+def _text_document(text: Any, format: Any) -> ParsedDocument:
+    if format not in FORMATS:
+        raise InvalidOption(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    return ParsedDocument(
+        text=text,
+        format=format,
+        content_type="text/markdown" if format == "markdown" else "text/plain",
+    )
+
+
+def _validate(
+    parsed: ParsedDocument,
+    *,
+    collection=None,
+    title: str | None = "",
+    metadata=None,
+    source_id: str | None = None,
+    replace: bool = False,
+    filename: str = "",
+):
+    """Check one document's input; return a :class:`_Pending`, or the stored duplicate."""
+    source_id = clean_source_id(source_id)
+    title = clean_title(title)
+    if replace and not source_id:
+        raise InvalidOption(
+            "replace=True needs a source_id: it replaces the document with the same "
+            "(collection, source_id)."
+        )
+    parsed.text = clean_text(parsed.text)
+    metadata = clean_metadata(metadata)
+    name = clean_collection_name(collection)
+    digest = content_hash(parsed.text)
+
+    # Cheap dedup before any embedding work; checked again under the lock by the store.
+    existing = find_duplicate(name, source_id, digest)
+    if existing is not None and not replace:
+        existing.deduplicated = True
+        return existing
+    document = Document(
+        source_id=source_id,
+        title=(title or parsed.title or "")[:500],
+        content=parsed.text,
+        content_hash=digest,
+        metadata={**parsed.metadata, **metadata},
+        status=Document.Status.COMPLETED,
+        original_filename=filename[:500],
+        content_type=parsed.content_type,
+    )
+    return _Pending(name, document, parsed, replace)
+
+
+def _use_graph(graph: bool | None) -> bool:
+    return bool(graph_setting("ENABLED") if graph is None else graph)
+
+
+def _extract_graph(chunks: Sequence[PreparedChunk]) -> list:
+    """Entities and relationships of the chunks, found before the write transaction opens
+    (LLM calls must not hold it)."""
+    extractions, _ = extract_all(
+        [item.chunk.text for item in chunks], get_extractor(), graph_setting("CONCURRENCY")
+    )
+    return extractions
+
+
+def prepare_document(
+    pending: _Pending,
+    *,
+    embedder: Embedder,
+    chunker=None,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+    graph: bool = False,
+    on_chunk_error: str = "raise",
+) -> Prepared:
+    """Chunk and embed a validated document (and extract its graph): no database writes."""
+    chunks = pending.chunks or chunk_text(
+        pending.parsed,
+        chunker=chunker,
+        embedder=embedder,
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
+    )
+    vectors = embed_texts(embedder, [chunk.text for chunk in chunks], on_error=on_chunk_error)
+    return _prepared(pending, chunks, vectors, embedder, graph)
+
+
+def _prepared(pending: _Pending, chunks, vectors, embedder: Embedder, graph: bool) -> Prepared:
+    prepared = attach_vectors(
+        pending.parsed, chunks, vectors, embedder=embedder, dimensions=active_dimensions()
+    )
+    skipped = [index for index, vector in enumerate(vectors) if vector is None]
+    return Prepared(
+        prepared, _extract_graph(prepared) if graph else None, embedder.model_name, skipped
+    )
+
+
+def _store(pending: _Pending, prepared: Prepared) -> Document:
+    """Write a prepared document through the store (the one write path)."""
+    if prepared.skipped:
+        pending.document.error = (
+            f"{len(prepared.skipped)} chunk(s) could not be embedded and were skipped: "
+            f"{prepared.skipped[:50]}"
+        )
+    document = write_document(
+        pending.document,
+        [item.row() for item in prepared.chunks],
+        collection=pending.collection,
+        model_name=prepared.model_name,
+        replace=pending.replace,
+        extractions=prepared.extractions,
+    )
+    document.skipped_chunks = prepared.skipped
+    return document
 
 
 # --- public entry points ----------------------------------------------------------------------
@@ -169,6 +361,7 @@ def ingest(
     chunk_overlap: int | None = None,
     background: bool = False,
     graph: bool | None = None,
+    on_chunk_error: str = "raise",
 ):
     """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
 
@@ -183,15 +376,14 @@ def ingest(
     document moves to ``processing`` and then ``completed`` or ``failed`` (with ``error``).
 
     ``graph=True`` (default ``GRAPH["ENABLED"]``) also extracts entities and relationships from
-    the chunks and stores them in the same transaction as the chunks.
+    the chunks and stores them in the same transaction as the chunks, on every path.
+
+    ``on_chunk_error="skip"`` stores the chunks that embed when the provider refuses some (the
+    skipped indexes are in ``document.skipped_chunks`` and ``document.error``); the default
+    ``"raise"`` stores nothing.
     """
-    parsed = ParsedDocument(
-        text=text,
-        format=format,
-        content_type="text/markdown" if format == "markdown" else "text/plain",
-    )
     return _ingest_parsed(
-        parsed,
+        _text_document(text, format),
         collection=collection,
         title=title,
         metadata=metadata,
@@ -203,6 +395,7 @@ def ingest(
         chunk_overlap=chunk_overlap,
         background=background,
         graph=graph,
+        on_chunk_error=on_chunk_error,
     )
 
 
@@ -222,91 +415,6 @@ def ingest_bytes(data: bytes, *, filename: str, **options):
     return _ingest_parsed(parsed, filename=Path(filename).name, **options)
 
 
-@dataclass
-class _Pending:
-    """A validated document waiting for its chunks' vectors."""
-
-    collection: str
-    document: Any  # an unsaved Document
-    parsed: ParsedDocument
-    replace: bool
-    chunks: list[TextChunk] = field(default_factory=list)
-
-
-def _validate(
-    parsed: ParsedDocument,
-    *,
-    collection=None,
-    title: str | None = "",
-    metadata=None,
-    source_id: str | None = None,
-    replace: bool = False,
-    filename: str = "",
-):
-    """Check one document's input; return a :class:`_Pending`, or the stored duplicate."""
-    from ..models import Document
-
-    source_id = clean_source_id(source_id)
-    title = clean_title(title)
-    if replace and not source_id:
-        raise InvalidOption(
-            "replace=True needs a source_id: it replaces the document with the same "
-            "(collection, source_id)."
-        )
-    parsed.text = clean_text(parsed.text)
-    metadata = clean_metadata(metadata)
-    name = clean_collection_name(collection)
-    digest = content_hash(parsed.text)
-
-    # Cheap dedup before any embedding work; checked again under the lock in _write.
-    existing = _find_duplicate(name, source_id, digest)
-    if existing is not None and not replace:
-        existing.deduplicated = True
-        return existing
-    document = Document(
-        source_id=source_id,
-        title=(title or parsed.title or "")[:500],
-        content=parsed.text,
-        content_hash=digest,
-        metadata={**parsed.metadata, **metadata},
-        status=Document.Status.COMPLETED,
-        original_filename=filename[:500],
-        content_type=parsed.content_type,
-    )
-    return _Pending(name, document, parsed, replace)
-
-
-def _commit(pending: _Pending, prepared: list[PreparedChunk], model_name: str, extractions=None):
-    pending.document.chunk_count = len(prepared)
-    with span(
-        "vector_store.store",
-        backend="PgVectorStore",
-        collection=pending.collection,
-        chunk_count=len(prepared),
-    ):
-        return _write(
-            pending.collection,
-            pending.document,
-            prepared,
-            model_name,
-            replace=pending.replace,
-            extractions=extractions,
-        )
-
-
-def _extract_graph(prepared: list[PreparedChunk]):
-    """Entities and relationships of the chunks, found before the write transaction opens
-    (LLM calls must not hold it)."""
-    from ..conf import graph_setting
-    from ..graph.builder import extract_all
-    from ..graph.extractors import get_extractor
-
-    extractions, _ = extract_all(
-        [item.chunk.text for item in prepared], get_extractor(), graph_setting("CONCURRENCY")
-    )
-    return extractions
-
-
 def _ingest_parsed(
     parsed: ParsedDocument,
     *,
@@ -316,8 +424,13 @@ def _ingest_parsed(
     chunk_overlap: int | None = None,
     background: bool = False,
     graph: bool | None = None,
+    on_chunk_error: str = "raise",
     **document_options,
 ):
+    if on_chunk_error not in ON_CHUNK_ERROR:
+        raise InvalidOption(
+            f"on_chunk_error must be one of {', '.join(ON_CHUNK_ERROR)}, got {on_chunk_error!r}"
+        )
     with span(
         "ingest",
         text=parsed.text,
@@ -330,34 +443,40 @@ def _ingest_parsed(
         if not isinstance(pending, _Pending):
             s.set(document_id=pending.pk, chunk_count=pending.chunk_count, deduplicated=True)
             return pending
+        use_graph = _use_graph(graph)
         if background:
             if chunker is not None or embedder is not None:
                 raise InvalidOption(
                     "background=True uses the configured chunker and embedder (a worker "
                     "cannot receive per-call components)."
                 )
-            document = _enqueue(pending, {"chunk_size": chunk_size, "chunk_overlap": chunk_overlap})
+            document = _enqueue(
+                pending,
+                {
+                    "chunk_size": chunk_size,
+                    "chunk_overlap": chunk_overlap,
+                    "graph": use_graph,
+                    "on_chunk_error": on_chunk_error,
+                },
+            )
             s.set(document_id=document.pk, background=True, status=document.status)
             return document
         resolved = get_embedder(embedder)
-        prepared = prepare_chunks(
-            pending.parsed,
-            chunker=chunker,
+        prepared = prepare_document(
+            pending,
             embedder=resolved,
-            dimensions=active_dimensions(),
+            chunker=chunker,
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
+            graph=use_graph,
+            on_chunk_error=on_chunk_error,
         )
-        from ..conf import graph_setting
-
-        use_graph = graph_setting("ENABLED") if graph is None else graph
-        extractions = _extract_graph(prepared) if use_graph else None
-        document = _commit(pending, prepared, resolved.model_name, extractions)
+        document = _store(pending, prepared)
         s.set(
             document_id=document.pk,
             collection=pending.collection,
-            chunk_count=len(prepared),
-            deduplicated=False,
+            chunk_count=len(prepared.chunks),
+            deduplicated=document.deduplicated,
         )
         return document
 
@@ -376,6 +495,7 @@ def ingest_many(
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
     group_size: int = 64,
+    graph: bool | None = None,
 ) -> list:
     """Ingest many texts, embedding the chunks of several documents per batch.
 
@@ -389,6 +509,8 @@ def ingest_many(
     order: if the embedder fails, the documents of earlier groups stay stored and
     :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk.
     """
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
     with span("ingest_many", collection=collection, group_size=group_size) as s:
         results = _ingest_many(
             documents,
@@ -400,6 +522,7 @@ def ingest_many(
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
             group_size=group_size,
+            graph=_use_graph(graph),
         )
         s.set(
             document_count=len(results),
@@ -419,9 +542,9 @@ def _ingest_many(
     chunk_size,
     chunk_overlap,
     group_size,
+    graph,
 ) -> list:
     resolved = get_embedder(embedder)
-    dimensions = active_dimensions()
     results: list = []
     pending: list[tuple[int, _Pending]] = []
     for index, item in enumerate(documents):
@@ -433,12 +556,7 @@ def _ingest_many(
                     "each document must be a str or a dict with 'text' and optionally "
                     f"{', '.join(sorted(_ITEM_KEYS - {'text'}))}"
                 )
-            item_format = item.get("format", format)
-            parsed = ParsedDocument(
-                text=item["text"],
-                format=item_format,
-                content_type="text/markdown" if item_format == "markdown" else "text/plain",
-            )
+            parsed = _text_document(item["text"], item.get("format", format))
             validated = _validate(
                 parsed,
                 collection=collection,
@@ -460,7 +578,7 @@ def _ingest_many(
             exc.add_note(f"in documents[{index}]")
             raise
         results.append(validated)
-    for start in range(0, len(pending), max(1, group_size)):
+    for start in range(0, len(pending), group_size):
         group = pending[start : start + group_size]
         texts = [chunk.text for _, item in group for chunk in item.chunks]
         try:
@@ -480,156 +598,56 @@ def _ingest_many(
         offset = 0
         for index, item in group:
             count = len(item.chunks)
-            prepared = attach_vectors(
-                item.parsed,
-                item.chunks,
-                vectors[offset : offset + count],
-                embedder=resolved,
-                dimensions=dimensions,
-            )
+            own = vectors[offset : offset + count]
             offset += count
-            results[index] = _commit(item, prepared, resolved.model_name)
+            results[index] = _store(item, _prepared(item, item.chunks, own, resolved, graph))
     return results
-
-
-def _find_duplicate(name: str, source_id: str, digest: str):
-    from ..models import Document
-
-    return (
-        Document.objects.filter(
-            collection__name=name,
-            source_id=source_id,
-            content_hash=digest,
-            status=Document.Status.COMPLETED,
-        )
-        .order_by("-created_at", "-id")
-        .first()
-    )
-
-
-def _write(
-    name: str,
-    document,
-    prepared: list[PreparedChunk],
-    model_name: str,
-    *,
-    replace: bool,
-    extractions=None,
-):
-    from ..graph.builder import persist, sweep_orphans
-    from ..models import Collection, Document
-
-    with transaction.atomic():
-        _lock_identity(name, document)
-        collection, _ = Collection.objects.get_or_create(name=name)
-        existing = _find_duplicate(name, document.source_id, document.content_hash)
-        if replace:
-            others = Document.objects.filter(collection=collection, source_id=document.source_id)
-            if existing is not None:
-                others = others.exclude(pk=existing.pk)
-            if others.delete()[0]:
-                sweep_orphans(collection.pk)
-        if existing is not None:
-            existing.deduplicated = True
-            return existing
-        document.collection = collection
-        document.save()
-        _insert_chunks(document, collection, prepared, model_name)
-        if extractions is not None:
-            # The graph goes in with the chunks: a failure leaves neither.
-            chunk_ids = list(document.chunks.order_by("chunk_index").values_list("pk", flat=True))
-            persist(collection.pk, chunk_ids, extractions)
-    document.deduplicated = False
-    return document
-
-
-def _lock_identity(name: str, document) -> None:
-    """Serialise writers of one (collection, source) identity until the transaction ends:
-    replace and dedup decide on committed state, so concurrent replaces end with one document."""
-    identity = document.source_id or f"#{document.content_hash}"
-    with transaction.get_connection().cursor() as cursor:
-        cursor.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-            [f"django_rag:document:{name}:{identity}"],
-        )
-
-
-def _insert_chunks(document, collection, prepared: list[PreparedChunk], model_name: str) -> None:
-    from ..models import Chunk
-
-    # Full-text vectors go in with the rows (an UPDATE afterwards would insert every chunk
-    # into the HNSW index twice); triggers update the BM25 statistics in this transaction.
-    vectors = search_vectors([item.chunk.text for item in prepared])
-    Chunk.objects.bulk_create(
-        [
-            Chunk(
-                document=document,
-                collection=collection,
-                chunk_index=item.chunk_index,
-                text=item.chunk.text,
-                token_count=item.chunk.token_count,
-                start_char=item.chunk.start,
-                end_char=item.chunk.end,
-                page_start=item.page_start,
-                page_end=item.page_end,
-                metadata=item.chunk.metadata,
-                embedding=item.embedding,
-                embedding_model=model_name,
-                search_vector=vector,
-                fts_length=length,
-            )
-            for item, (vector, length) in zip(prepared, vectors, strict=True)
-        ],
-        batch_size=500,
-    )
 
 
 # --- background ingestion -------------------------------------------------------------------
 
 
-def _enqueue(pending: _Pending, options: dict[str, Any]):
-    """Store the document as pending and hand the chunking and embedding to a worker."""
-    from ..background import enqueue
-    from ..models import Collection, Job
+def _enqueue(pending: _Pending, options: dict[str, Any]) -> Document:
+    """Store the document as pending and hand the chunking and embedding to a worker.
 
-    document = pending.document
-    with transaction.atomic():
-        document.collection, _ = Collection.objects.get_or_create(name=pending.collection)
-        document.status = document.Status.PENDING
-        document.chunk_count = 0
-        document.save()
-        job = Job.objects.create(
-            kind="ingest",
-            params={
-                "document_id": document.pk,
-                "replace": pending.replace,
-                "format": pending.parsed.format,
-                "pages": [[p.number, p.start, p.end] for p in pending.parsed.pages],
-                **options,
-            },
-        )
-    # After the commit: a worker must see the document.
-    enqueue("ingest_document", job)
+    When the task cannot be sent (the broker is down), the pending document is removed again
+    and :class:`~django_rag.background.BackgroundUnavailable` raised: nothing is left waiting
+    for a worker that will never come.
+    """
+    document = save_pending(pending.document, pending.collection)
+    job = Job.objects.create(
+        kind=Job.Kind.INGEST,
+        params={
+            "document_id": document.pk,
+            "replace": pending.replace,
+            "format": pending.parsed.format,
+            "pages": [[p.number, p.start, p.end] for p in pending.parsed.pages],
+            **options,
+        },
+    )
+    try:
+        enqueue("ingest_document", job)
+    except BackgroundUnavailable:
+        delete_document(document.pk)
+        raise
     document.refresh_from_db()
     document.deduplicated = False
     document.job = job
     return document
 
 
-def process_pending(job) -> Any:
+def process_pending(job: Job) -> Document:
     """Chunk, embed and store a pending document (the body of the background ingest task).
 
-    Idempotent: a completed document is left alone. On failure the document is marked
-    ``failed`` with the error and the exception is raised (for the task's retries).
+    The same preparation and store write as a foreground ingest, graph included. Idempotent:
+    a completed document is left alone. On failure the document is marked ``failed`` with the
+    error and the exception is raised (for the task's retries).
     """
-    from ..models import Document
-    from .parsers import Page
-
     params = job.params
     document = Document.objects.select_related("collection").get(pk=params["document_id"])
     if document.status == Document.Status.COMPLETED:
         return document
-    Document.objects.filter(pk=document.pk).update(status=Document.Status.PROCESSING, error="")
+    mark_document(document.pk, Document.Status.PROCESSING)
     try:
         parsed = ParsedDocument(
             text=document.content,
@@ -637,53 +655,26 @@ def process_pending(job) -> Any:
             content_type=document.content_type,
             pages=[Page(*page) for page in params.get("pages", [])],
         )
-        embedder = get_embedder()
-        prepared = prepare_chunks(
-            parsed,
-            embedder=embedder,
-            dimensions=active_dimensions(),
+        pending = _Pending(document.collection.name, document, parsed, bool(params.get("replace")))
+        prepared = prepare_document(
+            pending,
+            embedder=get_embedder(),
             chunk_size=params.get("chunk_size"),
             chunk_overlap=params.get("chunk_overlap"),
+            graph=bool(params.get("graph")),
+            on_chunk_error=params.get("on_chunk_error", "raise"),
         )
-        name = document.collection.name
-        with transaction.atomic():
-            with transaction.get_connection().cursor() as cursor:
-                cursor.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
-                    [
-                        f"django_rag:document:{name}:{document.source_id or '#' + document.content_hash}"
-                    ],
-                )
-            document.chunks.all().delete()  # a retried task starts clean
-            _insert_chunks(document, document.collection, prepared, embedder.model_name)
-            if params.get("replace") and document.source_id:
-                Document.objects.filter(
-                    collection=document.collection, source_id=document.source_id
-                ).exclude(pk=document.pk).delete()
-            document.status = Document.Status.COMPLETED
-            document.chunk_count = len(prepared)
-            document.save(update_fields=["status", "chunk_count", "updated_at"])
+        return _store(pending, prepared)
     except BaseException as exc:
-        Document.objects.filter(pk=document.pk).update(
-            status=Document.Status.FAILED, error=f"{type(exc).__name__}: {exc}"[:2000]
-        )
+        mark_document(document.pk, Document.Status.FAILED, f"{type(exc).__name__}: {exc}")
         raise
-    return document
 
 
 def delete(document) -> None:
-    """Delete a document (instance or id) and its chunks."""
-    from ..graph.builder import sweep_orphans
-    from ..models import Document
-
+    """Delete a document (instance or id), its chunks and the graph entities only it
+    mentioned."""
     pk = document.pk if isinstance(document, Document) else document
-    with span("delete", document_id=pk), transaction.atomic():
-        collection_id = (
-            Document.objects.filter(pk=pk).values_list("collection_id", flat=True).first()
-        )
-        deleted, _ = Document.objects.filter(pk=pk).delete()
-        if deleted:
-            # Entities no chunk mentions any more, in this collection only.
-            sweep_orphans(collection_id)
+    with span("delete", document_id=pk):
+        deleted = delete_document(pk)
     if not deleted:
         raise DocumentNotFound(f"No document with id {pk!r}.", id=pk)

@@ -1,6 +1,6 @@
 from .documents import Chunk, Collection, Document
 from .evaluation import Relevance, Run, TestCase
-from .fulltext import CorpusStatistic, TermStatistic
+from .fulltext import CorpusDelta, CorpusStatistic, TermDelta, TermStatistic
 from .graph import Community, Entity, EntityMention, GraphChunk, Relationship
 from .jobs import Job
 from .managers import ChunkQuerySet
@@ -14,11 +14,13 @@ __all__ = [
     "Relationship",
     "ChunkQuerySet",
     "Collection",
+    "CorpusDelta",
     "CorpusStatistic",
     "Document",
     "Job",
     "Relevance",
     "Run",
+    "TermDelta",
     "TermStatistic",
     "TestCase",
 ]

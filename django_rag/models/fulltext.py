@@ -1,11 +1,36 @@
-"""Corpus statistics for BM25, kept by database triggers on the chunk table.
+"""Full-text search with BM25 ranking in plain PostgreSQL: the statistics and the SQL.
 
-Triggers (migration 0002) update these tables in the same transaction as every insert, update
-or delete of chunks, whatever path made it (ingest, replace, delete, admin, a cascade), so the
-statistics are never stale.
+Each chunk has a ``search_vector`` (tsvector, GIN-indexed) and ``fts_length`` (its number of
+lexeme occurrences). Statement-level triggers on the chunk table (migrations 0002 and 0006)
+record, in the same transaction as every insert, update or delete of chunks, whatever path made
+it, how the document frequency of each lexeme and the corpus size changed: as rows appended to
+``django_rag_term_delta`` / ``django_rag_corpus_delta``. Appending never waits for another
+writer, so concurrent writers cannot deadlock on the statistics. The statistics of a term are
+its row in ``django_rag_term`` plus its pending deltas; :func:`django_rag.store.compact_statistics`
+folds the deltas into the base rows (the store runs it after each write; one compactor at a
+time), which changes no figure a reader sees.
+
+A query is parsed with web-search syntax; candidates come from the GIN index; BM25 is computed
+in SQL from the chunk's own term frequencies and those statistics.
 """
 
-from django.db import models
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    models,
+    transaction,
+)
+
+from ..conf import get_setting
+from ..exceptions import ConfigurationError
 
 
 class TermStatistic(models.Model):
@@ -33,3 +58,191 @@ class CorpusStatistic(models.Model):
 
     def __str__(self) -> str:
         return f"{self.chunk_count} chunks, {self.total_length} terms"
+
+
+class TermDelta(models.Model):
+    """A change of a term's document frequency not yet folded into :class:`TermStatistic`."""
+
+    term = models.TextField(db_index=True)
+    delta = models.BigIntegerField()
+
+    class Meta:
+        db_table = "django_rag_term_delta"
+
+    def __str__(self) -> str:
+        return f"{self.term}: {self.delta:+d}"
+
+
+class CorpusDelta(models.Model):
+    """A change of the corpus size not yet folded into :class:`CorpusStatistic`."""
+
+    chunk_count = models.BigIntegerField()
+    total_length = models.BigIntegerField()
+
+    class Meta:
+        db_table = "django_rag_corpus_delta"
+
+    def __str__(self) -> str:
+        return f"{self.chunk_count:+d} chunks, {self.total_length:+d} terms"
+
+
+# --- reading the statistics ---------------------------------------------------------------------
+
+
+def corpus_statistics(using: str = "default") -> tuple[int, int]:
+    """(chunks indexed for full-text search, their total length), pending deltas included."""
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT coalesce(sum(chunk_count), 0), coalesce(sum(total_length), 0) FROM ("
+            "SELECT chunk_count, total_length FROM django_rag_corpus "
+            "UNION ALL SELECT chunk_count, total_length FROM django_rag_corpus_delta) s"
+        )
+        chunks, length = cursor.fetchone()
+    return int(chunks), int(length)
+
+
+def term_frequencies(terms: list[str], using: str = "default") -> dict[str, int]:
+    """How many chunks contain each of ``terms`` (terms in none are left out)."""
+    if not terms:
+        return {}
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT term, sum(n) FROM ("
+            "SELECT term, document_frequency AS n FROM django_rag_term WHERE term = ANY(%s) "
+            "UNION ALL SELECT term, delta FROM django_rag_term_delta WHERE term = ANY(%s)) s "
+            "GROUP BY term",
+            [list(terms), list(terms)],
+        )
+        return {term: int(n) for term, n in cursor.fetchall()}
+
+
+# --- queries and BM25 ----------------------------------------------------------------------------
+
+_PHRASE = re.compile(r'"([^"]*)"')
+_OPERATORS = {"OR", "AND"}
+
+# Number of lexeme occurrences in a tsvector (a lexeme without positions counts once).
+LENGTH_SQL = (
+    "(SELECT coalesce(sum(coalesce(array_length(u.positions, 1), 1)), 0) FROM unnest({v}) u)"
+)
+
+
+@dataclass
+class FulltextQuery:
+    """A parsed query: ``match`` selects candidates, ``exclude`` removes some, ``terms`` score."""
+
+    match: str | None = None
+    exclude: str | None = None
+    terms: list[str] = field(default_factory=list)
+    phrases: bool = False  # match requires quoted phrases
+
+
+def _quote(lexeme: str) -> str:
+    """A lexeme as a tsquery literal (the text is cast to tsquery, never parsed as SQL)."""
+    return "'" + lexeme.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def quote_terms(lexemes: list[str]) -> str:
+    """A tsquery matching any of ``lexemes``."""
+    return " | ".join(_quote(t) for t in lexemes)
+
+
+def split_query(query: str) -> tuple[list[str], list[str], list[str]]:
+    """Split web-search syntax into (free words, quoted phrases, excluded words)."""
+    phrases = [p.strip() for p in _PHRASE.findall(query) if p.strip()]
+    free: list[str] = []
+    excluded: list[str] = []
+    for token in _PHRASE.sub(" ", query).split():
+        if token in _OPERATORS:
+            continue
+        if token.startswith("-") and len(token) > 1:
+            excluded.append(token[1:])
+        else:
+            free.append(token)
+    return free, phrases, excluded
+
+
+def parse_query(query: str, *, config: str | None = None, using: str = "default") -> FulltextQuery:
+    """Parse web-search syntax: words (any may match), ``"exact phrases"`` (must match) and
+    ``-word`` (must not match). Words are stemmed and stop words dropped by the text search
+    configuration; any input is safe, and one with no searchable word gives an empty query.
+    """
+    config = config or get_setting("TEXT_SEARCH_CONFIG")
+    free, phrases, excluded = split_query(query)
+    sql = """
+        SELECT
+            ARRAY(SELECT lexeme FROM unnest(to_tsvector(%(config)s::regconfig, %(free)s))),
+            ARRAY(SELECT lexeme FROM unnest(to_tsvector(%(config)s::regconfig, %(phrases)s))),
+            ARRAY(SELECT lexeme FROM unnest(to_tsvector(%(config)s::regconfig, %(excluded)s))),
+            ARRAY(SELECT q::text FROM unnest(%(phrase_list)s::text[]) AS p,
+                  phraseto_tsquery(%(config)s::regconfig, p) AS q WHERE numnode(q) > 0)
+    """
+    params = {
+        "config": config,
+        "free": " ".join(free),
+        "phrases": " ".join(phrases),
+        "excluded": " ".join(excluded),
+        "phrase_list": phrases,
+    }
+    try:
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            cursor.execute(sql, params)
+            free_terms, phrase_terms, excluded_terms, phrase_queries = cursor.fetchone()
+    except (OperationalError, InterfaceError):
+        raise  # a lost connection, not a bad configuration: callers and tasks retry it
+    except DatabaseError as exc:
+        raise ConfigurationError(
+            "TEXT_SEARCH_CONFIG", config, f"PostgreSQL rejected it ({exc}).".strip()
+        ) from exc
+    terms = list(dict.fromkeys([*free_terms, *phrase_terms]))
+    if phrase_queries:
+        match = " & ".join(f"({q})" for q in phrase_queries)
+    elif terms:
+        match = quote_terms(terms)
+    else:
+        return FulltextQuery()
+    exclude = quote_terms(excluded_terms) or None
+    return FulltextQuery(match=match, exclude=exclude, terms=terms, phrases=bool(phrase_queries))
+
+
+@dataclass
+class TermWeights:
+    """BM25 statistics of a query's terms, from the trigger-maintained tables."""
+
+    terms: list[str]
+    frequencies: list[int]  # chunks containing each term
+    idf: list[float]
+    average_length: float
+
+    def upper_bound(self, terms: list[str]) -> float:
+        """The most a chunk can score from ``terms`` alone (BM25's tf part is below k1 + 1)."""
+        k1 = float(get_setting("SEARCH")["BM25_K1"])
+        weight = dict(zip(self.terms, self.idf, strict=True))
+        return sum(weight[t] for t in terms) * (k1 + 1)
+
+
+def term_weights(terms: list[str], using: str = "default") -> TermWeights:
+    """Document frequencies and BM25 inverse document frequencies of ``terms``."""
+    total, total_length = corpus_statistics(using)
+    average_length = (total_length / total) if total else 1.0
+    stored = term_frequencies(terms, using)
+    frequencies = [max(0, stored.get(term, 0)) for term in terms]
+    # Lucene's BM25 idf: never negative, even for a term in most chunks.
+    idf = [math.log(1 + (total - df + 0.5) / (df + 0.5)) for df in frequencies]
+    return TermWeights(terms, frequencies, idf, max(average_length, 1.0))
+
+
+def bm25_sql(weights: TermWeights) -> tuple[str, list]:
+    """SQL (with params) computing BM25 for the current ``django_rag_chunk`` row."""
+    k1 = float(get_setting("SEARCH")["BM25_K1"])
+    b = float(get_setting("SEARCH")["BM25_B"])
+    sql = (
+        "(SELECT coalesce(sum(q.idf * m.tf * (%s + 1) / (m.tf + %s * (1 - %s + %s * "
+        "django_rag_chunk.fts_length / %s))), 0) "
+        "FROM (SELECT u.lexeme, coalesce(array_length(u.positions, 1), 1)::float8 AS tf "
+        # Only the query's lexemes are unnested: mark them with weight A, keep weight A.
+        "FROM unnest(ts_filter(setweight(django_rag_chunk.search_vector, 'A', %s::text[]), "
+        "'{a}')) u) m "
+        "JOIN unnest(%s::text[], %s::float8[]) AS q(term, idf) ON q.term = m.lexeme)"
+    )
+    return sql, [k1, k1, b, b, weights.average_length, weights.terms, weights.terms, weights.idf]

@@ -13,6 +13,7 @@ from django.db.models.expressions import RawSQL
 from pgvector.django import CosineDistance
 
 from ..conf import search_setting
+from .fulltext import bm25_sql, parse_query, quote_terms, term_weights
 
 _pgvector_versions: dict[str, tuple[int, ...]] = {}
 
@@ -42,12 +43,15 @@ class ChunkQuerySet(models.QuerySet):
     def load_hits(self, hits: list[tuple[int, float]], *, score_field: str) -> list:
         """Chunks (with document and collection) for ``(pk, score)`` hits, in hit order.
 
-        Each chunk gets ``score`` and ``<score_field>`` set to its hit's score.
+        Each chunk gets ``score`` and ``<score_field>`` set to its hit's score. A hit deleted
+        since it was ranked (a concurrent delete or replace) is left out.
         """
         loaded = self.model.objects.filter(pk__in=[pk for pk, _ in hits])._for_results().in_bulk()
         rows = []
         for pk, score in hits:
-            row = loaded[pk]
+            row = loaded.get(pk)
+            if row is None:
+                continue
             row.score = score
             setattr(row, score_field, score)
             rows.append(row)
@@ -157,8 +161,6 @@ class ChunkQuerySet(models.QuerySet):
 
     def with_bm25(self, weights) -> ChunkQuerySet:
         """Annotate ``fulltext_score``: BM25 of each chunk for the weighted terms (0 if none)."""
-        from ..retrieval.fulltext import bm25_sql
-
         sql, params = bm25_sql(weights)
         return self.annotate(fulltext_score=RawSQL(sql, params, output_field=FloatField()))
 
@@ -184,8 +186,6 @@ class ChunkQuerySet(models.QuerySet):
         beats the most a chunk containing only the remaining terms could score, and otherwise
         the next terms are added.
         """
-        from ..retrieval.fulltext import parse_query, quote_terms, term_weights
-
         parsed = parse_query(query, using=self.db) if isinstance(query, str) else query
         if parsed.match is None:
             return []
@@ -238,7 +238,6 @@ class ChunkQuerySet(models.QuerySet):
         ``limit``, not on the corpus. Chunks get ``semantic_score``, ``fulltext_score`` and the
         fused ``score``; those with ``score >= threshold`` are kept.
         """
-        from ..retrieval.fulltext import parse_query, term_weights
         from ..retrieval.fusion import fuse
 
         parsed = parse_query(query, using=self.db) if isinstance(query, str) else query
@@ -271,7 +270,8 @@ class ChunkQuerySet(models.QuerySet):
             fused = [item for item in fused if item.score >= threshold]
         fused = fused[:limit]
         chunks = self.load_hits([(item.pk, item.score) for item in fused], score_field="score")
-        for chunk, item in zip(chunks, fused, strict=True):
-            chunk.semantic_score = item.semantic_score
-            chunk.fulltext_score = item.fulltext_score
+        by_pk = {item.pk: item for item in fused}
+        for chunk in chunks:
+            chunk.semantic_score = by_pk[chunk.pk].semantic_score
+            chunk.fulltext_score = by_pk[chunk.pk].fulltext_score
         return chunks

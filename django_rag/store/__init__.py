@@ -1,0 +1,31 @@
+"""The store: the only code that writes documents, chunks and graph rows or alters the chunk
+table. Every entry point (``ingest*``, ``ingest_many``, background ingestion, replace,
+``delete``, the dashboard, the admin, re-embedding and the model switch) ends here.
+
+- :mod:`.documents`: documents and chunks (atomic writes, replace, dedup, delete; lock order);
+- :mod:`.graph`: entities, mentions, relationships, communities;
+- :mod:`.statistics`: the BM25 statistics (search vectors, deltas, compaction, recount);
+- :mod:`.schema`: vectors in batches, the model switch's shadow column and swap, orphans;
+- :mod:`.vector_stores`: the stores searches run on, and the hand-over of writes to them.
+"""
+
+from .documents import (
+    ChunkRow,
+    delete_document,
+    delete_documents,
+    mark_document,
+    save_pending,
+    write_document,
+)
+from .statistics import compact_statistics, recount_statistics
+
+__all__ = [
+    "ChunkRow",
+    "compact_statistics",
+    "delete_document",
+    "delete_documents",
+    "mark_document",
+    "recount_statistics",
+    "save_pending",
+    "write_document",
+]

@@ -1,0 +1,239 @@
+"""Writing graph rows: entities, mentions, relationships, processed chunks and communities.
+
+Every graph write of a collection holds that collection's graph lock (advisory, transaction
+level) first, so concurrent ingests, sweeps and rebuilds of one collection take turns and
+never deadlock on entity or relationship rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import connection, transaction
+from django.db.models import Exists, F, OuterRef
+from django.db.models.functions import Greatest
+
+from ..embeddings import get_embedder
+from ..models import Collection, Community, Entity, EntityMention, GraphChunk, Relationship
+from ..models.graph import normalize_name
+
+logger = logging.getLogger(__name__)
+
+
+def lock_collection_graph(collection_id: int) -> None:
+    """Serialise graph writers of one collection until the transaction ends."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+            [f"django_rag:graph:{collection_id}"],
+        )
+
+
+def persist(
+    collection_id: int,
+    chunk_ids: Sequence[int],
+    extractions: Sequence[Any],  # django_rag.graph.extractors.Extraction
+    *,
+    embedder: Any = None,
+) -> dict[str, int]:
+    """Store the extractions of these chunks: entities deduplicated by normalised name within
+    the collection, mentions unique per (entity, chunk), relationships unique per (source,
+    target, type) with repeated findings counted. Run inside a transaction."""
+    lock_collection_graph(collection_id)
+    found: dict[str, Any] = {}
+    for extraction in extractions:
+        for entity in extraction.entities:
+            key = normalize_name(entity.name)
+            if not key:
+                continue
+            known = found.get(key)
+            if known is None:
+                found[key] = entity
+            else:  # keep the first spelling, fill in what it lacked
+                known.description = known.description or entity.description
+                if known.type == "other":
+                    known.type = entity.type
+    ids = dict(
+        Entity.objects.filter(
+            collection_id=collection_id, normalized_name__in=list(found)
+        ).values_list("normalized_name", "pk")
+    )
+    new = [key for key in found if key not in ids]
+    if new:
+        texts = [
+            f"{found[k].name}: {found[k].description}" if found[k].description else found[k].name
+            for k in new
+        ]
+        try:
+            vectors = get_embedder(embedder).embed_documents(texts)
+        except Exception as exc:  # entities stay usable by name; embed them later
+            logger.warning("Entity embeddings failed (%s); stored without them", exc)
+            vectors = [None] * len(new)
+        Entity.objects.bulk_create(
+            [
+                Entity(
+                    collection_id=collection_id,
+                    name=found[key].name[:255],
+                    normalized_name=key[:255],
+                    type=found[key].type[:50],
+                    description=found[key].description,
+                    embedding=vector,
+                )
+                for key, vector in zip(new, vectors, strict=True)
+            ],
+            ignore_conflicts=True,
+        )
+        ids.update(
+            Entity.objects.filter(collection_id=collection_id, normalized_name__in=new).values_list(
+                "normalized_name", "pk"
+            )
+        )
+    mentions = []
+    edges: dict[tuple[int, int, str], dict[str, Any]] = {}
+    for chunk_id, extraction in zip(chunk_ids, extractions, strict=True):
+        for entity in extraction.entities:
+            key = normalize_name(entity.name)
+            if key in ids:
+                mentions.append(
+                    EntityMention(
+                        entity_id=ids[key],
+                        chunk_id=chunk_id,
+                        span_start=entity.span_start,
+                        span_end=entity.span_end,
+                    )
+                )
+        for rel in extraction.relationships:
+            source, target = (
+                ids.get(normalize_name(rel.source)),
+                ids.get(normalize_name(rel.target)),
+            )
+            if source is None or target is None or source == target:
+                continue
+            edge = edges.setdefault(
+                (source, target, rel.type),
+                {"count": 0, "strength": rel.strength, "description": rel.description},
+            )
+            edge["count"] += 1
+            edge["strength"] = max(edge["strength"], rel.strength)
+            edge["description"] = edge["description"] or rel.description
+    EntityMention.objects.bulk_create(mentions, ignore_conflicts=True)
+    _upsert_relationships(edges)
+    GraphChunk.objects.bulk_create(
+        [GraphChunk(chunk_id=chunk_id) for chunk_id in chunk_ids], ignore_conflicts=True
+    )
+    touched = {pk for key in edges for pk in key[:2]}
+    if touched:
+        # Communities whose members gained relationships drift from their summary.
+        Community.objects.filter(
+            collection_id=collection_id, entity_ids__overlap=list(touched)
+        ).update(change_count=F("change_count") + 1)
+    return {"entities": len(found), "relationships": len(edges), "mentions": len(mentions)}
+
+
+def _upsert_relationships(edges: dict[tuple[int, int, str], dict[str, Any]]) -> None:
+    if not edges:
+        return
+    existing = {
+        (r.source_id, r.target_id, r.type): r
+        for r in Relationship.objects.filter(
+            source_id__in={k[0] for k in edges}, target_id__in={k[1] for k in edges}
+        )
+    }
+    for key, edge in edges.items():
+        if key in existing:
+            Relationship.objects.filter(pk=existing[key].pk).update(
+                count=F("count") + edge["count"],
+                strength=Greatest(F("strength"), edge["strength"]),
+            )
+    Relationship.objects.bulk_create(
+        [
+            Relationship(
+                source_id=key[0],
+                target_id=key[1],
+                type=key[2],
+                description=edge["description"],
+                strength=edge["strength"],
+                count=edge["count"],
+            )
+            for key, edge in edges.items()
+            if key not in existing
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def sweep_orphans(collection_id: int) -> int:
+    """Delete this collection's entities that no chunk mentions any more (their relationships
+    go with them) and mark the communities that lost members dirty. Never touches another
+    collection. Returns how many entities were deleted."""
+    lock_collection_graph(collection_id)
+    orphans = Entity.objects.filter(collection_id=collection_id).exclude(
+        Exists(EntityMention.objects.filter(entity=OuterRef("pk")))
+    )
+    ids = list(orphans.values_list("pk", flat=True))
+    if not ids:
+        return 0
+    Entity.objects.filter(pk__in=ids).delete()
+    gone = set(ids)
+    for community in Community.objects.filter(collection_id=collection_id, entity_ids__overlap=ids):
+        community.entity_ids = [pk for pk in community.entity_ids if pk not in gone]
+        community.dirty = True
+        community.save(update_fields=["entity_ids", "dirty", "updated_at"])
+    return len(ids)
+
+
+def delete_graph(collection_id: int) -> None:
+    """Remove a collection's whole graph (entities, mentions, relationships, communities)."""
+    with transaction.atomic():
+        lock_collection_graph(collection_id)
+        Community.objects.filter(collection_id=collection_id).delete()
+        Entity.objects.filter(collection_id=collection_id).delete()
+        GraphChunk.objects.filter(chunk__collection_id=collection_id).delete()
+
+
+def replace_communities(
+    target: Collection, partitions: list[list[list[int]]], min_size: int
+) -> int:
+    """Replace a collection's communities by these partitions (one per level), keeping the
+    summary of every community whose level and members did not change."""
+    with transaction.atomic():
+        lock_collection_graph(target.pk)
+        old = {(c.level, tuple(sorted(c.entity_ids))): c for c in target.communities.all()}
+        fresh = []
+        for level, partition in enumerate(partitions):
+            for members in partition:
+                if len(members) < min_size:
+                    continue
+                previous = old.get((level, tuple(sorted(members))))
+                community = Community(collection=target, level=level, entity_ids=sorted(members))
+                if previous is not None:
+                    community.summary = previous.summary
+                    community.fingerprint = previous.fingerprint
+                    community.dirty = previous.dirty
+                    community.change_count = previous.change_count
+                fresh.append(community)
+        target.communities.all().delete()
+        Community.objects.bulk_create(fresh)
+    return len(fresh)
+
+
+def save_summary(community_id: int, summary: str, fingerprint: str) -> None:
+    """Store a community's new summary and the fingerprint it was written from."""
+    Community.objects.filter(pk=community_id).update(
+        summary=summary, fingerprint=fingerprint, dirty=False, change_count=0
+    )
+
+
+def write_entity_vectors(ids: Sequence[int], vectors: Sequence[Sequence[float]]) -> None:
+    """Store entity embeddings (after a model switch, or a backfill)."""
+    from .schema import vector_literal
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Entity._meta.db_table} AS e SET embedding = v.e::vector "
+            "FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS e) AS v "
+            "WHERE e.id = v.id",
+            [list(ids), [vector_literal(v) for v in vectors]],
+        )
