@@ -44,6 +44,12 @@ DEFAULTS: dict[str, Any] = {
     "DEFAULT_COLLECTION": "default",
     # Longest document text accepted by ingest, in characters.
     "MAX_DOCUMENT_CHARS": 10_000_000,
+    # Parser budgets, enforced while a file is read so hostile files are refused early
+    # (None disables one): pages of a PDF, bytes of drawing instructions on one PDF page
+    # (content streams, forms per call, annotation appearances), seconds spent reading a PDF.
+    "MAX_PDF_PAGES": 2_000,
+    "MAX_PDF_PAGE_CONTENT_BYTES": 16 * 1024 * 1024,
+    "PARSE_TIMEOUT": 60,
     # PostgreSQL text search configuration used for the chunks' search vectors.
     "TEXT_SEARCH_CONFIG": "english",
     "SEARCH": {
