@@ -1,10 +1,19 @@
-"""Django admin for collections, documents, chunks, evaluation test cases and runs."""
+"""Django admin for collections, documents, chunks, evaluation test cases and runs.
 
+Documents are added through ``ingest`` (chunked, embedded, searchable at once) and deleted
+through the store; their content is read-only once stored (ingest a new version with the same
+source to change it). Chunks, graph rows, jobs and runs are written by the library only: the
+admin shows them.
+"""
+
+from django import forms
 from django.contrib import admin, messages
+from django.db import transaction
 from django.db.models import Count
 from django.utils.text import Truncator
 
-from .exceptions import CollectionNotEmpty
+from .exceptions import CollectionNotEmpty, RagError
+from .ingestion.service import FORMATS, ingest
 from .models import (
     Chunk,
     Collection,
@@ -17,6 +26,7 @@ from .models import (
     Run,
     TestCase,
 )
+from .store import delete_documents
 
 
 @admin.action(description="Re-embed the selected documents")
@@ -83,6 +93,41 @@ class ChunkInline(admin.TabularInline):
         return Truncator(obj.text).chars(160)
 
 
+class DocumentAddForm(forms.ModelForm):
+    """Adding a document ingests it: the form's validation is the ingest itself, so any
+    library error (empty text, bad metadata, embedding failure) shows on the form."""
+
+    collection_name = forms.CharField(
+        label="Collection", max_length=255, help_text="Created when it does not exist."
+    )
+    format = forms.ChoiceField(choices=[(f, f) for f in FORMATS], initial="text")
+    replace = forms.BooleanField(
+        required=False, help_text="Replace the documents with the same source id."
+    )
+
+    class Meta:
+        model = Document
+        fields = ["title", "source_id", "metadata", "content"]
+
+    def clean(self):
+        data = super().clean()
+        if self.errors:
+            return data
+        try:
+            self.ingested = ingest(
+                data["content"],
+                collection=data["collection_name"],
+                title=data.get("title") or "",
+                source_id=data.get("source_id") or None,
+                metadata=data.get("metadata") or None,
+                format=data["format"],
+                replace=data.get("replace", False),
+            )
+        except RagError as exc:
+            raise forms.ValidationError(str(exc)) from exc
+        return data
+
+
 @admin.register(Document)
 class DocumentAdmin(admin.ModelAdmin):
     list_display = ["__str__", "collection", "source_id", "status", "chunk_count", "created_at"]
@@ -92,6 +137,55 @@ class DocumentAdmin(admin.ModelAdmin):
     readonly_fields = ["content_hash", "chunk_count", "status", "error", "created_at", "updated_at"]
     inlines = [ChunkInline]
     actions = [reembed_documents]
+
+    def get_form(self, request, obj=None, **kwargs):
+        if obj is None:
+            kwargs["form"] = DocumentAddForm
+            kwargs["fields"] = [
+                "collection_name",
+                "title",
+                "source_id",
+                "format",
+                "replace",
+                "metadata",
+                "content",
+            ]
+        return super().get_form(request, obj, **kwargs)
+
+    def get_readonly_fields(self, request, obj=None):
+        if obj is None:
+            return []
+        # The chunks were made from these: change them by ingesting a new version.
+        return [
+            *self.readonly_fields,
+            "collection",
+            "content",
+            "content_type",
+            "original_filename",
+        ]
+
+    def get_inlines(self, request, obj):
+        return self.inlines if obj is not None else []
+
+    def save_form(self, request, form, change):
+        if not change:
+            return form.ingested  # stored by the form's validation
+        return super().save_form(request, form, change)
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            super().save_model(request, obj, form, change)
+
+    def save_related(self, request, form, formsets, change):
+        if change:  # an added document has no related rows to save: ingest stored it all
+            super().save_related(request, form, formsets, change)
+
+    def delete_model(self, request, obj):
+        self.delete_queryset(request, Document.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        with transaction.atomic():
+            delete_documents(queryset.values_list("pk", flat=True))
 
 
 @admin.register(Chunk)
@@ -146,8 +240,18 @@ class TestCaseAdmin(admin.ModelAdmin):
         return Truncator(obj.question).chars(80)
 
 
+class ShownOnly:
+    """Rows the library writes: the admin lists and shows them, nothing more."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(ShownOnly, admin.ModelAdmin):
     list_display = ["id", "started_at", "status", "mode", "test_case_count", "recall_at_5", "mrr"]
     list_filter = ["status", "mode"]
     readonly_fields = [f.name for f in Run._meta.fields]
@@ -164,7 +268,7 @@ class RunAdmin(admin.ModelAdmin):
 
 
 @admin.register(Entity)
-class EntityAdmin(admin.ModelAdmin):
+class EntityAdmin(ShownOnly, admin.ModelAdmin):
     list_display = ["name", "type", "collection", "created_at"]
     list_filter = ["type", "collection"]
     search_fields = ["name", "normalized_name", "description"]
@@ -173,7 +277,7 @@ class EntityAdmin(admin.ModelAdmin):
 
 
 @admin.register(Relationship)
-class RelationshipAdmin(admin.ModelAdmin):
+class RelationshipAdmin(ShownOnly, admin.ModelAdmin):
     list_display = ["source", "type", "target", "strength", "count"]
     list_filter = ["type"]
     search_fields = ["source__name", "target__name", "type", "description"]
@@ -181,7 +285,7 @@ class RelationshipAdmin(admin.ModelAdmin):
 
 
 @admin.register(Community)
-class CommunityAdmin(admin.ModelAdmin):
+class CommunityAdmin(ShownOnly, admin.ModelAdmin):
     list_display = ["id", "collection", "level", "size", "dirty", "short_summary", "updated_at"]
     list_filter = ["level", "dirty", "collection"]
     search_fields = ["summary"]
@@ -196,7 +300,7 @@ class CommunityAdmin(admin.ModelAdmin):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(ShownOnly, admin.ModelAdmin):
     list_display = ["id", "kind", "status", "done", "total", "created_at", "finished_at"]
     list_filter = ["kind", "status"]
     readonly_fields = [f.name for f in Job._meta.fields]

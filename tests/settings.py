@@ -59,6 +59,15 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Fast, deterministic embeddings by default; tests that need the real model ask for it.
 DJANGO_RAG = {"EMBEDDER": "hashing"}
 
+# Graph extractors that need no model or LLM (tests/test_write_paths.py; its worker too).
+LOCAL_GRAPH = {
+    "EXTRACTOR": None,
+    "ENTITY_EXTRACTOR": "capitalized",
+    "RELATIONSHIP_EXTRACTOR": "cooccurrence",
+}
+if os.environ.get("DJANGO_RAG_TEST_LOCAL_GRAPH"):
+    DJANGO_RAG["GRAPH"] = LOCAL_GRAPH
+
 # A Celery worker started by tests/test_celery_worker.py works on the test database with the
 # embedder the test chooses.
 # Parallel test runs against the same embedded server each need their own test database.

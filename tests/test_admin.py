@@ -3,7 +3,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 import django_rag as rag
-from django_rag.models import Collection
+from django_rag.models import Collection, Document
+from django_rag.store import recount_statistics
 
 pytestmark = pytest.mark.django_db
 
@@ -119,3 +120,56 @@ def test_admin_actions_reembed_documents_and_rebuild_graph(admin_client):
         follow=True,
     )
     assert response.status_code == 200 and "graph build failed" in response.content.decode()
+
+
+def test_admin_add_document_goes_through_ingest(admin_client):
+    response = admin_client.post(
+        reverse("admin:django_rag_document_add"),
+        {
+            "collection_name": "admin-added",
+            "title": "Policy",
+            "source_id": "policy",
+            "format": "text",
+            "metadata": '{"lang": "en"}',
+            "content": "Refunds take fourteen days at every store.",
+        },
+    )
+    assert response.status_code == 302
+    doc = Document.objects.get(source_id="policy")
+    assert doc.status == "completed" and doc.chunks.count() == doc.chunk_count > 0
+    assert rag.search("refunds", collection="admin-added", mode="fulltext")[0].document_id == doc.pk
+    # Bad input is a form error, with nothing stored.
+    response = admin_client.post(
+        reverse("admin:django_rag_document_add"),
+        {"collection_name": "admin-added", "format": "text", "metadata": "{}", "content": "   "},
+    )
+    assert response.status_code == 200 and 'class="errornote"' in response.content.decode()
+    assert Document.objects.count() == 1
+
+
+def test_admin_content_is_read_only_and_library_rows_cannot_be_added(admin_client):
+    doc = rag.ingest("Original text about refunds.", collection="ro")
+    page = admin_client.get(reverse("admin:django_rag_document_change", args=[doc.pk]))
+    assert 'name="content"' not in page.content.decode()
+    admin_client.post(
+        reverse("admin:django_rag_document_change", args=[doc.pk]),
+        {
+            "title": "Renamed",
+            "source_id": "",
+            "metadata": "{}",
+            "content": "Changed!",
+            "chunks-TOTAL_FORMS": "1",
+            "chunks-INITIAL_FORMS": "1",
+            "chunks-0-id": doc.chunks.get().pk,
+            "chunks-0-document": doc.pk,
+        },
+    )
+    doc.refresh_from_db()
+    assert doc.title == "Renamed" and doc.content == "Original text about refunds."
+    for model in ["job", "run", "entity", "relationship", "community", "chunk"]:
+        assert admin_client.get(reverse(f"admin:django_rag_{model}_add")).status_code == 403
+    # Deleting through the admin goes through the store: chunks and statistics follow.
+    admin_client.post(reverse("admin:django_rag_document_delete", args=[doc.pk]), {"post": "yes"})
+    assert not Document.objects.filter(pk=doc.pk).exists()
+    counts = recount_statistics()
+    assert counts["stored"] == counts["recount"]

@@ -337,9 +337,12 @@ class NEREntityExtractor(EntityExtractor):
             return entities
 
 
+# Words joined by spaces or tabs only (never across a line break: a heading is not part of
+# the next paragraph's name), with at most one connector word between them. The separators
+# cannot overlap, so matching stays linear on long runs of whitespace.
+_CAP_WORD = r"(?:[A-Z][\w'’.-]*[A-Za-z0-9]|[A-Z]{2,}[0-9]*)"
 _CAPITALIZED = re.compile(
-    r"\b(?:[A-Z][\w'’.-]*[A-Za-z0-9]|[A-Z]{2,}[0-9]*)(?:\s+(?:of|de|la|von|van|for|and|&)?\s*"
-    r"(?:[A-Z][\w'’.-]*[A-Za-z0-9]|[A-Z]{2,}[0-9]*))*"
+    rf"\b{_CAP_WORD}(?:[ \t]+(?:(?:of|de|la|von|van|for|and|&)[ \t]+)?{_CAP_WORD})*"
 )
 
 
