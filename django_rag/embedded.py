@@ -10,6 +10,7 @@ Production should use a regular PostgreSQL server with pgvector.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -39,6 +40,32 @@ def embedded_database(
     settings = database_from_url(server.get_uri(name))
     settings["TEST"] = {"NAME": f"test_{name}"}
     return settings
+
+
+def stop_embedded_server(path: str | Path) -> bool:
+    """Stop the embedded server of ``path`` unless another live process still uses it.
+
+    pgserver counts the processes holding a server in ``.handle_pids.json`` but never forgets
+    one that died without cleaning up (a killed worker, an interrupted test run), so a server
+    started with ``keep_running=False`` can outlive everyone. This drops dead holders and stops
+    the server when no live process but this one remains. Returns True when it stopped it.
+    """
+    import psutil
+    from pgserver import pg_ctl
+    from pgserver.postgres_server import PostgresServer
+
+    pgdata = Path(path).resolve()
+    server = PostgresServer._instances.get(pgdata)
+    handles = pgdata / ".handle_pids.json"
+    if server is None or not (pgdata / "postmaster.pid").exists():
+        return False
+    pids = json.loads(handles.read_text()) if handles.exists() else []
+    others = [pid for pid in pids if pid != os.getpid() and psutil.pid_exists(pid)]
+    handles.write_text(json.dumps(others))
+    if others:
+        return False
+    pg_ctl(["-w", "stop", "-m", "fast"], pgdata=pgdata, user=server.system_user)
+    return True
 
 
 def database_from_url(url: str) -> dict:

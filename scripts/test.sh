@@ -10,4 +10,5 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
     >/dev/null 2>&1 || echo "Could not install chromium: the browser tests will be skipped."
 fi
 ruff check .
+lint-imports  # the layers and the absence of import cycles (pyproject.toml, docs/architecture.md)
 python -m pytest "$@"

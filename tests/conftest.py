@@ -7,6 +7,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
+def pytest_sessionfinish(session, exitstatus):
+    """Stop the embedded PostgreSQL this run started (unless DATABASE_URL names a server, or
+    another live process still uses it)."""
+    from django.conf import settings
+
+    data_dir = getattr(settings, "EMBEDDED_DATA_DIR", None)
+    if data_dir is not None and not os.environ.get("DATABASE_URL"):
+        from django_rag.embedded import stop_embedded_server
+
+        stop_embedded_server(data_dir)
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """The real bundled all-MiniLM-L6-v2 embedder (loaded once for the session)."""

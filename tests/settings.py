@@ -18,9 +18,9 @@ SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
 ALLOWED_HOSTS = ["*"]
-DATABASES = {
-    "default": database_settings(Path(tempfile.gettempdir()) / f"django_rag_tests_{_checkout}")
-}
+# Stopped at the end of the run by tests/conftest.py (pytest_sessionfinish).
+EMBEDDED_DATA_DIR = Path(tempfile.gettempdir()) / f"django_rag_tests_{_checkout}"
+DATABASES = {"default": database_settings(EMBEDDED_DATA_DIR)}
 INSTALLED_APPS = [
     "django.contrib.admin",
     "django.contrib.auth",

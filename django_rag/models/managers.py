@@ -13,6 +13,7 @@ from django.db.models.expressions import RawSQL
 from pgvector.django import CosineDistance
 
 from ..conf import search_setting
+from ..fusion import fuse
 from .fulltext import bm25_sql, parse_query, quote_terms, term_weights
 
 _pgvector_versions: dict[str, tuple[int, ...]] = {}
@@ -238,8 +239,6 @@ class ChunkQuerySet(models.QuerySet):
         ``limit``, not on the corpus. Chunks get ``semantic_score``, ``fulltext_score`` and the
         fused ``score``; those with ``score >= threshold`` are kept.
         """
-        from ..retrieval.fusion import fuse
-
         parsed = parse_query(query, using=self.db) if isinstance(query, str) else query
         pool = limit * candidates
         weights = term_weights(parsed.terms, using=self.db) if parsed.terms else None

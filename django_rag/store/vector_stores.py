@@ -22,6 +22,7 @@ import numpy as np
 
 from ..conf import build_component, get_setting, on_reset, search_setting
 from ..exceptions import UnknownCollection
+from ..fusion import fuse
 from ..models import Chunk, Collection
 from ..models.fulltext import split_query
 from ..results import SearchResult
@@ -259,7 +260,6 @@ class MemoryVectorStore(VectorStore):
                 (r for i, r in results.items() if i in matches), key=lambda r: -r.fulltext_score
             )[:pool]
             union = {r.chunk_id: r for r in [*by_semantic, *by_fulltext]}
-            from ..retrieval.fusion import fuse  # TODO(layers): fusion moves to the bottom
 
             ranked = fuse(
                 list(union.values()),
