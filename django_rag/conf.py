@@ -79,6 +79,13 @@ DEFAULTS: dict[str, Any] = {
     # ("openai/gpt-4o-mini"), {"model": ..., **options}, {"BACKEND": ..., "OPTIONS": {...}},
     # a dotted path, a callable taking the prompt and returning text, or an LLM instance.
     "LLM": None,
+    # Longest time one LLM answer may take, in seconds, retries and streaming included (None:
+    # no limit). Each attempt's timeout is cut to what is left; a stream that runs past it
+    # raises LLMTimeout.
+    "LLM_DEADLINE": 120.0,
+    # Longest time one Agent run may take, in seconds (None: no limit). LLM calls inside it get
+    # at most what is left; steps that start after it passed are skipped with ctx.error set.
+    "AGENT_DEADLINE": 300.0,
     # Reranker applied by search() when none is given per call (None: no reranking).
     "RERANKER": None,
     # GraphRAG (docs/graphrag.md). Off by default; per call: ingest(..., graph=True).
@@ -132,6 +139,9 @@ DEFAULTS: dict[str, Any] = {
         "PROMETHEUS": True,
         # Emit OpenTelemetry spans (needs opentelemetry-api).
         "OPENTELEMETRY": False,
+        # Label Prometheus metrics with collection names (they are shown to anyone who can read
+        # /metrics); off by default: the label is "all".
+        "PROMETHEUS_COLLECTION_LABELS": False,
     },
 }
 
@@ -198,21 +208,149 @@ def _reset(*, setting: str, **kwargs) -> None:
             callback()
 
 
-_SECRET_KEY = re.compile(
-    r"secret|password|passwd|(^|_)(api_?key|access_?key|private_?key|token|credentials?|auth|"
-    r"authorization)$",
-    re.IGNORECASE,
-)
+def deadline_setting(name: str) -> float | None:
+    """``LLM_DEADLINE`` / ``AGENT_DEADLINE``: a positive number of seconds, or None."""
+    value = get_setting(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e9:
+        raise ConfigurationError(name, value, "must be a positive number of seconds, or None")
+    return float(value)
+
+
+# --- secrets ----------------------------------------------------------------------------------
+# One place decides what a secret looks like. ``redact`` cleans structured values (settings,
+# specs) for display; ``scrub_text`` cleans free text (error messages, log lines, telemetry)
+# of every secret the configured specs hold plus anything that looks like a credential.
+
 REDACTED = "[REDACTED]"
+# Words that make an option, header or query parameter name a secret wherever they appear...
+_SECRET_WORDS = frozenset(
+    {
+        "secret",
+        "secrets",
+        "password",
+        "passwd",
+        "passphrase",
+        "pwd",
+        "authorization",
+        "cookie",
+        "cookies",
+        "credential",
+        "credentials",
+        "apikey",
+        "signature",
+    }
+)
+# ... and words that do when they end the name (``api_key``, ``hf_token``; not ``max_tokens``).
+_SECRET_LAST_WORDS = frozenset({"key", "token", "auth", "sig", "session", "bearer"})
+_CAMEL = re.compile(r"([a-z0-9])([A-Z])")
 
 
 def is_secret_key(key: Any) -> bool:
-    """True for option names that hold secrets (api_key, password, hf_token, ...)."""
-    return bool(_SECRET_KEY.search(str(key)))
+    """True for names that hold secrets: ``api_key``, ``x-api-key``, ``Authorization``,
+    ``hf_token``, ``password``, ``Cookie``, ``apiKey``... (case, ``-`` and ``_`` ignored)."""
+    words = [w for w in re.split(r"[^a-z0-9]+", _CAMEL.sub(r"\1_\2", str(key)).lower()) if w]
+    if not words:
+        return False
+    return words[-1] in _SECRET_LAST_WORDS or any(w in _SECRET_WORDS for w in words)
+
+
+# scheme://user:password@host -> the userinfo part.
+_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/\s@?#]+)@")
+# ?name=value / &name=value in URLs.
+_QUERY_PARAM = re.compile(r"(?P<lead>[?&;](?P<name>[^=&#\s?;]+)=)(?P<value>[^&#\s;\"'<>]*)")
+# "Bearer <token>" / "Basic <credentials>" anywhere in text.
+_AUTH_SCHEME = re.compile(r"(?P<lead>\b(?:Bearer|Basic|Token)\s+)(?P<value>[A-Za-z0-9._~+/=-]{6,})")
+# name=value, name: value, "name": "value", name='value' where name looks secret.
+_KEY_VALUE = re.compile(
+    r"(?P<name>[A-Za-z_][\w-]*)(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<value>(?!\[REDACTED\])[^\s\"',;&}\])]+)"
+)
+
+
+def _scrub_patterns(text: str) -> str:
+    text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    text = _QUERY_PARAM.sub(
+        lambda m: f"{m['lead']}{REDACTED}" if is_secret_key(m["name"]) and m["value"] else m[0],
+        text,
+    )
+    text = _AUTH_SCHEME.sub(lambda m: f"{m['lead']}{REDACTED}", text)
+    return _KEY_VALUE.sub(
+        lambda m: f"{m['name']}{m['sep']}{REDACTED}" if is_secret_key(m["name"]) else m[0],
+        text,
+    )
+
+
+def _collect_secrets(value: Any, found: set[str], *, secret: bool = False) -> None:
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _collect_secrets(item, found, secret=secret or is_secret_key(key))
+    elif isinstance(value, list | tuple | set | frozenset):
+        for item in value:
+            _collect_secrets(item, found, secret=secret)
+    elif isinstance(value, str):
+        if secret:
+            found.add(value)
+            for word in value.split():  # "Bearer sk-..." -> the token alone too
+                found.add(word)
+        for match in _URL_USERINFO.finditer(value):
+            found.add(match["userinfo"])
+            found.update(match["userinfo"].split(":"))
+        for match in _QUERY_PARAM.finditer(value):
+            if is_secret_key(match["name"]):
+                found.add(match["value"])
+        for match in _AUTH_SCHEME.finditer(value):
+            found.add(match["value"])
+
+
+# Shorter values are not treated as secrets in free text: replacing them would mangle it.
+_MIN_SECRET_CHARS = 4
+
+
+def secrets_in(*values: Any) -> list[str]:
+    """Every secret string held by ``values`` (nested dicts, lists, strings): values of
+    secret-looking keys, URL credentials, secret query parameters, bearer tokens."""
+    found: set[str] = set()
+    for value in values:
+        _collect_secrets(value, found)
+    return sorted(
+        (s for s in found if len(s) >= _MIN_SECRET_CHARS and s != REDACTED),
+        key=lambda s: (-len(s), s),
+    )
+
+
+@functools.cache
+def configured_secrets() -> tuple[str, ...]:
+    """The secrets of the ``DJANGO_RAG`` settings (LLM, EMBEDDER, RERANKER specs...)."""
+    try:
+        return tuple(secrets_in(get_settings()))
+    except Exception:  # a broken setting is reported elsewhere; never fail while scrubbing
+        return ()
+
+
+on_reset(configured_secrets.cache_clear)
+
+
+def scrub_text(text: Any, secrets: Any = ()) -> str:
+    """``text`` as a string with secrets replaced by ``[REDACTED]``: ``secrets`` (a string or
+    strings), every secret of the configured specs, URL credentials, secret query parameters,
+    bearer tokens and ``api_key=...``-style pairs. Use it on error messages and log lines."""
+    text = str(text)
+    extra = [secrets] if isinstance(secrets, str) else [s for s in secrets or () if s]
+    known = {s for s in extra if isinstance(s, str) and len(s) >= _MIN_SECRET_CHARS}
+    known.update(configured_secrets())
+    for secret in sorted(known, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, REDACTED)
+    return _scrub_patterns(text)
 
 
 def redact(value: Any) -> Any:
-    """Return ``value`` with every secret-looking entry of nested dicts replaced by a marker."""
+    """``value`` with secrets replaced by ``[REDACTED]``, for display: entries of nested
+    dicts whose key looks secret (``api_key``, ``x-api-key``, ``Authorization``, ``password``,
+    ...), credentials and secret query parameters in URLs, and configured secrets inside any
+    string. Other objects are kept unless their text shows a secret (then their scrubbed text
+    is returned)."""
     if isinstance(value, Mapping):
         return {
             key: REDACTED if is_secret_key(key) and item else redact(item)
@@ -220,7 +358,13 @@ def redact(value: Any) -> Any:
         }
     if isinstance(value, list | tuple):
         return type(value)(redact(item) for item in value)
-    return value
+    if isinstance(value, str):
+        return scrub_text(value)
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    shown = str(value)
+    cleaned = scrub_text(shown)
+    return value if cleaned == shown else cleaned
 
 
 # --- component resolution ---------------------------------------------------------------------
@@ -259,7 +403,7 @@ def build_component(
     ``wrap_callable``). Anything else raises :class:`ConfigurationError` naming ``setting``.
     """
     options: dict[str, Any] = {}
-    original = spec
+    original = redact(spec)  # errors show the spec; never its secrets
     if isinstance(spec, Mapping):
         unknown = set(spec) - {"BACKEND", "OPTIONS"}
         if "BACKEND" not in spec or unknown:
@@ -282,7 +426,7 @@ def build_component(
         try:
             return spec(**options)
         except TypeError as exc:
-            raise ConfigurationError(setting, original, f"bad OPTIONS: {exc}") from exc
+            raise ConfigurationError(setting, original, f"bad OPTIONS: {scrub_text(exc)}") from exc
     if callable(spec) and wrap_callable is not None:
         return wrap_callable(spec, **options)
     raise ConfigurationError(

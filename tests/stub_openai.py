@@ -19,6 +19,23 @@ class Failure:
         self.retry_after = retry_after
 
 
+class Drop:
+    """A streamed reply cut off after ``after`` pieces of ``text``: no finish chunk, no
+    ``[DONE]``. ``reset=True`` resets the TCP connection instead of closing it cleanly."""
+
+    def __init__(self, text: str, after: int = 2, reset: bool = False):
+        self.text = text
+        self.after = after
+        self.reset = reset
+
+
+class Raw:
+    """A chat reply sent exactly as given (a JSON-able payload), e.g. one with no choices."""
+
+    def __init__(self, payload):
+        self.payload = payload
+
+
 class StubOpenAI:
     """``/embeddings`` from a hashing embedder; ``/chat/completions`` from a script.
 
@@ -85,6 +102,12 @@ class StubOpenAI:
                     error = {"message": reply.message, "type": "scripted", "code": reply.status}
                     self._send(reply.status, {"error": error}, headers)
                     return
+                if isinstance(reply, Raw):
+                    self._send(200, reply.payload)
+                    return
+                if isinstance(reply, Drop):
+                    self._drop(body, reply)
+                    return
                 prompt_tokens = sum(len(m["content"].split()) for m in body["messages"])
                 usage = {
                     "prompt_tokens": prompt_tokens,
@@ -112,6 +135,28 @@ class StubOpenAI:
                 self._event({**chunk, "choices": [], "usage": usage})
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
+
+            def _drop(self, body, reply):
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.end_headers()
+                chunk = {
+                    "id": "chatcmpl-stub",
+                    "created": 1700000000,
+                    "model": body["model"],
+                    "object": "chat.completion.chunk",
+                }
+                for piece in re.findall(r"\S+\s*|\s+", reply.text)[: reply.after]:
+                    delta = {"index": 0, "delta": {"content": piece}, "finish_reason": None}
+                    self._event({**chunk, "choices": [delta]})
+                if reply.reset:
+                    import socket
+                    import struct
+
+                    self.connection.setsockopt(
+                        socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
+                    )
+                self.close_connection = True
 
             def _event(self, payload):
                 self.wfile.write(b"data: " + json.dumps(payload).encode() + b"\n\n")

@@ -42,6 +42,11 @@ class Agent:
     answer text); those that are not step names can also be read on the agent itself
     (``agent.error``, ``agent.usage``, ``agent.chunks``). ``agent.result`` is an
     :class:`Answer`.
+
+    The whole run must end within ``deadline`` seconds (default
+    ``DJANGO_RAG["AGENT_DEADLINE"]``, from the agent's creation): LLM calls get what is left,
+    and steps that would start later are skipped with ``error`` set to an
+    :class:`~django_rag.llm.AgentTimeout`.
     """
 
     def __init__(
@@ -51,6 +56,7 @@ class Agent:
         llm: Any = None,
         limit: int = 5,
         threshold: float | None = None,
+        deadline: float | None = None,
         **search_options: Any,
     ):
         self.context = Context(
@@ -59,6 +65,7 @@ class Agent:
             limit=limit,
             threshold=threshold,
             search_options=search_options,
+            deadline=deadline,
         )
 
     def _run(self, name: str, options: dict[str, Any]) -> Agent:

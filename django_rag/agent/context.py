@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..exceptions import InvalidInput
+from ..exceptions import InvalidInput, InvalidOption
 from ..llm import Usage
 from ..results import SearchResult
 from .answer import Answer, Citation
@@ -29,6 +30,11 @@ class Context:
     search. When a step fails, ``error`` and ``failed_step`` are set and later steps return
     the context unchanged. Fallbacks taken after an LLM failure (for example ``decompose``
     using the original question) are listed in ``warnings``.
+
+    ``deadline`` is the most seconds the run may take (default ``AGENT_DEADLINE``; counted
+    from the context's creation on a monotonic clock). LLM calls get at most what is left;
+    a step that would start after it is skipped, ``error`` becoming an
+    :class:`~django_rag.llm.AgentTimeout`.
     """
 
     question: str
@@ -36,6 +42,7 @@ class Context:
     limit: int = 5
     threshold: float | None = None
     search_options: dict[str, Any] = field(default_factory=dict)
+    deadline: float | None = None
     # gate
     skip_retrieval: bool = False
     gate_reasoning: str | None = None
@@ -66,10 +73,26 @@ class Context:
     failed_step: str | None = None
     warnings: list[str] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    # The monotonic time the run must end by (None: no deadline).
+    deadline_at: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():
             raise InvalidInput("The agent needs a non-empty question string.")
+        if self.deadline is None:
+            from ..conf import deadline_setting
+
+            self.deadline = deadline_setting("AGENT_DEADLINE")
+        elif (
+            isinstance(self.deadline, bool)
+            or not isinstance(self.deadline, int | float)
+            or not self.deadline > 0
+        ):
+            raise InvalidOption(
+                f"deadline must be a positive number of seconds, got {self.deadline!r}"
+            )
+        if self.deadline is not None:
+            self.deadline_at = time.monotonic() + self.deadline
 
     @property
     def query(self) -> str:

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
+from ..conf import scrub_text
 from ..exceptions import LLMError, LLMResponseError
-from ..llm import Completion, as_bool, collect_usage, get_llm, parse_json
+from ..llm import Completion, as_bool, collect_usage, deadline, get_llm, parse_json
+from ..llm.errors import AgentTimeout
 from ..models import Collection
 from ..rerankers import LLMReranker, Reranker, get_reranker
 from ..results import SearchResult
@@ -46,13 +49,29 @@ def step(name: str) -> Callable:
         def run(ctx: Context, **options: Any) -> Context:
             if ctx.error is not None:
                 return ctx
-            with collect_usage() as usage:
+            if ctx.deadline_at is not None and time.monotonic() >= ctx.deadline_at:
+                ctx.error = AgentTimeout(
+                    f"The agent run passed its deadline ({ctx.deadline:g}s) before the {name} "
+                    "step, which did not run (nor did the steps after it). Raise "
+                    "DJANGO_RAG['AGENT_DEADLINE'] or Agent(deadline=...), or use fewer steps."
+                )
+                ctx.failed_step = name
+                ctx.warnings.append(f"{name}: skipped, the agent's deadline had passed")
+                logger.warning("django_rag agent step %s skipped: deadline passed", name)
+                return ctx
+            # LLM calls inside the step get at most what is left of the run's deadline.
+            with collect_usage() as usage, deadline(at=ctx.deadline_at):
                 try:
                     func(ctx, **options)
                 except Exception as exc:
                     ctx.error = exc
                     ctx.failed_step = name
-                    logger.warning("django_rag agent step %s failed: %r", name, exc)
+                    logger.warning(
+                        "django_rag agent step %s failed: %s: %s",
+                        name,
+                        type(exc).__name__,
+                        scrub_text(exc)[:500],
+                    )
             ctx.usage.add(usage)
             return ctx
 
@@ -63,8 +82,9 @@ def step(name: str) -> Callable:
 
 
 def _fallback(ctx: Context, name: str, exc: Exception, what: str) -> None:
-    ctx.warnings.append(f"{name}: {exc} ({what})")
-    logger.info("django_rag agent step %s fell back: %s", name, exc)
+    message = scrub_text(exc)[:500]
+    ctx.warnings.append(f"{name}: {message} ({what})")
+    logger.info("django_rag agent step %s fell back: %s", name, message)
 
 
 def _llm(ctx: Context, llm: Any) -> Any:

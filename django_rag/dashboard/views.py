@@ -282,16 +282,41 @@ def ask_page(request):
         try:
             answer = _run_ask(request, form.cleaned_data)
         except Exception as exc:  # shown as a message: an LLM outage must not be a 500
-            messages.error(request, f"{type(exc).__name__}: {exc}")
+            messages.error(request, _ask_error(exc))
     return render(
-        request, "django_rag/dashboard/ask.html", _context(request, form=form, answer=answer)
+        request,
+        "django_rag/dashboard/ask.html",
+        _context(request, form=form, answer=answer, document_url=_document_url()),
     )
+
+
+def _ask_error(exc: Exception) -> str:
+    from ..conf import scrub_text
+
+    return scrub_text(f"{type(exc).__name__}: {exc}")[:1000]
+
+
+def _document_url() -> str:
+    """The document page's URL with ``0`` as its id: the Ask page's script puts in the ids
+    the server sent (never a URL from the stream)."""
+    return reverse("django_rag_dashboard:document", args=[0])
+
+
+# Separates the streamed answer from its trailer; removed from the answer text.
+TRAILER = "\x1e"
 
 
 @require_POST
 @dashboard_view
 def ask_stream(request):
-    """A single ask(), streamed: text as it arrives, then a line with the citations as JSON."""
+    """A single ask(), streamed: the answer text as it arrives, then the trailer.
+
+    The trailer is the one record separator (``\\x1e``) of the body, after a newline, then
+    JSON: the list of citations (``number``, ``label``, integer ``document_id`` and
+    ``chunk_id``, ``url``) when the answer is complete, or ``{"error": "..."}`` when it failed
+    part way. The answer text never contains ``\\x1e`` (it is removed from every piece), so
+    an LLM cannot forge the trailer; a body without a trailer was cut off.
+    """
     from django.http import HttpResponseBadRequest, StreamingHttpResponse
 
     from ..agent import ask
@@ -310,24 +335,29 @@ def ask_stream(request):
             stream=True,
         )
     except RagError as exc:
-        return HttpResponseBadRequest(str(exc))
+        return HttpResponseBadRequest(_ask_error(exc))
 
     def body():
         try:
-            yield from stream
-        except Exception as exc:
-            yield f"\n[error: {type(exc).__name__}: {exc}]"
+            for piece in stream:
+                piece = piece.replace(TRAILER, "")
+                if piece:
+                    yield piece
+        except Exception as exc:  # a cut stream, a deadline, an outage: an error, not an answer
+            yield "\n" + TRAILER + json.dumps({"error": _ask_error(exc)})
             return
         citations = [
             {
-                "number": c.number,
+                "number": int(c.number),
                 "label": c.chunk.label,
-                "url": reverse("django_rag_dashboard:document", args=[c.document_id])
-                + f"#chunk-{c.chunk_id}",
+                "document_id": int(c.document_id),
+                "chunk_id": int(c.chunk_id),
+                "url": reverse("django_rag_dashboard:document", args=[int(c.document_id)])
+                + f"#chunk-{int(c.chunk_id)}",
             }
             for c in stream.answer.citations
         ]
-        yield "\n\x1e" + json.dumps(citations)
+        yield "\n" + TRAILER + json.dumps(citations)
 
     response = StreamingHttpResponse(body(), content_type="text/plain; charset=utf-8")
     response["X-Accel-Buffering"] = "no"

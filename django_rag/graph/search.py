@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from pgvector.django import CosineDistance
 
 from ..conf import graph_setting
@@ -25,6 +25,9 @@ class GraphMatch:
     entities: dict[int, float] = field(default_factory=dict)  # matched: id -> similarity
     expanded: dict[int, float] = field(default_factory=dict)  # all, with decayed scores
     hops: dict[int, int] = field(default_factory=dict)
+    # The chunks the search may return (collection, source and metadata filters): the graph
+    # context shows only what these chunks support. None: every chunk.
+    scope: QuerySet | None = field(default=None, repr=False)
 
 
 def match_entities(
@@ -149,29 +152,84 @@ def graph_results(
             expanded_entity_count=len(expanded),
             result_count=len(results),
         )
-    return results, GraphMatch(seeds, expanded, hops)
+    return results, GraphMatch(seeds, expanded, hops, scope=chunks)
 
 
 def graph_context(match: GraphMatch) -> dict[str, list]:
-    """Entities, relationships and community summaries for an answer prompt."""
+    """Entities, relationships and community summaries for an answer prompt, confined to
+    what the chunks in the search's scope (``match.scope``) support, like the chunks are:
+
+    - entities: the matched ones that a chunk in scope mentions;
+    - an entity's description only when every chunk mentioning it is in scope (descriptions
+      are merged from all of the collection's mentions, so under a ``source_id`` or
+      ``metadata`` filter one could carry text from a document outside it);
+    - relationships between in-scope entities, when both ends are wholly in scope or a chunk
+      in scope mentions both (relationships do not record the chunk they came from);
+    - a community summary only when every member is wholly in scope.
+
+    With only a collection filter (or none) everything in those collections is in scope.
+    """
+    empty: dict[str, list] = {"entities": [], "relationships": [], "summaries": []}
     if not match.entities:
-        return {"entities": [], "relationships": [], "summaries": []}
-    matched = sorted(match.entities, key=lambda pk: -match.entities[pk])
-    entities = Entity.objects.in_bulk(matched[: graph_setting("CONTEXT_ENTITIES")])
-    ordered = [entities[pk] for pk in matched if pk in entities]
-    inside = list(match.expanded)
+        return empty
+    scope = match.scope
+    candidates = list(match.expanded or match.entities)
+    if scope is None:
+        in_scope, outside = set(candidates), set()
+    else:
+        in_scope = set(
+            EntityMention.objects.filter(entity_id__in=candidates, chunk__in=scope).values_list(
+                "entity_id", flat=True
+            )
+        )
+        outside = _mentioned_outside(in_scope, scope)
+    matched = [
+        pk for pk in sorted(match.entities, key=lambda pk: -match.entities[pk]) if pk in in_scope
+    ][: graph_setting("CONTEXT_ENTITIES")]
+    entities = Entity.objects.in_bulk(matched)
+    ordered = []
+    for pk in matched:
+        entity = entities.get(pk)
+        if entity is None:
+            continue
+        if pk in outside:
+            entity.description = ""  # known from chunks outside the scope
+        ordered.append(entity)
+    inside = [pk for pk in candidates if pk in in_scope]
+    edges = Relationship.objects.filter(source_id__in=inside, target_id__in=inside)
+    if scope is not None and outside:
+        both_mentioned = EntityMention.objects.filter(
+            entity_id=OuterRef("source_id"),
+            chunk__in=scope,
+            chunk__mentions__entity_id=OuterRef("target_id"),
+        )
+        edges = edges.filter(
+            (~Q(source_id__in=list(outside)) & ~Q(target_id__in=list(outside)))
+            | Q(Exists(both_mentioned))
+        )
     relationships = list(
-        Relationship.objects.filter(source_id__in=inside, target_id__in=inside)
-        .select_related("source", "target")
-        .order_by("-strength", "pk")[: graph_setting("CONTEXT_RELATIONSHIPS")]
+        edges.select_related("source", "target").order_by("-strength", "pk")[
+            : graph_setting("CONTEXT_RELATIONSHIPS")
+        ]
     )
-    seeds = set(match.entities)
-    communities = [
-        c
-        for c in Community.objects.filter(
-            entity_ids__overlap=list(seeds), level__in=graph_setting("SUMMARY_LEVELS")
-        ).exclude(summary="")
-    ]
+    seeds = set(matched)
+    communities = []
+    if seeds:
+        candidates_c = list(
+            Community.objects.filter(
+                entity_ids__overlap=list(seeds), level__in=graph_setting("SUMMARY_LEVELS")
+            ).exclude(summary="")
+        )
+        if scope is not None and candidates_c:
+            members = {pk for c in candidates_c for pk in c.entity_ids}
+            mentioned = set(
+                EntityMention.objects.filter(entity_id__in=members, chunk__in=scope).values_list(
+                    "entity_id", flat=True
+                )
+            )
+            excluded = (members - mentioned) | _mentioned_outside(members, scope)
+            candidates_c = [c for c in candidates_c if not excluded & set(c.entity_ids)]
+        communities = candidates_c
     # Most overlap with the matched entities first; then the more specific (smaller) ones.
     communities.sort(key=lambda c: (-len(seeds & set(c.entity_ids)), len(c.entity_ids), c.pk))
     return {
@@ -179,6 +237,19 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
         "relationships": relationships,
         "summaries": [c.summary for c in communities[: graph_setting("CONTEXT_SUMMARIES")]],
     }
+
+
+def _mentioned_outside(entity_ids: Iterable[int], scope: QuerySet) -> set[int]:
+    """Those of ``entity_ids`` that a chunk outside ``scope`` mentions."""
+    ids = list(entity_ids)
+    if not ids:
+        return set()
+    return set(
+        EntityMention.objects.filter(entity_id__in=ids)
+        .exclude(chunk__in=scope)
+        .values_list("entity_id", flat=True)
+        .distinct()
+    )
 
 
 def collection_ids(names: Iterable[str] | None) -> list[int] | None:

@@ -6,10 +6,20 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ..conf import build_component, get_setting
+from ..conf import build_component, get_setting, redact
 from ..exceptions import ConfigurationError, LLMNotConfigured
-from .base import LLM, Completion, TextStream, Usage, collect_usage, map_concurrently
+from .base import (
+    LLM,
+    Completion,
+    TextStream,
+    Usage,
+    collect_usage,
+    deadline,
+    map_concurrently,
+    remaining_time,
+)
 from .callable import CallableLLM
+from .errors import AgentTimeout, LLMStreamError, LLMTimeout
 from .litellm import LiteLLM
 from .parsing import as_bool, parse_json
 
@@ -39,7 +49,7 @@ def get_llm(spec: Any = None, *, feature: str = "This operation", setting: str =
     if isinstance(spec, Mapping) and "BACKEND" not in spec:
         if "model" not in spec:
             raise ConfigurationError(
-                setting, spec, "a dict needs 'model' (a litellm model string) or 'BACKEND'"
+                setting, redact(spec), "a dict needs 'model' (a litellm model string) or 'BACKEND'"
             )
         spec = {"BACKEND": "litellm", "OPTIONS": dict(spec)}
     if isinstance(spec, str) and spec not in ALIASES and not _DOTTED_PATH.match(spec):
@@ -51,10 +61,15 @@ def get_llm(spec: Any = None, *, feature: str = "This operation", setting: str =
 
 __all__ = [
     "LLM",
+    "AgentTimeout",
     "CallableLLM",
     "Completion",
+    "LLMStreamError",
+    "LLMTimeout",
     "LiteLLM",
     "TextStream",
+    "deadline",
+    "remaining_time",
     "as_bool",
     "Usage",
     "collect_usage",

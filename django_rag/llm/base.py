@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -11,6 +12,7 @@ from typing import Any
 
 from ..results import Usage
 from ..signals import span
+from .errors import LLMTimeout
 
 
 @dataclass
@@ -59,6 +61,53 @@ def record_usage(usage: Usage) -> None:
         collector.add(usage)
 
 
+# --- deadlines ---------------------------------------------------------------------------------
+
+# The monotonic time by which the current LLM answer (or agent run) must be done, or None.
+_deadline: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "django_rag_deadline", default=None
+)
+
+
+def _earliest(*ends: float | None) -> float | None:
+    known = [end for end in ends if end is not None]
+    return min(known) if known else None
+
+
+@contextmanager
+def deadline(seconds: float | None = None, *, at: float | None = None) -> Iterator[float | None]:
+    """Within the block, LLM calls must finish ``seconds`` from now (or by the monotonic time
+    ``at``); an enclosing, earlier deadline still wins. Yields the effective deadline.
+
+    The agent wraps each run in one (``AGENT_DEADLINE``); every LLM answer gets its own
+    ``LLM_DEADLINE`` on top. Backends read what is left with :func:`remaining_time`.
+    """
+    end = _earliest(
+        _deadline.get(),
+        at,
+        None if seconds is None else time.monotonic() + seconds,
+    )
+    token = _deadline.set(end)
+    try:
+        yield end
+    finally:
+        _deadline.reset(token)
+
+
+def remaining_time() -> float | None:
+    """Seconds left before the current deadline (negative once passed), or None."""
+    end = _deadline.get()
+    return None if end is None else end - time.monotonic()
+
+
+def _answer_deadline() -> float | None:
+    """The monotonic end of one LLM answer: ``LLM_DEADLINE`` from now, or the enclosing one."""
+    from ..conf import deadline_setting
+
+    seconds = deadline_setting("LLM_DEADLINE")
+    return _earliest(_deadline.get(), None if seconds is None else time.monotonic() + seconds)
+
+
 # --- the base class ----------------------------------------------------------------------------
 
 
@@ -85,7 +134,15 @@ class LLM:
         """Send ``prompt`` (the user message) with an optional ``system`` message."""
         messages = build_messages(prompt, system)
         with span("llm.complete", **self._span_metadata(messages)) as s:
-            completion = self._complete(messages, **options)
+            end = _answer_deadline()
+            if end is not None and time.monotonic() >= end:
+                raise LLMTimeout(
+                    "No time was left for this LLM call (its deadline had passed); raise "
+                    "DJANGO_RAG['LLM_DEADLINE'] / ['AGENT_DEADLINE'] or ask again.",
+                    model=self.model_name,
+                )
+            with deadline(at=end):
+                completion = self._complete(messages, **options)
             self._finish(s, completion)
         return completion
 
@@ -143,16 +200,42 @@ class TextStream:
         self._started = True
         llm = self._llm
         with span("llm.complete", stream=True, **llm._span_metadata(self._messages)) as s:
+            end = _answer_deadline()
             pieces: list[str] = []
             usage = Usage()
-            for item in llm._stream(self._messages, **self._options):
-                if isinstance(item, Usage):
-                    usage = item
-                elif item:
-                    pieces.append(item)
-                    yield item
+            items = llm._stream(self._messages, **self._options)
+            try:
+                while True:
+                    self._check_deadline(end, pieces)
+                    # The deadline is visible to the backend only while it produces a piece:
+                    # it must not leak into the consumer's code between pieces.
+                    token = _deadline.set(end)
+                    try:
+                        item = next(items)
+                    except StopIteration:
+                        break
+                    finally:
+                        _deadline.reset(token)
+                    if isinstance(item, Usage):
+                        usage = item
+                    elif item:
+                        pieces.append(item)
+                        yield item
+            finally:
+                close = getattr(items, "close", None)
+                if close is not None:
+                    close()
             self.completion = Completion("".join(pieces), usage, llm.model_name)
             llm._finish(s, self.completion)
+
+    def _check_deadline(self, end: float | None, pieces: list[str]) -> None:
+        if end is not None and time.monotonic() > end:
+            raise LLMTimeout(
+                f"The LLM's streamed answer passed its deadline after {len(''.join(pieces))} "
+                "characters; the text so far is incomplete. Raise DJANGO_RAG['LLM_DEADLINE'] "
+                "(or the agent's deadline) or ask again.",
+                model=self._llm.model_name,
+            )
 
 
 def map_concurrently(func: Callable[[Any], Any], items: list[Any], max_workers: int) -> list[Any]:

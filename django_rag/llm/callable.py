@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..conf import scrub_text
 from ..exceptions import LLMError
 from .base import LLM, Completion, Messages, Usage
+from .errors import LLMStreamError
 
 
 class CallableLLM(LLM):
@@ -31,7 +33,8 @@ class CallableLLM(LLM):
             raise
         except Exception as exc:
             raise LLMError(
-                f"LLM function {self.model_name!r} raised {type(exc).__name__}: {exc}",
+                f"LLM function {self.model_name!r} raised {type(exc).__name__}: "
+                f"{scrub_text(exc)[:500]}",
                 model=self.model_name,
             ) from exc
 
@@ -56,12 +59,19 @@ class CallableLLM(LLM):
     def _stream(self, messages: Messages, **options: Any) -> Iterator[str | Usage]:
         result = self._call(messages, options)
         if isinstance(result, Iterator):
+            received: list[str] = []
             try:
-                yield from result
+                for piece in result:
+                    received.append(piece if isinstance(piece, str) else "")
+                    yield piece
+            except LLMError:
+                raise
             except Exception as exc:
-                raise LLMError(
-                    f"LLM function {self.model_name!r} failed mid-stream: {exc}",
+                raise LLMStreamError(
+                    f"LLM function {self.model_name!r} failed mid-stream with "
+                    f"{type(exc).__name__}: {scrub_text(exc)[:500]}; the answer is incomplete.",
                     model=self.model_name,
+                    partial="".join(received),
                 ) from exc
             yield Usage.of_call(self.model_name, 0, 0, None)
         else:

@@ -5,11 +5,13 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from ..exceptions import LLMError, MissingDependency
-from .base import LLM, Completion, Messages, Usage
+from ..conf import scrub_text, secrets_in
+from ..exceptions import LLMError, LLMResponseError, MissingDependency
+from .base import LLM, Completion, Messages, Usage, remaining_time
+from .errors import LLMStreamError, LLMTimeout
 
 logger = logging.getLogger(__name__)
 
@@ -41,24 +43,38 @@ def call_with_retries(
     max_retries: int,
     backoff: float,
     max_backoff: float,
-    secret: str | None = None,
+    secret: str | Iterable[str] | None = None,
 ) -> Any:
     """Run a litellm call, retrying transient failures with exponential backoff and jitter.
 
-    A ``Retry-After`` header is honoured up to ``max_backoff``. Raises :class:`LLMError` (with
-    ``secret`` removed from the message) when a failure is final or the retries run out.
+    A ``Retry-After`` header is honoured up to ``max_backoff``. Retries stop when the current
+    deadline (:func:`~django_rag.llm.base.deadline`) would pass before the next attempt:
+    :class:`LLMTimeout` is raised then. Raises :class:`LLMError` when a failure is final or
+    the retries run out. Error messages never show ``secret`` (a string or strings) nor the
+    configured secrets (:func:`django_rag.conf.scrub_text`).
     """
     litellm = _litellm()
     transient = tuple(getattr(litellm, name) for name in _TRANSIENT if hasattr(litellm, name))
     attempt = 0
     while True:
         attempt += 1
+        left = remaining_time()
+        if left is not None and left <= 0:
+            raise LLMTimeout(
+                f"LLM call to {model!r} passed its deadline before attempt {attempt}; raise "
+                "DJANGO_RAG['LLM_DEADLINE'] (or the agent's deadline) or try again later.",
+                model=model,
+                attempts=attempt - 1,
+            )
         try:
             return call()
         except transient as exc:
             if attempt > max_retries:
                 raise _error(exc, attempt, model, secret) from None
             delay = _delay(exc, attempt, backoff, max_backoff)
+            left = remaining_time()
+            if left is not None and delay >= left:
+                raise _error(exc, attempt, model, secret, timeout=True) from None
             logger.warning(
                 "LLM %s: transient %s, retry %d/%d in %.1fs",
                 model,
@@ -70,6 +86,15 @@ def call_with_retries(
             time.sleep(delay)
         except Exception as exc:
             raise _error(exc, attempt, model, secret) from None
+
+
+def attempt_timeout(timeout: float | None) -> float | None:
+    """An attempt's timeout: ``timeout`` cut to what is left of the current deadline."""
+    left = remaining_time()
+    if left is None:
+        return timeout
+    left = max(left, 0.001)
+    return left if timeout is None else min(timeout, left)
 
 
 def _delay(exc: Exception, attempt: int, backoff: float, max_backoff: float) -> float:
@@ -85,10 +110,23 @@ def _delay(exc: Exception, attempt: int, backoff: float, max_backoff: float) -> 
     return max(0.0, min(retry_after, max_backoff))
 
 
-def _error(exc: Exception, attempt: int, model: str, secret: str | None) -> LLMError:
-    message = str(exc)
-    if secret:
-        message = message.replace(secret, "[REDACTED]")
+def _error(
+    exc: Exception,
+    attempt: int,
+    model: str,
+    secret: str | Iterable[str] | None,
+    *,
+    timeout: bool = False,
+) -> LLMError:
+    message = scrub_text(str(exc), secret or ())
+    if timeout:
+        return LLMTimeout(
+            f"LLM call to {model!r} ran out of time after {attempt} attempt(s) (its deadline "
+            f"would pass before the next retry); last error: {type(exc).__name__}: "
+            f"{message[:500]}",
+            model=model,
+            attempts=attempt,
+        )
     return LLMError(
         f"LLM call to {model!r} failed after {attempt} attempt(s): "
         f"{type(exc).__name__}: {message[:500]}",
@@ -156,17 +194,27 @@ class LiteLLM(LLM):
         return kwargs
 
     def _call(self, kwargs: dict[str, Any]) -> Any:
+        def attempt() -> Any:
+            # Each attempt gets at most what is left of the answer's deadline.
+            return _litellm().completion(
+                **{**kwargs, "timeout": attempt_timeout(kwargs.get("timeout"))}
+            )
+
         return call_with_retries(
-            lambda: _litellm().completion(**kwargs),
+            attempt,
             model=self.model_name,
             max_retries=self.max_retries,
             backoff=self.backoff,
             max_backoff=self.max_backoff,
-            secret=self._api_key,
+            secret=self._secrets(),
         )
 
+    def _secrets(self) -> list[str]:
+        """What error messages must never show: the key, URL credentials, secret headers."""
+        return secrets_in({"api_key": self._api_key}, self.api_base, self.extra)
+
     def _error(self, exc: Exception, attempt: int) -> LLMError:
-        return _error(exc, attempt, self.model_name, self._api_key)
+        return _error(exc, attempt, self.model_name, self._secrets())
 
     def _usage(self, usage: Any) -> Usage:
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
@@ -185,7 +233,19 @@ class LiteLLM(LLM):
 
     def _complete(self, messages: Messages, **options: Any) -> Completion:
         response = self._call(self._kwargs(messages, options))
-        text = response.choices[0].message.content or ""
+        choices = getattr(response, "choices", None) or []
+        message = getattr(choices[0], "message", None) if choices else None
+        text = getattr(message, "content", None) if message is not None else None
+        if not isinstance(text, str) or not text.strip():
+            # No choices (a filtered or broken reply) or no text in the first one: a typed
+            # error, so callers take their fallbacks instead of failing on an IndexError.
+            finish = getattr(choices[0], "finish_reason", None) if choices else None
+            raise LLMResponseError(
+                f"The LLM {self.model_name!r} returned "
+                + ("no choices" if not choices else f"no text (finish reason {finish!r})")
+                + "; try again, or check the provider's content filters and the max_tokens option.",
+                model=self.model_name,
+            )
         return Completion(text, self._usage(getattr(response, "usage", None)), self.model_name)
 
     def _stream(self, messages: Messages, **options: Any) -> Iterator[str | Usage]:
@@ -193,18 +253,63 @@ class LiteLLM(LLM):
         kwargs["stream"] = True
         kwargs["stream_options"] = {"include_usage": True}
         usage = None
+        finish = None
+        received: list[str] = []
         try:
-            for chunk in self._call(kwargs):
+            response = self._call(kwargs)
+            for chunk in response:
                 if getattr(chunk, "usage", None):
                     usage = chunk.usage
                 choices = getattr(chunk, "choices", None) or []
-                if choices and choices[0].delta and choices[0].delta.content:
-                    yield choices[0].delta.content
+                if choices and getattr(choices[0], "finish_reason", None):
+                    finish = choices[0].finish_reason
+                delta = getattr(choices[0], "delta", None) if choices else None
+                content = getattr(delta, "content", None) if delta is not None else None
+                if content:
+                    received.append(content)
+                    yield content
         except LLMError:
             raise
-        except Exception as exc:  # the connection broke mid-stream
-            raise self._error(exc, 1) from None
+        except Exception as exc:  # the connection broke (or timed out) mid-stream
+            raise self._stream_error(exc, "".join(received)) from None
+        if not _finished(response, finish):
+            raise LLMStreamError(
+                f"The LLM {self.model_name!r} stream ended before the model finished (no "
+                f"finish reason after {len(''.join(received))} characters; the connection "
+                "probably dropped). The answer is incomplete: ask again.",
+                model=self.model_name,
+                partial="".join(received),
+            )
         yield self._usage(usage)
 
+    def _stream_error(self, exc: Exception, partial: str) -> LLMError:
+        message = scrub_text(str(exc), self._secrets())[:500]
+        left = remaining_time()
+        if left is not None and left <= 0:
+            return LLMTimeout(
+                f"The LLM {self.model_name!r} stream passed its deadline after {len(partial)} "
+                f"characters ({type(exc).__name__}: {message}); the answer is incomplete.",
+                model=self.model_name,
+            )
+        return LLMStreamError(
+            f"The LLM {self.model_name!r} stream broke after {len(partial)} characters: "
+            f"{type(exc).__name__}: {message}. The answer is incomplete: ask again.",
+            model=self.model_name,
+            partial=partial,
+        )
+
     def __repr__(self) -> str:
-        return f"<LiteLLM model={self.model_name!r} api_base={self.api_base!r}>"
+        api_base = scrub_text(self.api_base, self._secrets()) if self.api_base else None
+        return f"<LiteLLM model={self.model_name!r} api_base={api_base!r}>"
+
+
+def _finished(response: Any, finish: str | None) -> bool:
+    """Whether the provider ended the stream normally. litellm makes up a "stop" finish
+    reason when a stream just ends (a dropped connection looks like the end of the body),
+    so its wrapper's record of the finish reason the provider really sent is what counts."""
+    if hasattr(response, "received_finish_reason"):
+        return bool(
+            getattr(response, "received_finish_reason", None)
+            or getattr(response, "intermittent_finish_reason", None)
+        )
+    return finish is not None

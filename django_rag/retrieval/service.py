@@ -192,7 +192,7 @@ def run_search(
         rewriter=None if rewriter is None else getattr(rewriter, "__qualname__", str(rewriter)),
     ) as s:
         store = get_vector_store(vector_store)
-        queries = _rewrite(request.query, rewriter) if rewriter is not None else [request.query]
+        queries = _rewrite(request.query, rewriter, s) if rewriter is not None else [request.query]
         if ranker is not None:
             request.limit = min(limit * search_setting("RERANK_CANDIDATES"), MAX_LIMIT)
         rankings = []
@@ -214,7 +214,7 @@ def run_search(
             )
             s.set(graph_enhanced=True, entities_found=len(match.entities))
         if ranker is not None:
-            results = ranker.rerank(query_text, results, top_k=limit)
+            results = _rerank(ranker, query_text, results, limit, s)
         results = results[:limit]
         s.set(result_count=len(results), queries=len(queries), reranked=ranker is not None)
         return results, match
@@ -247,8 +247,41 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
     return fused, match
 
 
-def _rewrite(query: str, rewriter: Any) -> list[str]:
-    rewritten = get_rewriter(rewriter)(query)
+def _rewrite(query: str, rewriter: Any, search_span: Any = None) -> list[str]:
+    """The queries to search: the rewriter's, or ``query`` itself when it fails (degraded)."""
+    component = get_rewriter(rewriter)  # a bad rewriter spec is a configuration error: raised
+    try:
+        rewritten = component(query)
+    except Exception as exc:
+        _degrade(search_span, "rewriter", exc, "searching with the original query")
+        return [query]
     queries = [rewritten] if isinstance(rewritten, str) else list(rewritten or [])
     queries = [q.strip() for q in queries if isinstance(q, str) and q.strip()]
     return list(dict.fromkeys(queries)) or [query]
+
+
+def _rerank(ranker: Any, query: str, results: list, limit: int, search_span: Any) -> list:
+    """``ranker``'s order, or the retrieval order when the reranker fails (degraded)."""
+    try:
+        return ranker.rerank(query, results, top_k=limit)
+    except Exception as exc:
+        _degrade(search_span, "reranker", exc, "keeping the retrieval order")
+        return results
+
+
+def _degrade(search_span: Any, part: str, exc: Exception, what: str) -> None:
+    """A failing rewriter or reranker degrades the search instead of failing it: the failure
+    is logged and listed in the search span's ``degraded`` metadata. Configuration errors
+    (a missing LLM or package) are still raised: they need fixing, not hiding."""
+    import logging
+
+    from django.core.exceptions import ImproperlyConfigured
+
+    from ..conf import scrub_text
+
+    if isinstance(exc, ImproperlyConfigured):
+        raise exc
+    note = f"{part}: {type(exc).__name__}: {scrub_text(exc)[:200]} ({what})"
+    logging.getLogger(__name__).warning("django_rag search degraded: %s", note)
+    if search_span is not None:
+        search_span.set(degraded=[*search_span.metadata.get("degraded", []), note])

@@ -6,6 +6,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from ..conf import scrub_text
 from ..signals import operation_failed, operation_finished
 
 DEFAULT_LOGGER = "django_rag.telemetry"
@@ -42,6 +43,7 @@ DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
     "search": lambda m: (
         f"{m.get('mode', '?')}, {_plural(m.get('result_count'), 'result')}"
         + (", reranked" if m.get("reranked") else "")
+        + (f", degraded: {'; '.join(m['degraded'])}" if m.get("degraded") else "")
     ),
     "vector_store.search": lambda m: _plural(m.get("result_count"), "result"),
     "vector_store.store": lambda m: _plural(m.get("chunk_count"), "chunk"),
@@ -113,7 +115,8 @@ def format_event(event: str, metadata: dict[str, Any], duration: float | None) -
         except Exception:  # a receiver never raises on odd metadata
             details = "?"
     suffix = f" ({details})" if details else ""
-    return f"[django_rag] {event} completed in {format_duration(duration)}{suffix}"
+    # Metadata can carry model names and messages; never let a secret reach a log line.
+    return scrub_text(f"[django_rag] {event} completed in {format_duration(duration)}{suffix}")
 
 
 class _Receiver:
@@ -131,7 +134,7 @@ class _Receiver:
             event,
             format_duration(duration),
             type(exception).__name__,
-            str(exception)[:200],
+            scrub_text(exception)[:200],
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from ..conf import scrub_text
 from ..exceptions import MissingDependency
 from ..signals import operation_failed, operation_finished, operation_started
 
@@ -21,10 +22,12 @@ _state: dict[str, Any] = {}
 def _attributes(metadata: dict[str, Any]) -> dict[str, Any]:
     attributes = {}
     for key, value in metadata.items():
-        if isinstance(value, bool | int | float | str):
+        if isinstance(value, str):
+            attributes[f"django_rag.{key}"] = scrub_text(value)
+        elif isinstance(value, bool | int | float):
             attributes[f"django_rag.{key}"] = value
         elif isinstance(value, list | tuple) and all(isinstance(v, str) for v in value):
-            attributes[f"django_rag.{key}"] = list(value)
+            attributes[f"django_rag.{key}"] = [scrub_text(v) for v in value]
     return attributes
 
 
@@ -51,7 +54,17 @@ def _end(span_id: int, metadata: dict[str, Any], exception: BaseException | None
         return
     otel_span.set_attributes(_attributes(metadata))
     if exception is not None:
-        otel_span.record_exception(exception)
+        # The message and traceback text are scrubbed: exceptions can quote a failing
+        # request, URL credentials included.
+        import traceback
+
+        otel_span.record_exception(
+            exception,
+            attributes={
+                "exception.message": scrub_text(exception),
+                "exception.stacktrace": scrub_text("".join(traceback.format_exception(exception))),
+            },
+        )
         otel_span.set_status(Status(StatusCode.ERROR, type(exception).__name__))
     otel_span.end()
 

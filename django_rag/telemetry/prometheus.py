@@ -2,12 +2,18 @@
 
 The metrics live in prometheus_client's default registry, which django-prometheus serves: add
 ``path("", include("django_prometheus.urls"))`` to your URLs and they appear on ``/metrics``.
+
+``/metrics`` has no access control of its own: protect it in the host project (network
+policy, proxy rule or authentication). Collection names are labels only when
+``DJANGO_RAG["TELEMETRY"]["PROMETHEUS_COLLECTION_LABELS"]`` is True; otherwise the
+``collection`` label is ``"all"``, so metrics do not reveal what collections exist.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..conf import scrub_text
 from ..exceptions import MissingDependency
 from ..signals import operation_failed, operation_finished
 
@@ -44,15 +50,28 @@ def _build() -> dict[str, Any]:
     return _metrics
 
 
+ALL_COLLECTIONS = "all"
+
+
+def _collection_label(metadata: dict[str, Any]) -> str:
+    from ..conf import get_setting
+
+    try:
+        named = bool(get_setting("TELEMETRY").get("PROMETHEUS_COLLECTION_LABELS"))
+    except Exception:  # telemetry never fails an operation
+        named = False
+    return str(metadata.get("collection") or "") if named else ALL_COLLECTIONS
+
+
 def _finished(sender, *, event, metadata, duration, **kwargs) -> None:
     metrics = _metrics
     metrics["duration"].labels(event, str(metadata.get("mode") or "")).observe(duration)
     if event == "ingest" and not metadata.get("deduplicated"):
-        collection = str(metadata.get("collection") or "")
+        collection = _collection_label(metadata)
         metrics["documents"].labels(collection).inc()
         metrics["chunks"].labels(collection).inc(metadata.get("chunk_count") or 0)
     elif event == "llm.complete":
-        model = str(metadata.get("model") or "")
+        model = scrub_text(metadata.get("model") or "")
         metrics["llm_calls"].labels(model).inc()
         metrics["tokens"].labels(model, "prompt").inc(metadata.get("prompt_tokens") or 0)
         metrics["tokens"].labels(model, "completion").inc(metadata.get("completion_tokens") or 0)

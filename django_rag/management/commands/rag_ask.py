@@ -3,6 +3,7 @@ import json
 from django.core.management.base import BaseCommand, CommandError
 
 from django_rag.agent import Agent, ask
+from django_rag.conf import scrub_text
 from django_rag.exceptions import RagError
 
 PIPELINE_FLAGS = ("gate", "rewrite", "select", "expand", "decompose", "reason", "rerank")
@@ -46,16 +47,19 @@ class Command(BaseCommand):
                 answer = self._pipeline(question, options)
             elif options["stream"] and not options["json"]:
                 stream = ask(question, stream=True, **self._ask_options(options))
-                for piece in stream:
-                    self.stdout.write(piece, ending="")
-                    self.stdout.flush()
-                self.stdout.write("")
+                try:
+                    for piece in stream:
+                        self.stdout.write(piece, ending="")
+                        self.stdout.flush()
+                finally:
+                    self.stdout.write("")  # end the partial line before any error
                 self._sources(stream.answer)
                 return
             else:
                 answer = ask(question, **self._ask_options(options))
         except RagError as exc:
-            raise CommandError(str(exc)) from exc
+            # A stream cut off part way lands here too: exit status 1, the error on stderr.
+            raise CommandError(scrub_text(exc)) from exc
         if options["json"]:
             self.stdout.write(json.dumps(answer.to_dict(), indent=2, default=str))
             return
@@ -102,10 +106,12 @@ class Command(BaseCommand):
         agent.answer(self_correct=options["self_correct"])
         context = agent.context
         if context.error is not None:
-            raise CommandError(f"The {context.failed_step} step failed: {context.error}")
+            raise CommandError(
+                f"The {context.failed_step} step failed: {scrub_text(context.error)}"
+            )
         if options["verbosity"] > 1:
             for warning in context.warnings:
-                self.stderr.write(f"warning: {warning}")
+                self.stderr.write(f"warning: {scrub_text(warning)}")
         return agent.result
 
     def _sources(self, answer):

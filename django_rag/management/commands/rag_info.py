@@ -11,8 +11,11 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         from django_rag import maintenance
+        from django_rag.conf import redact
 
-        data = maintenance.info()
+        # info() redacts the settings; redacting the whole report again costs nothing and
+        # covers any other value that could carry a credential (a model URL, a path).
+        data = redact(maintenance.info())
         if options["json"]:
             self.stdout.write(json.dumps(data, indent=2, default=str))
             return
