@@ -98,6 +98,9 @@ DEFAULTS: dict[str, Any] = {
         "ENTITY_EXTRACTOR": "ner",
         "RELATIONSHIP_EXTRACTOR": "cooccurrence",
         "CONCURRENCY": 3,
+        # Bounds on what one chunk's extraction may add (an LLM can answer with thousands).
+        "MAX_ENTITIES_PER_CHUNK": 50,
+        "MAX_RELATIONSHIPS_PER_CHUNK": 100,
         # Query time: entity matching, expansion over relationships, fusion.
         "ENTITY_MATCHER": "embedding",
         "MATCH_THRESHOLD": 0.3,

@@ -20,7 +20,7 @@ from ..store.graph import (  # noqa: F401 (re-exported)
     persist,
     sweep_orphans,
 )
-from .extractors import Extraction, GraphExtractor, get_extractor
+from .extractors import Extraction, GraphExtractor, bounded, get_extractor
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def extract_all(
 
     def one(text: str) -> Extraction | None:
         try:
-            return extractor.extract(text)
+            return bounded(extractor.extract(text))
         except LLMError as exc:
             logger.warning("Graph extraction skipped a chunk: %s", exc)
             return None

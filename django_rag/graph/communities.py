@@ -8,15 +8,13 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import transaction
-
 from ..conf import graph_setting
 from ..exceptions import InvalidOption, LLMError, MissingDependency, UnknownCollection
 from ..llm import get_llm, map_concurrently
 from ..llm.prompting import quote
 from ..models import Collection, Community, Entity, Relationship
 from ..signals import span
-from .builder import lock_collection_graph
+from ..store.graph import replace_communities, save_summary
 
 logger = logging.getLogger(__name__)
 
@@ -124,33 +122,11 @@ def detect_communities(
                 max_cluster_size=max_cluster_size,
                 seed=seed,
             )
-            total += _replace(target, partitions, min_size)
+            total += replace_communities(target, partitions, min_size)
             if progress:
                 progress(index, len(targets))
         s.set(community_count=total)
     return {"collections": len(targets), "communities": total}
-
-
-def _replace(target: Collection, partitions: list[list[list[int]]], min_size: int) -> int:
-    with transaction.atomic():
-        lock_collection_graph(target.pk)
-        old = {(c.level, tuple(sorted(c.entity_ids))): c for c in target.communities.all()}
-        fresh = []
-        for level, partition in enumerate(partitions):
-            for members in partition:
-                if len(members) < min_size:
-                    continue
-                previous = old.get((level, tuple(sorted(members))))
-                community = Community(collection=target, level=level, entity_ids=sorted(members))
-                if previous is not None:
-                    community.summary = previous.summary
-                    community.fingerprint = previous.fingerprint
-                    community.dirty = previous.dirty
-                    community.change_count = previous.change_count
-                fresh.append(community)
-        target.communities.all().delete()
-        Community.objects.bulk_create(fresh)
-    return len(fresh)
 
 
 def _members(community: Community) -> tuple[list[Entity], list[Relationship]]:
@@ -250,9 +226,7 @@ def summarize_communities(
     written = 0
     for (community, _, _, current), text in zip(todo, texts, strict=True):
         if text:
-            Community.objects.filter(pk=community.pk).update(
-                summary=text, fingerprint=current, dirty=False, change_count=0
-            )
+            save_summary(community.pk, text, current)
             written += 1
     if progress:
         progress(len(todo), len(todo))

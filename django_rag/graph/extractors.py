@@ -11,18 +11,21 @@ Three kinds, each a base class with built-ins; plain functions work too:
 from __future__ import annotations
 
 import itertools
+import logging
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..conf import build_component, graph_setting
+from ..conf import build_component, get_setting, graph_setting
 from ..exceptions import LLMResponseError, MissingDependency
 from ..llm import get_llm, parse_json
 from ..llm.prompting import quote
 from ..signals import span
 from ..utils import load_once
 from .names import normalize_name
+
+logger = logging.getLogger(__name__)
 
 ENTITY_TYPES = (
     "person",
@@ -77,6 +80,35 @@ def clean_strength(value: Any) -> float:
         return max(1.0, min(10.0, float(value)))
     except (TypeError, ValueError):
         return 1.0
+
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _clean_text(value: Any, limit: int) -> str:
+    """Printable text of at most ``limit`` characters (PostgreSQL refuses NUL)."""
+    return _CONTROL.sub("", str(value or "")).strip()[:limit]
+
+
+def bounded(extraction: Extraction) -> Extraction:
+    """An extraction any extractor returned, made safe to store: names and descriptions
+    without control characters and of bounded length, and at most
+    ``GRAPH["MAX_ENTITIES_PER_CHUNK"]`` entities and ``MAX_RELATIONSHIPS_PER_CHUNK``
+    relationships (the first ones)."""
+    entities = []
+    for entity in extraction.entities:
+        entity.name = _clean_text(entity.name, 255)
+        entity.description = _clean_text(entity.description, 2000)
+        entities.append(entity)
+    entities = dedupe_entities(entities)[: int(graph_setting("MAX_ENTITIES_PER_CHUNK"))]
+    relationships = []
+    for rel in extraction.relationships:
+        rel.source = _clean_text(rel.source, 255)
+        rel.target = _clean_text(rel.target, 255)
+        rel.description = _clean_text(rel.description, 2000)
+        relationships.append(rel)
+    relationships = valid_relationships(relationships, entities)
+    return Extraction(entities, relationships[: int(graph_setting("MAX_RELATIONSHIPS_PER_CHUNK"))])
 
 
 def dedupe_entities(entities: Sequence[ExtractedEntity]) -> list[ExtractedEntity]:
@@ -431,6 +463,15 @@ class SeparateExtractor(GraphExtractor):
         return Extraction(entities, relationships)
 
 
+def _needs_llm(spec: Any, separate: bool) -> bool:
+    """Whether the extractor settings in force resolve to the default LLM extractors."""
+    if spec is not None:
+        return spec == "llm"
+    if separate:
+        return False
+    return "llm" in (graph_setting("ENTITY_EXTRACTOR"), graph_setting("RELATIONSHIP_EXTRACTOR"))
+
+
 def _with_llm(component: Any, llm: Any) -> Any:
     if llm is not None and isinstance(component, _LLMComponent) and component.llm is None:
         component.llm = llm
@@ -445,11 +486,23 @@ def get_extractor(
     llm: Any = None,
 ) -> GraphExtractor:
     """The extractor for a build: a combined one (argument, else ``GRAPH["EXTRACTOR"]``), or
-    entity + relationship extractors when either is given or the combined setting is None."""
+    entity + relationship extractors when either is given or the combined setting is None.
+
+    When the configured extractors need an LLM and none is configured (no ``llm`` argument,
+    no ``DJANGO_RAG["LLM"]``), the local capitalised-phrase and co-occurrence extractors are
+    used instead, with a warning, so ``graph=True`` works out of the box.
+    """
     separate = entity_extractor is not None or relationship_extractor is not None
     spec = (
         extractor if extractor is not None else (None if separate else graph_setting("EXTRACTOR"))
     )
+    if llm is None and get_setting("LLM") is None and _needs_llm(spec, separate):
+        logger.warning(
+            "The graph extractor needs an LLM and DJANGO_RAG['LLM'] is not set: using the local "
+            "capitalized + cooccurrence extractors. Set DJANGO_RAG['LLM'] or "
+            "GRAPH['EXTRACTOR'] to choose."
+        )
+        return SeparateExtractor(CapitalizedEntityExtractor(), CooccurrenceRelationshipExtractor())
     if spec is not None:
         combined = build_component(
             spec,
