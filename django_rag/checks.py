@@ -36,6 +36,7 @@ def check_settings(app_configs=None, **kwargs):
     from .ingestion.chunkers import get_chunker
     from .ingestion.parsers import get_parser, parser_registry
     from .retrieval.stores import get_vector_store
+    from .store.vector_stores import writes_supported
 
     embedder = None
     for setting, build in (
@@ -57,6 +58,17 @@ def check_settings(app_configs=None, **kwargs):
             continue
         if setting == "EMBEDDER":
             embedder = component
+        if setting == "VECTOR_STORE" and not writes_supported(component):
+            errors.append(
+                checks.Error(
+                    f"The vector store {type(component).__name__} does not implement store(), "
+                    "delete() and clear(): ingest would write PostgreSQL while searches ask a "
+                    "store that never receives the chunks.",
+                    hint="Implement the three write methods (see docs/search.md, 'Vector "
+                    "stores'), or use VECTOR_STORE = 'pgvector'.",
+                    id="django_rag.E007",
+                )
+            )
     try:
         for extension in parser_registry():
             get_parser(f"x{extension}")

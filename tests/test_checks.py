@@ -135,3 +135,16 @@ def test_dashboard_needs_django_htmx():
     with override_settings(INSTALLED_APPS=apps):
         errors = check_dashboard()
     assert [e.id for e in errors] == ["django_rag.E006"] and "INSTALLED_APPS" in errors[0].hint
+
+
+def test_a_store_that_cannot_receive_writes_is_e007(settings):
+    from django_rag.store.vector_stores import VectorStore
+
+    class SearchOnly(VectorStore):
+        def search(self, request):
+            return []
+
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "VECTOR_STORE": SearchOnly()}
+    assert ids(check_settings()) == ["django_rag.E007"]
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "VECTOR_STORE": "memory"}
+    assert check_settings() == []
