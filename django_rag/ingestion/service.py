@@ -25,10 +25,8 @@ from ..conf import graph_setting
 from ..embeddings import Embedder, active_dimensions, get_embedder
 from ..exceptions import (
     BackgroundUnavailable,
-    DimensionMismatch,
     DocumentNotFound,
     EmbeddingFailed,
-    EmptyDocument,
     InvalidOption,
     RagError,
 )
@@ -36,7 +34,7 @@ from ..graph.builder import extract_all
 from ..graph.extractors import get_extractor
 from ..models import Document, Job
 from ..signals import span
-from ..store import ChunkRow, delete_document, mark_document, save_pending, write_document
+from ..store import delete_document, mark_document, save_pending, write_document
 from ..store.documents import find_duplicate
 from ..validation import (
     clean_collection_name,
@@ -45,163 +43,22 @@ from ..validation import (
     clean_text,
     clean_title,
 )
-from .chunkers import TextChunk, get_chunker
+from .chunkers import TextChunk
 from .parsers import Page, ParsedDocument, parse_bytes, parse_file
+from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older imports use this path)
+    PreparedChunk,
+    attach_vectors,
+    chunk_text,
+    embed_texts,
+    prepare_chunks,
+)
 
 FORMATS = ("text", "markdown")
 ON_CHUNK_ERROR = ("raise", "skip")
 
 
-@dataclass
-class PreparedChunk:
-    chunk_index: int
-    chunk: TextChunk
-    embedding: list[float]
-    page_start: int | None = None
-    page_end: int | None = None
-
-    def row(self) -> ChunkRow:
-        return ChunkRow(
-            chunk_index=self.chunk_index,
-            text=self.chunk.text,
-            embedding=self.embedding,
-            token_count=self.chunk.token_count,
-            start_char=self.chunk.start,
-            end_char=self.chunk.end,
-            page_start=self.page_start,
-            page_end=self.page_end,
-            metadata=self.chunk.metadata,
-        )
-
-
 def content_hash(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-# --- chunk + embed (no database writes) ------------------------------------------------------
-
-
-def chunk_text(
-    parsed: ParsedDocument,
-    *,
-    chunker=None,
-    embedder: Embedder,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
-) -> list[TextChunk]:
-    """Split ``parsed.text`` with the chunker (per-call sizes override its options)."""
-    options = {
-        key: value
-        for key, value in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
-        if value is not None
-    }
-    chunks = get_chunker(chunker, **options).chunk(
-        parsed.text, format=parsed.format, embedder=embedder
-    )
-    if not chunks:
-        raise EmptyDocument("The chunker produced no chunks for this document.")
-    return chunks
-
-
-def attach_vectors(
-    parsed: ParsedDocument,
-    chunks: list[TextChunk],
-    vectors: Sequence[list[float] | None],
-    *,
-    embedder: Embedder,
-    dimensions: int | None = None,
-) -> list[PreparedChunk]:
-    """Pair chunks with their vectors and pages, checking the vectors fit the column. A chunk
-    whose vector is None (skipped with ``on_chunk_error="skip"``) is left out."""
-    sizes = {len(vector) for vector in vectors if vector is not None}
-    if dimensions is not None and sizes - {dimensions}:
-        actual = next(iter(sizes - {dimensions}))
-        raise DimensionMismatch(
-            f"{embedder!r} returned {actual}-dimensional vectors but the embedding "
-            f"column holds {dimensions}. Set DJANGO_RAG['EMBEDDING_DIMENSIONS'] to match the "
-            "embedder and migrate the column (see docs/configuration.md, 'Changing the "
-            "embedding model').",
-            expected=dimensions,
-            actual=actual,
-        )
-    prepared = []
-    for index, (chunk, vector) in enumerate(zip(chunks, vectors, strict=True)):
-        if vector is None:
-            continue
-        page_start, page_end = parsed.page_range(chunk.start, chunk.end)
-        prepared.append(PreparedChunk(index, chunk, vector, page_start, page_end))
-    return prepared
-
-
-def prepare_chunks(
-    parsed: ParsedDocument,
-    *,
-    chunker=None,
-    embedder: Embedder,
-    dimensions: int | None = None,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
-    on_chunk_error: str = "raise",
-) -> list[PreparedChunk]:
-    """Chunk ``parsed.text`` and embed every chunk; raises before anything is stored."""
-    chunks = chunk_text(
-        parsed,
-        chunker=chunker,
-        embedder=embedder,
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-    )
-    vectors = embed_texts(embedder, [chunk.text for chunk in chunks], on_error=on_chunk_error)
-    return attach_vectors(parsed, chunks, vectors, embedder=embedder, dimensions=dimensions)
-
-
-def embed_texts(
-    embedder: Embedder, texts: Sequence[str], *, on_error: str = "raise"
-) -> list[list[float] | None]:
-    """Embed ``texts`` in batches. A failure names the first chunk that cannot be embedded;
-    with ``on_error="skip"`` such chunks get None instead (when some chunk embedded)."""
-    vectors: list[list[float] | None] = []
-    size = max(1, int(getattr(embedder, "batch_size", 32) or 32))
-    for start in range(0, len(texts), size):
-        batch = list(texts[start : start + size])
-        try:
-            vectors.extend(embedder.embed_documents(batch))
-        except Exception as exc:
-            if on_error == "skip":
-                vectors.extend(_one_by_one(embedder, batch))
-                continue
-            index, cause = _failing_index(embedder, batch, exc)
-            raise EmbeddingFailed(
-                f"Embedding chunk {start + index} failed with {type(cause).__name__}: {cause}. "
-                "Nothing was written; fix the embedder (or the text) and ingest again, or "
-                "pass on_chunk_error='skip' to store the chunks that embed.",
-                chunk_index=start + index,
-            ) from cause
-    if on_error == "skip" and texts and all(vector is None for vector in vectors):
-        raise EmbeddingFailed(
-            "No chunk of this document could be embedded; nothing was written.", chunk_index=0
-        )
-    return vectors
-
-
-def _one_by_one(embedder: Embedder, batch: list[str]) -> list[list[float] | None]:
-    vectors: list[list[float] | None] = []
-    for text in batch:
-        try:
-            vectors.extend(embedder.embed_documents([text]))
-        except Exception:
-            vectors.append(None)
-    return vectors
-
-
-def _failing_index(embedder: Embedder, batch: list[str], error: Exception):
-    if len(batch) > 1:
-        for index, text in enumerate(batch):
-            try:
-                embedder.embed_documents([text])
-            except Exception as exc:
-                return index, exc
-    return 0, error
 
 
 # --- one document: validate, prepare, store ------------------------------------------------

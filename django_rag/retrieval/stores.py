@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..embeddings import get_embedder
 from ..ingestion.parsers import ParsedDocument
-from ..ingestion.service import prepare_chunks
+from ..ingestion.prepare import prepare_chunks
 from ..store import vector_stores
 from ..store.vector_stores import (  # noqa: F401
     ALIASES,
