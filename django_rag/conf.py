@@ -75,6 +75,10 @@ DEFAULTS: dict[str, Any] = {
         # With a reranker, search fetches RERANK_CANDIDATES x limit chunks and reranks them.
         "RERANK_CANDIDATES": 3,
     },
+    # Longest search query or question accepted by search() and ask(), in characters
+    # (docs/search.md#validation): room for a pasted paragraph, while one request cannot keep
+    # the database busy for long (10,000 characters: about 1 s of full-text work at worst).
+    "MAX_QUERY_CHARS": 10_000,
     # Default LLM for ask(), the agent and evaluation: a litellm model string
     # ("openai/gpt-4o-mini"), {"model": ..., **options}, {"BACKEND": ..., "OPTIONS": {...}},
     # a dotted path, a callable taking the prompt and returning text, or an LLM instance.

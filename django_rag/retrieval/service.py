@@ -7,10 +7,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import graph_setting, search_setting
-from ..embeddings import get_embedder
-from ..exceptions import InvalidOption, InvalidSearchMode
+from ..embeddings import active_dimensions, get_embedder
+from ..exceptions import EmbeddingFailed, InvalidOption, InvalidSearchMode, RagError
 from ..results import SearchResult
 from ..signals import span
+from ..validation import (
+    check_query_vector,
+    clean_collection_name,
+    clean_metadata,
+    clean_number,
+    clean_positive_int,
+    clean_query,
+    clean_source_id,
+)
 from .fusion import FUSIONS, rrf_merge
 from .rewriters import get_rewriter
 from .stores import get_vector_store
@@ -18,6 +27,9 @@ from .stores import get_vector_store
 MODES = ("semantic", "fulltext", "hybrid")
 MODE_ALIASES = {"vector": "semantic", "keyword": "fulltext"}
 MAX_LIMIT = 1000
+# Hybrid fuses each side's top candidates x limit chunks: bounded so one call cannot ask the
+# database for an unbounded pool (10**20 overflowed PostgreSQL's bigint LIMIT).
+MAX_CANDIDATES = 100
 
 
 @dataclass
@@ -42,8 +54,8 @@ class SearchRequest:
 
 def normalize_mode(mode: str | None) -> str:
     mode = search_setting("MODE") if mode is None else mode
-    mode = MODE_ALIASES.get(mode, mode)
-    if mode not in MODES:
+    mode = MODE_ALIASES.get(mode, mode) if isinstance(mode, str) else mode
+    if not isinstance(mode, str) or mode not in MODES:
         raise InvalidSearchMode(
             f"Unknown search mode {mode!r}. Available modes: {', '.join(MODES)} "
             f"(aliases: {', '.join(f'{a}={m}' for a, m in MODE_ALIASES.items())}).",
@@ -55,17 +67,23 @@ def normalize_mode(mode: str | None) -> str:
 def normalize_collections(collection: Any) -> list[str] | None:
     if collection is None:
         return None
-    names = [collection] if isinstance(collection, str) else list(collection)
+    if isinstance(collection, str):
+        names = [collection]
+    elif isinstance(collection, bytes | bytearray | dict) or not hasattr(collection, "__iter__"):
+        raise InvalidOption(
+            f"collection must be a name or a list of names, got {type(collection).__name__}"
+        )
+    else:
+        names = list(collection)
     for name in names:
         if not isinstance(name, str) or not name:
             raise InvalidOption(f"collection names must be non-empty strings, got {name!r}")
+        clean_collection_name(name)
     return names
 
 
 def _number(name: str, value: Any, *, minimum: float = 0.0) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise InvalidOption(f"{name} must be a number >= {minimum:g}, got {value!r}")
-    return value
+    return clean_number(name, value, minimum=minimum)
 
 
 def search(
@@ -143,19 +161,18 @@ def run_search(
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidOption(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
     if threshold is not None:
-        _number("threshold", threshold, minimum=float("-inf"))
-    if not isinstance(query, str):
-        raise InvalidOption(f"query must be a string, got {type(query).__name__}")
-    if metadata is not None and not isinstance(metadata, dict):
-        raise InvalidOption(f"metadata must be a dict, got {type(metadata).__name__}")
+        clean_number("threshold", threshold)
+    query = clean_query(query)
+    if metadata is not None:
+        metadata = clean_metadata(metadata)
+    source_id = clean_source_id(source_id) or None
     fusion = search_setting("FUSION") if fusion is None else fusion
     if fusion not in FUSIONS:
         raise InvalidOption(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
     candidates = search_setting("CANDIDATES") if candidates is None else candidates
-    if not isinstance(candidates, int) or isinstance(candidates, bool) or candidates < 1:
-        raise InvalidOption(f"candidates must be an integer >= 1, got {candidates!r}")
+    clean_positive_int("candidates", candidates, maximum=MAX_CANDIDATES)
     request = SearchRequest(
-        query=query.replace("\x00", ""),
+        query=query,
         mode=mode,
         limit=limit,
         threshold=threshold,
@@ -200,7 +217,7 @@ def run_search(
             request.query = query
             request.vector = None
             if mode in ("semantic", "hybrid"):
-                request.vector = get_embedder(embedder).embed_query(query)
+                request.vector = embed_query(embedder, query, store)
             with span(
                 "vector_store.search", backend=type(store).__name__, mode=mode, limit=request.limit
             ) as store_span:
@@ -228,7 +245,7 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
         raise InvalidOption("graph=True needs the pgvector store (the graph lives in PostgreSQL)")
     vector = request.vector
     if vector is None and (matcher or graph_setting("ENTITY_MATCHER")) == "embedding":
-        vector = get_embedder(embedder).embed_query(query)
+        vector = embed_query(embedder, query, store)
     found, match = graph_results(
         query,
         vector,
@@ -245,6 +262,25 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
     for result in fused:
         result.graph_score = scores.get(result.chunk_id)
     return fused, match
+
+
+def embed_query(embedder: Any, query: str, store: Any = None) -> list[float]:
+    """The query's embedding, checked before it reaches the database: the size of the store's
+    vectors (:class:`DimensionMismatch`), finite and not all zero (:class:`EmbeddingFailed`)."""
+    from .stores import PgVectorStore
+
+    try:
+        vector = get_embedder(embedder).embed_query(query)
+    except ValueError as exc:  # how Embedder reports NaN/infinite or malformed output
+        if isinstance(exc, RagError):
+            raise
+        raise EmbeddingFailed(
+            f"Embedding the query failed with {type(exc).__name__}: {exc}. Check the embedder, "
+            "or search in fulltext mode."
+        ) from exc
+    dimensions = active_dimensions() if isinstance(store, PgVectorStore) else None
+    check_query_vector(vector, dimensions=dimensions)
+    return vector
 
 
 def _rewrite(query: str, rewriter: Any, search_span: Any = None) -> list[str]:
