@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpResponseBadRequest
 
 from ..conf import get_setting, import_string
+from ..exceptions import ConfigurationError, RagError
+from ..validation import clean_string
+
+logger = logging.getLogger(__name__)
 
 
 def _callable(name: str) -> Callable | None:
@@ -57,8 +62,49 @@ def scope(queryset, request, field: str = "collection__name"):
     return queryset.filter(**{f"{field}__in": allowed})
 
 
+def param(request, name: str, *, method: str = "GET", max_length: int = 500) -> str:
+    """A text parameter (a list filter, a collection name...): ``""`` when absent. One that
+    PostgreSQL cannot compare (NUL, unpaired surrogate) or over ``max_length`` characters raises
+    :class:`~django_rag.exceptions.InvalidOption`, which :func:`dashboard_view` answers with 400.
+    """
+    data = request.POST if method == "POST" else request.GET
+    return clean_string(data.get(name) or "", name, max_length=max_length)
+
+
+# Primary keys are bigint: a larger number can name no row.
+_MAX_PK = 2**63 - 1
+
+
+def object_id(value: Any) -> int:
+    """A primary key from the URL or a parameter; anything but an id that can exist is a 404."""
+    try:
+        pk = int(value)
+    except (TypeError, ValueError):  # not a number (or one with thousands of digits)
+        raise Http404("No such object.") from None
+    if not 1 <= pk <= _MAX_PK:
+        raise Http404("No such object.")
+    return pk
+
+
+def error_response(exc: RagError) -> HttpResponseBadRequest:
+    """400 with the error's message (plain text: it may quote the user's input)."""
+    if isinstance(exc, ConfigurationError):
+        # Its message repeats the setting's value, which may hold a secret.
+        logger.error("Dashboard request failed: DJANGO_RAG[%r] is invalid.", exc.setting)
+        message = f"The server's DJANGO_RAG[{exc.setting!r}] setting is invalid; see its log."
+    else:
+        message = str(exc)
+    return HttpResponseBadRequest(
+        f"{message} ({exc.code})\n", content_type="text/plain; charset=utf-8"
+    )
+
+
 def dashboard_view(view: Callable[..., Any]) -> Callable[..., Any]:
-    """Login required, then the dashboard permission; sets ``request.rag_collections``."""
+    """Login required, then the dashboard permission; sets ``request.rag_collections``.
+
+    A library error (:class:`~django_rag.exceptions.RagError`) that escapes the view is bad
+    input: it becomes a 400 response with its message, never a 500.
+    """
 
     @functools.wraps(view)
     def wrapped(request, *args, **kwargs):
@@ -67,6 +113,9 @@ def dashboard_view(view: Callable[..., Any]) -> Callable[..., Any]:
         if not has_permission(request.user):
             raise PermissionDenied("You may not use the RAG dashboard.")
         request.rag_collections = allowed_collections(request)
-        return view(request, *args, **kwargs)
+        try:
+            return view(request, *args, **kwargs)
+        except RagError as exc:
+            return error_response(exc)
 
     return wrapped

@@ -1,6 +1,9 @@
 from django import forms
+from django.core.validators import MaxLengthValidator
 
 from ..conf import get_setting
+from ..exceptions import InvalidInput
+from ..validation import clean_filename
 
 FORMATS = [("text", "Plain text"), ("markdown", "Markdown")]
 MODES = [("semantic", "Semantic"), ("fulltext", "Full-text"), ("hybrid", "Hybrid")]
@@ -18,6 +21,12 @@ class IngestTextForm(forms.Form):
 class UploadForm(forms.Form):
     collection = forms.CharField(max_length=255, initial="default")
     file = forms.FileField()
+    source_id = forms.CharField(
+        max_length=512, required=False, help_text="Identifies the document across versions."
+    )
+    replace = forms.BooleanField(
+        required=False, help_text="Replace the stored documents with the same source id."
+    )
 
     def clean_file(self):
         upload = self.cleaned_data["file"]
@@ -26,7 +35,19 @@ class UploadForm(forms.Form):
             raise forms.ValidationError(f"The file is larger than {limit // (1024 * 1024)} MB.")
         if not upload.name.lower().endswith(UPLOAD_TYPES):
             raise forms.ValidationError("Upload a .txt, .md or .pdf file.")
+        try:
+            clean_filename(upload.name)
+        except InvalidInput as exc:
+            raise forms.ValidationError(str(exc)) from exc
         return upload
+
+
+def limit_query(field: forms.CharField) -> None:
+    """Bound a query/question field by MAX_QUERY_CHARS (read per form: never at import)."""
+    limit = get_setting("MAX_QUERY_CHARS")
+    field.max_length = limit
+    field.validators.append(MaxLengthValidator(limit))
+    field.widget.attrs["maxlength"] = str(limit)
 
 
 class CollectionForm(forms.Form):
@@ -46,6 +67,7 @@ class SearchForm(forms.Form):
     def __init__(self, *args, collections=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["collection"].choices = [(name, name) for name in collections]
+        limit_query(self.fields["q"])
 
 
 STEPS = [
@@ -72,3 +94,4 @@ class AskForm(forms.Form):
     def __init__(self, *args, collections=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["collection"].choices = [("", "All visible")] + [(n, n) for n in collections]
+        limit_query(self.fields["question"])

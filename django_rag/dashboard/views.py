@@ -15,7 +15,7 @@ from django.views.decorators.http import require_POST
 from ..conf import get_setting
 from ..exceptions import CollectionNotEmpty, RagError
 from ..models import Chunk, Collection, Document
-from .access import check_collection, dashboard_view, scope
+from .access import check_collection, dashboard_view, object_id, param, scope
 from .forms import AskForm, CollectionForm, IngestTextForm, SearchForm, UploadForm
 
 
@@ -43,9 +43,9 @@ def documents(request):
     items = scope(Document.objects.select_related("collection"), request).order_by(
         "-created_at", "-pk"
     )
-    collection = request.GET.get("collection") or ""
-    status = request.GET.get("status") or ""
-    source = request.GET.get("source") or ""
+    collection = param(request, "collection")
+    status = param(request, "status")
+    source = param(request, "source")
     if collection:
         items = items.filter(collection__name=collection)
     if status:
@@ -69,7 +69,9 @@ def documents(request):
 
 @dashboard_view
 def document(request, pk: int):
-    doc = get_object_or_404(scope(Document.objects.select_related("collection"), request), pk=pk)
+    doc = get_object_or_404(
+        scope(Document.objects.select_related("collection"), request), pk=object_id(pk)
+    )
     chunks = doc.chunks.order_by("chunk_index")
     return render(
         request,
@@ -144,7 +146,7 @@ def upload(request):
 def delete_document(request, pk: int):
     from ..ingestion.service import delete
 
-    doc = get_object_or_404(scope(Document.objects.all(), request), pk=pk)
+    doc = get_object_or_404(scope(Document.objects.all(), request), pk=object_id(pk))
     delete(doc)
     messages.success(request, f"Deleted document {pk}.")
     return _back(request, "documents")
@@ -182,7 +184,7 @@ def save_collection(request):
 @require_POST
 @dashboard_view
 def delete_collection(request, pk: int):
-    collection = get_object_or_404(_visible_collections(request), pk=pk)
+    collection = get_object_or_404(_visible_collections(request), pk=object_id(pk))
     try:
         collection.delete()
     except CollectionNotEmpty as exc:
@@ -217,7 +219,11 @@ def search(request):
                 messages.error(request, str(exc))
                 break
     elif form.is_bound and not form.is_valid():
-        messages.error(request, "Check the search options.")
+        messages.error(
+            request,
+            "Check the search options: "
+            + "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()),
+        )
     return render(
         request, "django_rag/dashboard/search.html", _context(request, form=form, columns=columns)
     )
@@ -409,7 +415,7 @@ MAINTENANCE_JOBS = [
 def maintenance(request):
     if request.method == "POST":
         action = request.POST.get("action", "")
-        collection = request.POST.get("collection") or None
+        collection = param(request, "collection", method="POST", max_length=255) or None
         restricted = request.rag_collections is not None
         if collection:
             check_collection(request, collection)
@@ -459,6 +465,7 @@ def _polling(jobs) -> bool:
 @dashboard_view
 def evaluation(request):
     from ..models import Run, TestCase
+    from ..retrieval.service import normalize_mode
 
     cases = scope(TestCase.objects.select_related("collection"), request)
     runs = Run.objects.order_by("-started_at", "-pk")
@@ -473,9 +480,9 @@ def evaluation(request):
         runs = list(runs[:200])
     if request.method == "POST":
         action = request.POST.get("action")
-        collection = request.POST.get("collection") or None
+        collection = param(request, "collection", method="POST", max_length=255) or None
         if action == "delete_case":
-            get_object_or_404(cases, pk=request.POST.get("case")).delete()
+            get_object_or_404(cases, pk=object_id(request.POST.get("case"))).delete()
             messages.success(request, "Test case deleted.")
             return redirect("django_rag_dashboard:evaluation")
         if collection:
@@ -487,7 +494,7 @@ def evaluation(request):
             _start(
                 request,
                 "run_evaluation",
-                mode=request.POST.get("mode") or "hybrid",
+                mode=normalize_mode(request.POST.get("mode") or "hybrid"),
                 collection=collection,
             )
         elif action == "generate":
@@ -559,7 +566,7 @@ def graph(request):
         if request.GET.get("tab") in ("relationships", "communities")
         else "entities"
     )
-    q = (request.GET.get("q") or "").strip()
+    q = param(request, "q").strip()
     entities = scope(Entity.objects.select_related("collection"), request)
     relationships = scope(
         Relationship.objects.select_related("source", "target"),
@@ -567,7 +574,7 @@ def graph(request):
         field="source__collection__name",
     )
     communities = scope(Community.objects.select_related("collection"), request)
-    collection = request.GET.get("collection") or ""
+    collection = param(request, "collection")
     if collection:
         check_collection(request, collection)
         entities = entities.filter(collection__name=collection)
@@ -577,8 +584,8 @@ def graph(request):
         rows = entities.annotate(mention_count=Count("mentions", distinct=True))
         if q:
             rows = rows.filter(name__icontains=q)
-        if request.GET.get("type"):
-            rows = rows.filter(type=request.GET["type"])
+        if entity_type := param(request, "type"):
+            rows = rows.filter(type=entity_type)
         rows = rows.order_by("-mention_count", "name")
     elif tab == "relationships":
         rows = relationships
@@ -595,7 +602,7 @@ def graph(request):
     page = Paginator(rows, 50).get_page(request.GET.get("page"))
     detail = None
     if request.GET.get("entity"):
-        entity = get_object_or_404(entities, pk=request.GET["entity"])
+        entity = get_object_or_404(entities, pk=object_id(request.GET["entity"]))
         edges = list(
             relationships.filter(Q(source=entity) | Q(target=entity)).order_by("-strength", "pk")[
                 :24
