@@ -10,10 +10,11 @@ from typing import Any
 
 from django.db import transaction
 
-from ..exceptions import InvalidInput, LLMError
+from ..exceptions import InvalidInput, LLMError, UnknownCollection
 from ..llm import get_llm, parse_json
 from ..models import Chunk, Collection, Document, Relevance, TestCase
 from ..signals import span
+from ..validation import clean_collection_name, clean_query, clean_source_id, clean_string
 from . import prompts
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,11 @@ def create_test_case(
     document_ids = [d.pk if isinstance(d, Document) else d for d in documents]
     if not isinstance(question, str) or not question.strip():
         raise InvalidInput("A test case needs a non-empty question.")
+    question = clean_query(question)
+    if not question:
+        raise InvalidInput("A test case needs a non-empty question.")
+    reference_answer = clean_string(reference_answer or "", "reference_answer", max_length=10**6)
+    target = _collection(collection)
     if bool(chunk_ids) == bool(document_ids):
         raise InvalidInput("Give the relevant chunks or the relevant documents (one of them).")
     grades = grades or {}
@@ -45,7 +51,7 @@ def create_test_case(
             question=question.strip(),
             reference_answer=reference_answer,
             level=TestCase.Level.CHUNK if chunk_ids else TestCase.Level.DOCUMENT,
-            collection=Collection.objects.get(name=collection) if collection else None,
+            collection=target,
         )
         Relevance.objects.bulk_create(
             [Relevance(test_case=case, chunk_id=i, grade=grades.get(i, 1)) for i in chunk_ids]
@@ -55,6 +61,16 @@ def create_test_case(
             ]
         )
     return case
+
+
+def _collection(name: Any) -> Collection | None:
+    if name is None or name == "":
+        return None
+    name = clean_collection_name(name)
+    try:
+        return Collection.objects.get(name=name)
+    except Collection.DoesNotExist:
+        raise UnknownCollection(name) from None
 
 
 @dataclass
@@ -82,8 +98,10 @@ def generate_test_cases(
     Answers without a parseable ``{"question": ...}`` and failed calls are skipped and counted.
     The same ``seed`` samples the same chunks.
     """
-    if not isinstance(sample_size, int) or sample_size < 1:
+    if isinstance(sample_size, bool) or not isinstance(sample_size, int) or sample_size < 1:
         raise InvalidInput(f"sample_size must be a positive integer, got {sample_size!r}")
+    _collection(collection)
+    source_id = clean_source_id(source_id) or None
     model = get_llm(llm, feature="generate_test_cases()")
     chunks = Chunk.objects.all()
     if collection:

@@ -13,11 +13,12 @@ from django.utils import timezone
 from ..agent.answer import answer_messages
 from ..conf import search_setting
 from ..embeddings import active_dimensions, get_embedder
-from ..exceptions import InvalidInput, LLMError
+from ..exceptions import InvalidInput, LLMError, UnknownCollection
 from ..llm import collect_usage, get_llm, parse_json
-from ..models import Relevance, Run, TestCase
-from ..retrieval.service import normalize_collections, normalize_mode, search
+from ..models import Collection, Relevance, Run, TestCase
+from ..retrieval.service import MAX_LIMIT, normalize_collections, normalize_mode, search
 from ..signals import span
+from ..validation import clean_positive_int, clean_source_id
 from . import prompts
 from .metrics import METRIC_NAMES, aggregate, case_metrics
 
@@ -29,6 +30,22 @@ DOCUMENT_FETCH = 100
 
 class NoTestCases(InvalidInput):
     code = "no_test_cases"
+
+
+class UnknownEvaluationCollection(UnknownCollection, NoTestCases):
+    """An evaluation was asked for a collection that does not exist. Also a
+    :class:`NoTestCases` (what this raised before), so existing handlers keep working."""
+
+
+def check_collections(names: Sequence[str] | None) -> None:
+    """Raise :class:`~django_rag.exceptions.UnknownCollection` for a name with no collection
+    (a typo must not look like "no test cases" or "no chunks")."""
+    if not names:
+        return
+    found = set(Collection.objects.filter(name__in=names).values_list("name", flat=True))
+    for name in names:
+        if name not in found:
+            raise UnknownEvaluationCollection(name)
 
 
 def _config(mode: str, limit: int, options: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -96,6 +113,9 @@ def run_evaluation(
     """
     mode = normalize_mode(mode)
     names = normalize_collections(collection)
+    clean_positive_int("limit", limit, maximum=MAX_LIMIT)
+    source_id = clean_source_id(source_id) or None
+    check_collections(names)
     model = get_llm(llm, feature="Answer evaluation") if evaluate_answers else None
     cases = TestCase.objects.select_related("collection").prefetch_related(
         Prefetch("relevance", queryset=Relevance.objects.all())

@@ -99,10 +99,16 @@ def detect_communities(
     )
     min_size = graph_setting("MIN_SIZE") if min_size is None else min_size
     seed = graph_setting("SEED") if seed is None else seed
-    if not isinstance(levels, int) or levels < 1:
-        raise InvalidOption(f"levels must be a positive integer, got {levels!r}")
-    if not isinstance(resolution, int | float) or resolution <= 0:
-        raise InvalidOption(f"resolution must be a number > 0, got {resolution!r}")
+    from ..validation import clean_collection_name, clean_number, clean_positive_int
+
+    clean_positive_int("levels", levels)
+    clean_number("resolution", resolution, minimum=0, strict_minimum=True)
+    clean_positive_int("min_size", min_size)
+    clean_positive_int("max_cluster_size", max_cluster_size)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise InvalidOption(f"seed must be an integer or None, got {seed!r}")
+    if collection is not None:
+        clean_collection_name(collection)
     targets = _collections(collection)
     total = 0
     with span("graph.community_detection", collection=collection, detector="leiden") as s:

@@ -12,6 +12,7 @@ from django_rag.evaluation import (
 from django_rag.exceptions import RagError
 from django_rag.management.progress import ProgressBar
 from django_rag.models import Run, TestCase
+from django_rag.validation import finite_float_arg, positive_int_arg
 
 TABLE_METRICS = (
     "recall_at_1",
@@ -32,7 +33,7 @@ def fail_under(value: str) -> tuple[str, float]:
     name, _, threshold = value.partition("=")
     if name not in (*METRIC_NAMES, "faithfulness", "correctness") or not threshold:
         raise ValueError(value)
-    return name, float(threshold)
+    return name, finite_float_arg(threshold)
 
 
 class Command(BaseCommand):
@@ -42,7 +43,7 @@ class Command(BaseCommand):
         actions = parser.add_subparsers(dest="action", required=True)
 
         generate = actions.add_parser("generate", help="LLM-written questions from sampled chunks")
-        generate.add_argument("--sample-size", type=int, default=50)
+        generate.add_argument("--sample-size", type=positive_int_arg, default=50)
         generate.add_argument("--collection")
         generate.add_argument("--source-id")
         generate.add_argument("--llm")
@@ -52,7 +53,7 @@ class Command(BaseCommand):
         run.add_argument("--mode", help="semantic, fulltext or hybrid")
         run.add_argument("--collection", action="append", help="repeatable")
         run.add_argument("--source-id")
-        run.add_argument("--limit", type=int, default=10)
+        run.add_argument("--limit", type=positive_int_arg, default=10)
         run.add_argument("--evaluate-answers", action="store_true")
         run.add_argument("--llm")
         run.add_argument("--format", choices=["table", "json"], default="table")
@@ -66,16 +67,16 @@ class Command(BaseCommand):
         )
 
         listing = actions.add_parser("list", help="recent runs")
-        listing.add_argument("--limit", type=int, default=20)
+        listing.add_argument("--limit", type=positive_int_arg, default=20)
         listing.add_argument("--format", choices=["table", "json"], default="table")
 
         show = actions.add_parser("show", help="one run with its configuration")
-        show.add_argument("run_id", type=int)
+        show.add_argument("run_id", type=positive_int_arg)
         show.add_argument("--format", choices=["table", "json"], default="table")
 
         compare = actions.add_parser("compare", help="metric deltas between two runs")
-        compare.add_argument("first", type=int)
-        compare.add_argument("second", type=int)
+        compare.add_argument("first", type=positive_int_arg)
+        compare.add_argument("second", type=positive_int_arg)
         compare.add_argument("--format", choices=["table", "json"], default="table")
 
         beir = actions.add_parser("import-beir", help="a BEIR dataset as documents + test cases")

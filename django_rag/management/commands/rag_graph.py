@@ -2,6 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_rag.exceptions import RagError
 from django_rag.management.progress import ProgressBar
+from django_rag.validation import positive_float_arg, positive_int_arg
 
 
 def levels_arg(value: str):
@@ -28,18 +29,20 @@ class Command(BaseCommand):
             action="store_true",
             help="only chunks not processed yet (default: rebuild from scratch)",
         )
-        rebuild.add_argument("--concurrency", type=int)
+        rebuild.add_argument("--concurrency", type=positive_int_arg)
         detect = actions.add_parser("detect-communities", help="hierarchical Leiden")
         detect.add_argument("--collection")
-        detect.add_argument("--resolution", type=float)
-        detect.add_argument("--levels", type=int, help="how many hierarchy levels to keep")
+        detect.add_argument("--resolution", type=positive_float_arg)
+        detect.add_argument(
+            "--levels", type=positive_int_arg, help="how many hierarchy levels to keep"
+        )
         detect.add_argument("--seed", type=int)
-        detect.add_argument("--min-size", type=int)
+        detect.add_argument("--min-size", type=positive_int_arg)
         summarize = actions.add_parser("summarize-communities", help="LLM summaries")
         summarize.add_argument("--collection")
         summarize.add_argument("--levels", type=levels_arg, help="e.g. 0 or 0,1 or all")
         summarize.add_argument("--force", action="store_true", help="also unchanged communities")
-        summarize.add_argument("--concurrency", type=int)
+        summarize.add_argument("--concurrency", type=positive_int_arg)
         summarize.add_argument("--llm")
         for sub in (rebuild, detect, summarize):
             sub.add_argument("--quiet", action="store_true")

@@ -1,4 +1,6 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
+
+from django_rag.exceptions import RagError
 
 
 class Command(BaseCommand):
@@ -12,12 +14,15 @@ class Command(BaseCommand):
     def handle(self, *args, action, **options):
         from django_rag import maintenance
 
-        if options["apply"]:
-            found = maintenance.remove_orphans()
-            verb = "Removed"
-        else:
-            found = maintenance.find_orphans()
-            verb = "Found"
+        try:
+            if options["apply"]:
+                found = maintenance.remove_orphans()
+                verb = "Removed"
+            else:
+                found = maintenance.find_orphans()
+                verb = "Found"
+        except RagError as exc:
+            raise CommandError(str(exc)) from exc
         for name, count in found.items():
             self.stdout.write(f"{verb} {count} {name.replace('_', ' ')}")
         if not options["apply"] and any(found.values()):

@@ -2,6 +2,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_rag.exceptions import RagError
 from django_rag.management.progress import ProgressBar
+from django_rag.validation import positive_int_arg
 
 
 class Command(BaseCommand):
@@ -12,8 +13,10 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("--collection", help="only this collection (in-place re-embedding)")
-        parser.add_argument("--batch-size", type=int, default=64)
-        parser.add_argument("--concurrency", type=int, default=1, help="batches embedded at once")
+        parser.add_argument("--batch-size", type=positive_int_arg, default=64)
+        parser.add_argument(
+            "--concurrency", type=positive_int_arg, default=1, help="batches embedded at once"
+        )
         parser.add_argument("--resume", action="store_true", help="continue the interrupted job")
         parser.add_argument("--all", action="store_true", help="every chunk, current embedder")
         parser.add_argument(

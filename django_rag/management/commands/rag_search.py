@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_rag.exceptions import RagError
 from django_rag.retrieval.service import search
+from django_rag.validation import finite_float_arg, positive_int_arg
 
 
 class Command(BaseCommand):
@@ -15,8 +16,8 @@ class Command(BaseCommand):
             "--mode", default=None, help="semantic, fulltext or hybrid (default: SEARCH['MODE'])"
         )
         parser.add_argument("--fusion", default=None, help="hybrid fusion: weighted or rrf")
-        parser.add_argument("--limit", type=int, default=None)
-        parser.add_argument("--threshold", type=float, default=None)
+        parser.add_argument("--limit", type=positive_int_arg, default=None)
+        parser.add_argument("--threshold", type=finite_float_arg, default=None)
         parser.add_argument(
             "--collection", action="append", default=None, help="repeat for several"
         )
