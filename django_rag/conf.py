@@ -369,7 +369,10 @@ def redact(value: Any) -> Any:
         return scrub_text(value)
     if value is None or isinstance(value, bool | int | float):
         return value
-    shown = str(value)
+    try:
+        shown = str(value)
+    except Exception:  # an object that cannot show itself shows no secret either
+        return value
     cleaned = scrub_text(shown)
     return value if cleaned == shown else cleaned
 

@@ -43,6 +43,8 @@ class StubOpenAI:
     maps a substring of the last user message to a reply used whenever it matches; a
     :class:`Failure` at the head of ``chat`` is sent before any rule, then rules are checked,
     then ``chat``; ``default`` answers otherwise. Streaming requests get SSE chunks, one per word.
+    A :class:`Drop` reply streams a few words and then cuts the connection; a :class:`Raw`
+    reply is sent as given (a reply with no choices, for example).
     """
 
     def __init__(self, dimensions: int = 384, chat=None, rules=None, default="OK"):
