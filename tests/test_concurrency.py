@@ -185,3 +185,19 @@ def test_an_open_delete_does_not_block_other_collections():
     assert outcome["chunks"] == 1 and outcome["seconds"] < 3
     assert not Document.objects.filter(pk=big.pk).exists()
     assert_statistics_exact()
+
+
+def test_threads_sharing_the_real_model_ingest_without_errors(minilm, settings):
+    """One MiniLM, its tokenizer shared by threads that chunk (offsets) and embed at once."""
+    settings.DJANGO_RAG = {"EMBEDDER": minilm}
+    rng = random.Random(3)
+    texts = [text_for(rng, i) for i in range(48)]
+
+    def writer(index):
+        for text in texts[index::8]:
+            document = rag.ingest(text, collection="model", chunk_size=40, chunk_overlap=5)
+            assert document.chunk_count > 0
+
+    errors = run_threads(8, writer)
+    assert errors == [], errors[:3]
+    assert Document.objects.filter(collection__name="model").count() == len(set(texts))

@@ -130,6 +130,8 @@ def upload(request):
             upload.read(),
             filename=upload.name,
             collection=form.cleaned_data["collection"],
+            source_id=form.cleaned_data["source_id"] or None,
+            replace=form.cleaned_data["replace"],
             background=True,
         )
     except RagError as exc:

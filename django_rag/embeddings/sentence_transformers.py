@@ -7,6 +7,7 @@ instance that names the same model and device.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from ..exceptions import MissingDependency
@@ -119,6 +120,16 @@ class SentenceTransformerEmbedder(Embedder):
         return load_model(self.model_name, self.device)
 
     @property
+    def _lock(self) -> threading.Lock:
+        # A Hugging Face fast tokenizer keeps its truncation and padding settings in shared
+        # state that encode() and our offset tokenisation set differently: threads using one
+        # model at the same time corrupt each other's batches ("Unable to create tensor").
+        # One lock per loaded model; torch uses every core inside a call anyway.
+        return load_once(
+            ("sentence-transformer-lock", self.model_name, self.device), threading.Lock
+        )
+
+    @property
     def known_dimensions(self) -> int | None:
         if self._dimensions:
             return self._dimensions
@@ -153,6 +164,10 @@ class SentenceTransformerEmbedder(Embedder):
         return [tuple(span) for span in self._tokenize(text, offsets=True)["offset_mapping"]]
 
     def _tokenize(self, text: str, *, offsets: bool):
+        with self._lock:
+            return self._tokenizer_call(text, offsets=offsets)
+
+    def _tokenizer_call(self, text: str, *, offsets: bool):
         return self.model.tokenizer(
             text,
             add_special_tokens=False,
@@ -164,6 +179,10 @@ class SentenceTransformerEmbedder(Embedder):
         )
 
     def _embed(self, texts: list[str]) -> Sequence[Sequence[float]]:
+        with self._lock:
+            return self._encode(texts)
+
+    def _encode(self, texts: list[str]) -> Sequence[Sequence[float]]:
         vectors = self.model.encode(
             texts,
             batch_size=self.batch_size,
