@@ -13,7 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
-from .conf import get_setting
+from .conf import get_setting, scrub_text
 from .exceptions import BackgroundUnavailable, ConfigurationError, MissingDependency
 from .models import Job
 
@@ -66,7 +66,7 @@ def enqueue(task_name: str, job: Job, **kwargs: Any) -> Job:
                 job.fail(exc)
                 raise BackgroundUnavailable(
                     f"The task could not be sent to the Celery broker ({type(exc).__name__}: "
-                    f"{exc}). Start the broker, or set DJANGO_RAG['BACKGROUND'] = 'inline' to "
+                    f"{scrub_text(exc)}). Start the broker, or set DJANGO_RAG['BACKGROUND'] = 'inline' to "
                     "run background work in the calling process."
                 ) from exc
             Job.objects.filter(pk=job.pk).update(task_id=result.id)

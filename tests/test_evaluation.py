@@ -368,3 +368,20 @@ def test_rag_eval_generate_list_show_compare(facts):
     assert "mrr" in compared
     with pytest.raises(CommandError, match="does not exist"):
         run_command("show", "999999")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_deleting_a_document_keeps_test_cases_consistent():
+    """A deleted chunk: its test cases lose their source chunk and chunk relevance, and the
+    transaction commits (the foreign keys are checked at commit)."""
+    from django_rag.models import Relevance, TestCase
+
+    doc = rag.ingest("Refunds take fourteen days.", collection="ev-del")
+    chunk = doc.chunks.get()
+    case = TestCase.objects.create(
+        question="How long do refunds take?", collection=doc.collection, source_chunk=chunk
+    )
+    Relevance.objects.create(test_case=case, chunk=chunk)
+    rag.delete(doc)
+    case.refresh_from_db()
+    assert case.source_chunk_id is None and not case.relevance.exists()

@@ -7,10 +7,10 @@ from django.db import connection
 import django_rag as rag
 from django_rag.exceptions import InvalidOption
 from django_rag.models import Chunk, CorpusStatistic, Document, TermStatistic
-from django_rag.store import compact_statistics, recount_statistics
 from django_rag.retrieval import MemoryVectorStore
 from django_rag.retrieval.fulltext import parse_query
 from django_rag.retrieval.fusion import fuse
+from django_rag.store import compact_statistics, recount_statistics
 
 pytestmark = pytest.mark.django_db
 

@@ -139,20 +139,12 @@ def test_visible_text_with_zero_width_characters_is_ingested(docs):
     assert doc.chunk_count == 1
 
 
-NEEDS_INGEST_SERVICE = pytest.mark.xfail(
-    strict=True,
-    reason="django_rag/ingestion/service.py must call validation.clean_filename on file names "
-    "(ingest_bytes, ingest_file) before parsing (owned by the ingestion service)",
-)
-
-
 @pytest.mark.parametrize("group_size", [0, -1, "3", True, 2.5])
 def test_ingest_many_refuses_a_bad_group_size(docs, group_size):
     with nothing_written(), pytest.raises(InvalidOption, match="group_size"):
         rag.ingest_many(["One.", "Two."], collection="docs", group_size=group_size)
 
 
-@NEEDS_INGEST_SERVICE
 @pytest.mark.parametrize("filename", ["notes\x00.txt", "\udc80.txt"])
 def test_ingest_bytes_refuses_a_hostile_filename(docs, filename):
     with nothing_written(), pytest.raises(InvalidOption, match="filename"):

@@ -217,8 +217,14 @@ def test_duration_formatting():
     assert format_event("x", {}, 0.0001) == "[django_rag] x completed in <1ms"
 
 
-def test_prometheus_metrics_on_the_metrics_endpoint(client):
+def test_prometheus_metrics_on_the_metrics_endpoint(client, settings):
     from prometheus_client import REGISTRY
+
+    # Collection names are labels only when the project allows it (docs/telemetry.md).
+    settings.DJANGO_RAG = {
+        **settings.DJANGO_RAG,
+        "TELEMETRY": {"PROMETHEUS_COLLECTION_LABELS": True},
+    }
 
     def value(name, **labels):
         return REGISTRY.get_sample_value(name, labels) or 0.0

@@ -10,6 +10,7 @@ from ..exceptions import InvalidInput, InvalidOption, LLMResponseError
 from ..llm import LLM, Completion, collect_usage, get_llm
 from ..results import Answer, Citation, SearchResult
 from ..signals import span
+from ..validation import clean_query
 from . import prompts
 
 PromptFunction = Callable[[str, list[SearchResult]], "str | tuple[str, str]"]
@@ -127,6 +128,7 @@ def ask(
     """
     if not isinstance(question, str) or not question.strip():
         raise InvalidInput("ask() needs a non-empty question string.")
+    question = clean_query(question)  # bounded and valid before any LLM or search sees it
     if prompt is not None and not callable(prompt):
         raise InvalidOption("prompt must be a function (question, chunks) -> str")
     model = get_llm(llm, feature="ask()")

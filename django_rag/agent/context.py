@@ -9,6 +9,7 @@ from typing import Any
 from ..exceptions import InvalidInput, InvalidOption
 from ..llm import Usage
 from ..results import SearchResult
+from ..validation import clean_query
 from .answer import Answer, Citation
 
 
@@ -79,6 +80,8 @@ class Context:
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():
             raise InvalidInput("The agent needs a non-empty question string.")
+        # Bounded and valid before any step sends it to an LLM.
+        self.question = clean_query(self.question)
         if self.deadline is None:
             from ..conf import deadline_setting
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..conf import scrub_text
 from ..embeddings import Embedder
-from ..exceptions import DimensionMismatch, EmbeddingFailed, EmptyDocument
+from ..exceptions import EmbeddingFailed, EmptyDocument
 from ..store import ChunkRow
+from ..validation import check_vectors
 from .chunkers import TextChunk, get_chunker
 from .parsers import ParsedDocument
 
@@ -71,17 +73,11 @@ def attach_vectors(
 ) -> list[PreparedChunk]:
     """Pair chunks with their vectors and pages, checking the vectors fit the column. A chunk
     whose vector is None (skipped with ``on_chunk_error="skip"``) is left out."""
-    sizes = {len(vector) for vector in vectors if vector is not None}
-    if dimensions is not None and sizes - {dimensions}:
-        actual = next(iter(sizes - {dimensions}))
-        raise DimensionMismatch(
-            f"{embedder!r} returned {actual}-dimensional vectors but the embedding "
-            f"column holds {dimensions}. Set DJANGO_RAG['EMBEDDING_DIMENSIONS'] to match the "
-            "embedder and migrate the column (see docs/configuration.md, 'Changing the "
-            "embedding model').",
-            expected=dimensions,
-            actual=actual,
-        )
+    # Wrong sizes, zero or non-finite vectors never reach the column (a zero vector has no
+    # cosine: it would score NaN in every search).
+    check_vectors(
+        [vector for vector in vectors if vector is not None], dimensions=dimensions, what="chunk"
+    )
     prepared = []
     for index, (chunk, vector) in enumerate(zip(chunks, vectors, strict=True)):
         if vector is None:
@@ -130,7 +126,8 @@ def embed_texts(
                 continue
             index, cause = _failing_index(embedder, batch, exc)
             raise EmbeddingFailed(
-                f"Embedding chunk {start + index} failed with {type(cause).__name__}: {cause}. "
+                f"Embedding chunk {start + index} failed with {type(cause).__name__}: "
+                f"{scrub_text(cause)}. "
                 "Nothing was written; fix the embedder (or the text) and ingest again, or "
                 "pass on_chunk_error='skip' to store the chunks that embed.",
                 chunk_index=start + index,

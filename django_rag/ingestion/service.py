@@ -38,6 +38,7 @@ from ..store import delete_document, mark_document, save_pending, write_document
 from ..store.documents import find_duplicate
 from ..validation import (
     clean_collection_name,
+    clean_filename,
     clean_metadata,
     clean_source_id,
     clean_text,
@@ -258,6 +259,7 @@ def ingest(
 
 def ingest_file(path: str | Path, **options):
     """Parse the file at ``path`` (by extension) and ingest it; options as for :func:`ingest`."""
+    clean_filename(str(path))
     parsed = parse_file(path)
     return _ingest_parsed(parsed, filename=Path(path).name, **options)
 
@@ -266,8 +268,7 @@ def ingest_bytes(data: bytes, *, filename: str, **options):
     """Parse ``data`` as a file called ``filename`` and ingest it; nothing touches disk."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidOption(f"data must be bytes, got {type(data).__name__}")
-    if not filename or not isinstance(filename, str):
-        raise InvalidOption("ingest_bytes() needs a filename: it chooses the parser by extension")
+    clean_filename(filename)
     parsed = parse_bytes(bytes(data), filename=filename)
     return _ingest_parsed(parsed, filename=Path(filename).name, **options)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from ..conf import scrub_text
+
 
 class Job(models.Model):
     """One long operation. Its ``done``/``total`` are updated as it goes, so commands and the
@@ -69,7 +71,7 @@ class Job(models.Model):
     def fail(self, exc: BaseException) -> None:
         """Mark the job failed with the error's type and message."""
         self.status = self.Status.FAILED
-        self.error = f"{type(exc).__name__}: {exc}"[:4000]
+        self.error = scrub_text(f"{type(exc).__name__}: {exc}")[:4000]
         self.finished_at = timezone.now()
         type(self).objects.filter(pk=self.pk).update(
             status=self.status, error=self.error, finished_at=self.finished_at

@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, connection, models, transaction
 
+from ..conf import scrub_text
 from ..models import Chunk, Collection, Document
 from ..signals import span
 from .graph import persist, sweep_orphans
@@ -112,7 +113,7 @@ def save_pending(document: Document, collection: str) -> Document:
 def mark_document(document_id: int, status: str, error: str = "") -> None:
     """Set a pending document's status (``processing``, ``failed`` with its error)."""
     Document.objects.filter(pk=document_id).exclude(status=Document.Status.COMPLETED).update(
-        status=status, error=error[:2000]
+        status=status, error=scrub_text(error)[:2000]
     )
 
 
@@ -222,7 +223,7 @@ def delete_chunks(chunks: models.QuerySet) -> list[int]:
     if not ids:
         return []
     selected = Chunk.objects.filter(pk__in=chunks.order_by().values("pk"))
-    for relation in Chunk._meta.related_objects:
+    for relation in _relations_to(Chunk):
         dependents = relation.related_model._base_manager.filter(
             **{f"{relation.field.name}__in": selected}
         )
@@ -234,6 +235,15 @@ def delete_chunks(chunks: models.QuerySet) -> list[int]:
         # One statement: the statistics trigger fires once for the whole set.
         cursor.execute(f"DELETE FROM {Chunk._meta.db_table} WHERE id = ANY(%s)", [ids])
     return ids
+
+
+def _relations_to(model) -> list:
+    """Every foreign key pointing at ``model``, hidden ones (``related_name="+"``) included."""
+    return [
+        field
+        for field in model._meta.get_fields(include_hidden=True)
+        if field.auto_created and not field.concrete and (field.one_to_many or field.one_to_one)
+    ]
 
 
 def delete_documents(ids: Sequence[int] | models.QuerySet) -> int:
