@@ -54,8 +54,14 @@ def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return decorate
 
 
-def enqueue(task_name: str, job: Job, **kwargs: Any) -> Job:
-    """Run the task ``task_name`` (``task(job_id=job.pk, **kwargs)``) on a worker, or inline."""
+def enqueue(
+    task_name: str, job: Job, *, on_failure: Callable[[], Any] | None = None, **kwargs: Any
+) -> Job:
+    """Run the task ``task_name`` (``task(job_id=job.pk, **kwargs)``) on a worker, or inline.
+
+    When the task cannot be sent, the job is marked failed, ``on_failure`` runs (to remove
+    what was waiting for the task) and :class:`BackgroundUnavailable` is raised.
+    """
     task = _TASKS[task_name]
     if use_celery():
 
@@ -64,6 +70,8 @@ def enqueue(task_name: str, job: Job, **kwargs: Any) -> Job:
                 result = task.apply_async(kwargs={"job_id": job.pk, **kwargs})
             except Exception as exc:  # kombu's OperationalError, a refused connection...
                 job.fail(exc)
+                if on_failure is not None:
+                    on_failure()
                 raise BackgroundUnavailable(
                     f"The task could not be sent to the Celery broker ({type(exc).__name__}: "
                     f"{scrub_text(exc)}). Start the broker, or set DJANGO_RAG['BACKGROUND'] = 'inline' to "

@@ -97,3 +97,41 @@ def test_evaluation_task_inline():
     assert job.status == "completed" and job.result["metrics"]["mrr"] == 1.0
     assert (job.done, job.total) == (1, 1)
     tasks.run_evaluation(job_id=job.pk)  # idempotent: a completed job is left alone
+
+
+@pytest.fixture
+def unreachable_broker(tmp_path):
+    """A Celery app pointed at a Redis socket nobody listens on."""
+    from tests.celery_app import app
+
+    app.conf.broker_url = f"redis+socket://{tmp_path / 'nobody.sock'}"
+    app.conf.task_publish_retry = False
+    app._after_fork()  # no pooled connection to an earlier broker
+    assert background.use_celery()
+    yield app
+    app.conf.broker_url = None
+    app.conf.task_publish_retry = True
+    app._after_fork()
+
+
+@pytest.mark.django_db(transaction=True)  # tasks are sent when the transaction commits
+def test_a_broker_that_cannot_be_reached_leaves_nothing_pending(unreachable_broker, client):
+    from django.contrib.auth.models import User
+    from django.core.files.uploadedfile import SimpleUploadedFile
+    from django.urls import reverse
+
+    from django_rag.exceptions import BackgroundUnavailable
+
+    with pytest.raises(BackgroundUnavailable, match="BACKGROUND"):
+        rag.ingest("Queued while the broker is down.", collection="down", background=True)
+    assert not Document.objects.exists()
+    assert Job.objects.get(kind="ingest").status == "failed"
+    # The dashboard's upload shows the error instead of answering 500.
+    client.force_login(User.objects.create_user("s", password="pw", is_staff=True))
+    response = client.post(
+        reverse("django_rag_dashboard:upload"),
+        {"file": SimpleUploadedFile("a.txt", b"Refunds."), "collection": "down"},
+        follow=True,
+    )
+    assert response.status_code == 200 and "broker" in response.content.decode()
+    assert not Document.objects.exists()

@@ -24,7 +24,6 @@ from ..background import enqueue
 from ..conf import graph_setting
 from ..embeddings import Embedder, active_dimensions, get_embedder
 from ..exceptions import (
-    BackgroundUnavailable,
     DocumentNotFound,
     EmbeddingFailed,
     InvalidOption,
@@ -469,7 +468,7 @@ def _enqueue(pending: _Pending, options: dict[str, Any]) -> Document:
     """Store the document as pending and hand the chunking and embedding to a worker.
 
     When the task cannot be sent (the broker is down), the pending document is removed again
-    and :class:`~django_rag.background.BackgroundUnavailable` raised: nothing is left waiting
+    and :class:`~django_rag.exceptions.BackgroundUnavailable` raised: nothing is left waiting
     for a worker that will never come.
     """
     document = save_pending(pending.document, pending.collection)
@@ -483,11 +482,7 @@ def _enqueue(pending: _Pending, options: dict[str, Any]) -> Document:
             **options,
         },
     )
-    try:
-        enqueue("ingest_document", job)
-    except BackgroundUnavailable:
-        delete_document(document.pk)
-        raise
+    enqueue("ingest_document", job, on_failure=lambda: delete_document(document.pk))
     document.refresh_from_db()
     document.deduplicated = False
     document.job = job
