@@ -139,6 +139,8 @@ def test_background_ingestion_end_to_end_with_a_transient_failure_retried(worker
     assert not flaky.exists()  # the first attempt failed on it...
     assert "Retry in" in w.log.read_text()  # ...and the task was retried
     assert rag.search("refunds 14 days", collection="bg", limit=1)[0].document_id == document.pk
+    # The task marks its job completed just after the document's transaction commits.
+    wait_for(lambda: Job.objects.get(pk=job.pk).status != "running", what="the job", log=w.log)
     assert Job.objects.get(pk=job.pk).status == "completed"
 
 

@@ -157,7 +157,7 @@ def test_markdown_title_keeps_its_rules(text, title):
 # --- H2: PDF budgets, enforced while extracting ---------------------------------------------
 
 CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from django.conf import settings
 settings.configure(DJANGO_RAG={})
 from tests.test_parsers_hostile import bomb_pdf
@@ -172,7 +172,11 @@ except Exception as exc:
 print(json.dumps({
     "outcome": outcome,
     "seconds": time.perf_counter() - started,
-    "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across exec, so a child of a large pytest
+    # process would report its parent's peak.
+    "peak_mb": next(
+        int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")
+    ) / 1024,
     "size": len(data),
 }))
 """
