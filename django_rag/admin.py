@@ -12,8 +12,10 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils.text import Truncator
 
+from .background import start
 from .exceptions import CollectionNotEmpty, RagError
 from .ingestion.service import FORMATS, ingest
+from .maintenance import reembed_documents as reembed
 from .models import (
     Chunk,
     Collection,
@@ -31,7 +33,6 @@ from .store import delete_documents
 
 @admin.action(description="Re-embed the selected documents")
 def reembed_documents(modeladmin, request, queryset):
-    from .maintenance import reembed_documents as reembed
 
     job = reembed(list(queryset.values_list("pk", flat=True)))
     modeladmin.message_user(request, f"Re-embedded {job.done} chunks with {job.result['model']}.")
@@ -39,7 +40,6 @@ def reembed_documents(modeladmin, request, queryset):
 
 @admin.action(description="Rebuild the graph of the selected collections")
 def rebuild_graph(modeladmin, request, queryset):
-    from .background import start
 
     for collection in queryset:
         try:

@@ -5,11 +5,17 @@ from __future__ import annotations
 from django.core import checks
 from django.db import DatabaseError, connections, router
 
+from .conf import embedding_dimensions, get_settings
+from .embeddings import get_embedder
 from .exceptions import ConfigurationError
+from .ingestion.chunkers import get_chunker
+from .ingestion.parsers import get_parser, parser_registry
+from .models import Chunk
+from .retrieval.stores import get_vector_store
+from .store.vector_stores import writes_supported
 
 
 def _chunk_db() -> str:
-    from .models import Chunk
 
     return router.db_for_write(Chunk)
 
@@ -17,7 +23,6 @@ def _chunk_db() -> str:
 @checks.register()
 def check_settings(app_configs=None, **kwargs):
     """E002 (a component cannot be built), E003 (embedder size != EMBEDDING_DIMENSIONS), E005."""
-    from .conf import embedding_dimensions, get_settings
 
     errors = []
     try:
@@ -31,12 +36,6 @@ def check_settings(app_configs=None, **kwargs):
                 id="django_rag.E005",
             )
         ]
-
-    from .embeddings import get_embedder
-    from .ingestion.chunkers import get_chunker
-    from .ingestion.parsers import get_parser, parser_registry
-    from .retrieval.stores import get_vector_store
-    from .store.vector_stores import writes_supported
 
     embedder = None
     for setting, build in (
@@ -94,8 +93,6 @@ def check_settings(app_configs=None, **kwargs):
 @checks.register(checks.Tags.database)
 def check_database(app_configs=None, databases=None, **kwargs):
     """E001 (pgvector unavailable), E004 (column size != EMBEDDING_DIMENSIONS), W001."""
-    from .conf import embedding_dimensions
-    from .models import Chunk
 
     alias = _chunk_db()
     if databases is None or alias not in databases:

@@ -9,8 +9,15 @@ from __future__ import annotations
 
 from django.db import InterfaceError, OperationalError
 
+from . import maintenance
 from .background import register
+from .evaluation import generate_test_cases as generate
+from .evaluation import run_evaluation as evaluate
 from .exceptions import EmbeddingFailed, LLMError
+from .graph import build_graph as build
+from .graph import detect_communities as detect
+from .graph import summarize_communities as summarize
+from .ingestion.service import process_pending
 from .models import Job
 
 try:
@@ -50,7 +57,6 @@ def _run(job_id: int, body) -> None:
 @shared_task(name="django_rag.ingest_document", **OPTIONS)
 def ingest_document(job_id: int) -> None:
     """Chunk, embed and store a document saved as pending by ``ingest(..., background=True)``."""
-    from .ingestion.service import process_pending
 
     def body(job):
         document = process_pending(job)
@@ -63,7 +69,6 @@ def ingest_document(job_id: int) -> None:
 @shared_task(name="django_rag.reembed", **OPTIONS)
 def reembed(job_id: int) -> None:
     """:func:`django_rag.maintenance.reembed` with the job's options; resumes its own job."""
-    from . import maintenance
 
     def body(job):
         options = dict(job.params.get("options", job.params))
@@ -77,7 +82,6 @@ def reembed(job_id: int) -> None:
 @shared_task(name="django_rag.run_evaluation", **OPTIONS)
 def run_evaluation(job_id: int) -> None:
     """:func:`django_rag.evaluation.run_evaluation` with the job's options."""
-    from .evaluation import run_evaluation as evaluate
 
     def body(job):
         run = evaluate(progress=_progress(job), **job.params)
@@ -94,7 +98,6 @@ def _progress(job: Job):
 @shared_task(name="django_rag.build_graph", **OPTIONS)
 def build_graph(job_id: int) -> None:
     """:func:`django_rag.graph.build_graph` with the job's options."""
-    from .graph import build_graph as build
 
     _run(job_id, lambda job: build(progress=_progress(job), **job.params))
 
@@ -103,7 +106,6 @@ def build_graph(job_id: int) -> None:
 @shared_task(name="django_rag.detect_communities", **OPTIONS)
 def detect_communities(job_id: int) -> None:
     """:func:`django_rag.graph.detect_communities` with the job's options."""
-    from .graph import detect_communities as detect
 
     _run(job_id, lambda job: detect(progress=_progress(job), **job.params))
 
@@ -112,7 +114,6 @@ def detect_communities(job_id: int) -> None:
 @shared_task(name="django_rag.summarize_communities", **OPTIONS)
 def summarize_communities(job_id: int) -> None:
     """:func:`django_rag.graph.summarize_communities` with the job's options."""
-    from .graph import summarize_communities as summarize
 
     _run(job_id, lambda job: summarize(progress=_progress(job), **job.params))
 
@@ -121,7 +122,6 @@ def summarize_communities(job_id: int) -> None:
 @shared_task(name="django_rag.generate_test_cases", **OPTIONS)
 def generate_test_cases(job_id: int) -> None:
     """:func:`django_rag.evaluation.generate_test_cases` with the job's options."""
-    from .evaluation import generate_test_cases as generate
 
     def body(job):
         result = generate(progress=_progress(job), **job.params)

@@ -7,8 +7,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..exceptions import InvalidInput, InvalidOption, LLMResponseError
+from ..graph.global_search import global_answer
+from ..graph.search import graph_context
 from ..llm import LLM, Completion, collect_usage, get_llm
 from ..results import Answer, Citation, SearchResult
+from ..retrieval.service import run_search
 from ..signals import span
 from ..validation import clean_query
 from . import prompts
@@ -133,8 +136,6 @@ def ask(
         raise InvalidOption("prompt must be a function (question, chunks) -> str")
     model = get_llm(llm, feature="ask()")
     if global_search:
-        from ..graph.global_search import global_answer
-
         return global_answer(question, llm=model, collection=collection)
     events = _ask(
         question,
@@ -164,15 +165,12 @@ def _ask(
     question: str, llm: LLM, prompt: PromptFunction | None, stream: bool, search_options: dict
 ):
     """Yields a marker once retrieval is done, then (streaming) text pieces; returns the Answer."""
-    from ..retrieval.service import run_search
 
     with span("ask", question=question, model=llm.model_name, stream=stream) as s:
         with collect_usage() as retrieval_usage:
             chunks, match = run_search(question, **search_options)
             graph = None
             if match is not None:
-                from ..graph.search import graph_context
-
                 graph = graph_context(match)
         yield _RETRIEVED
         system, user = answer_messages(question, chunks, prompt=prompt, graph=graph)

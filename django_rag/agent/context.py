@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..conf import deadline_setting
 from ..exceptions import InvalidInput, InvalidOption
 from ..llm import Usage
 from ..results import SearchResult
@@ -83,8 +84,6 @@ class Context:
         # Bounded and valid before any step sends it to an LLM.
         self.question = clean_query(self.question)
         if self.deadline is None:
-            from ..conf import deadline_setting
-
             self.deadline = deadline_setting("AGENT_DEADLINE")
         elif (
             isinstance(self.deadline, bool)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ..conf import scrub_text
 from ..exceptions import LLMError, LLMResponseError
+from ..graph.global_search import global_answer as answer_globally
 from ..llm import Completion, as_bool, collect_usage, deadline, get_llm, parse_json
 from ..llm.errors import AgentTimeout
 from ..models import Collection
@@ -514,7 +515,6 @@ def global_answer(
     ctx: Context, *, collection: Any = None, levels: Any = None, llm: Any = None
 ) -> None:
     """Answer a corpus-wide question from community summaries (GraphRAG's global mode)."""
-    from ..graph.global_search import global_answer as answer_globally
 
     with span("agent.global_answer", question=ctx.question) as s:
         result = answer_globally(

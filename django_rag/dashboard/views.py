@@ -12,9 +12,27 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from ..conf import get_setting
+from ..agent import Agent, ask
+from ..background import start
+from ..conf import get_setting, scrub_text
 from ..exceptions import CollectionNotEmpty, RagError
-from ..models import Chunk, Collection, Document
+from ..ingestion.service import delete, ingest, ingest_bytes
+from ..maintenance import info as collect
+from ..maintenance import remove_orphans
+from ..models import (
+    Chunk,
+    Collection,
+    Community,
+    Document,
+    Entity,
+    EntityMention,
+    Job,
+    Relationship,
+    Run,
+    TestCase,
+)
+from ..retrieval.service import normalize_mode
+from ..retrieval.service import search as run
 from .access import check_collection, dashboard_view, object_id, param, scope
 from .forms import AskForm, CollectionForm, IngestTextForm, SearchForm, UploadForm
 
@@ -87,7 +105,6 @@ def _back(request, default: str):
 @require_POST
 @dashboard_view
 def ingest_text(request):
-    from ..ingestion.service import ingest
 
     form = IngestTextForm(request.POST)
     if not form.is_valid():
@@ -117,7 +134,6 @@ def ingest_text(request):
 @require_POST
 @dashboard_view
 def upload(request):
-    from ..ingestion.service import ingest_bytes
 
     form = UploadForm(request.POST, request.FILES)
     if not form.is_valid():
@@ -146,7 +162,6 @@ def upload(request):
 @require_POST
 @dashboard_view
 def delete_document(request, pk: int):
-    from ..ingestion.service import delete
 
     doc = get_object_or_404(scope(Document.objects.all(), request), pk=object_id(pk))
     delete(doc)
@@ -198,7 +213,6 @@ def delete_collection(request, pk: int):
 
 @dashboard_view
 def search(request):
-    from ..retrieval.service import search as run
 
     visible = list(_visible_collections(request).values_list("name", flat=True))
     form = SearchForm(request.GET or None, collections=visible)
@@ -233,7 +247,6 @@ def search(request):
 
 @dashboard_view
 def info(request):
-    from ..maintenance import info as collect
 
     data = collect()
     if request.rag_collections is not None:
@@ -260,7 +273,6 @@ def _ask_scope(request, data) -> list[str] | None:
 
 def _run_ask(request, data):
     """The answer for the Ask form: one ask(), or the agent with the chosen steps."""
-    from ..agent import Agent, ask
 
     scope_names = _ask_scope(request, data)
     steps = set(data["steps"])
@@ -299,7 +311,6 @@ def ask_page(request):
 
 
 def _ask_error(exc: Exception) -> str:
-    from ..conf import scrub_text
 
     return scrub_text(f"{type(exc).__name__}: {exc}")[:1000]
 
@@ -326,8 +337,6 @@ def ask_stream(request):
     an LLM cannot forge the trailer; a body without a trailer was cut off.
     """
     from django.http import HttpResponseBadRequest, StreamingHttpResponse
-
-    from ..agent import ask
 
     visible = list(_visible_collections(request).values_list("name", flat=True))
     form = AskForm(request.POST, collections=visible)
@@ -380,7 +389,6 @@ JOB_LIMIT = 20
 
 def _start(request, task: str, **params):
     """Start a background job; its failure (inline mode) becomes a message, never a 500."""
-    from ..background import start
 
     try:
         job = start(task, **params)
@@ -395,7 +403,6 @@ def _start(request, task: str, **params):
 
 
 def _jobs(request, kinds):
-    from ..models import Job
 
     jobs = Job.objects.filter(kind__in=kinds).order_by("-created_at", "-pk")
     if request.rag_collections is not None:
@@ -431,8 +438,6 @@ def maintenance(request):
                 params["resume"] = request.POST.get("resume") == "on"
             _start(request, action, **params)
         elif action == "orphans" and not restricted:
-            from ..maintenance import remove_orphans
-
             removed = remove_orphans()
             messages.success(
                 request,
@@ -466,8 +471,6 @@ def _polling(jobs) -> bool:
 
 @dashboard_view
 def evaluation(request):
-    from ..models import Run, TestCase
-    from ..retrieval.service import normalize_mode
 
     cases = scope(TestCase.objects.select_related("collection"), request)
     runs = Run.objects.order_by("-started_at", "-pk")
@@ -560,8 +563,6 @@ def _chart(runs) -> dict:
 @dashboard_view
 def graph(request):
     import math
-
-    from ..models import Community, Entity, EntityMention, Relationship
 
     tab = (
         request.GET.get("tab")

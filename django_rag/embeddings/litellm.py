@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..exceptions import MissingDependency
+from ..llm.litellm import call_with_retries
 from .base import Embedder
 
 
@@ -47,7 +48,6 @@ class LiteLLMEmbedder(Embedder):
             import litellm
         except ImportError as exc:
             raise MissingDependency("litellm", "llm", "The litellm embedder") from exc
-        from ..llm.litellm import call_with_retries
 
         kwargs = dict(self.extra)
         if self._api_key:

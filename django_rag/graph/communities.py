@@ -15,6 +15,7 @@ from ..llm.prompting import quote
 from ..models import Collection, Community, Entity, Relationship
 from ..signals import span
 from ..store.graph import replace_communities, save_summary
+from ..validation import clean_collection_name, clean_number, clean_positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,6 @@ def detect_communities(
     )
     min_size = graph_setting("MIN_SIZE") if min_size is None else min_size
     seed = graph_setting("SEED") if seed is None else seed
-    from ..validation import clean_collection_name, clean_number, clean_positive_int
 
     clean_positive_int("levels", levels)
     clean_number("resolution", resolution, minimum=0, strict_minimum=True)

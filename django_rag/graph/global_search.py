@@ -11,6 +11,7 @@ from ..exceptions import InvalidInput, LLMError
 from ..llm import collect_usage, get_llm, map_concurrently, parse_json
 from ..llm.prompting import quote
 from ..models import Community
+from ..results import Answer
 from ..signals import span
 
 
@@ -48,7 +49,6 @@ def global_answer(
     max_points: int = 30,
 ):
     """Answer a corpus-wide question from community summaries (see ``rag_graph``)."""
-    from ..results import Answer
 
     model = get_llm(llm, feature="Global graph answers")
     communities = Community.objects.exclude(summary="").filter(

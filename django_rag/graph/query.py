@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..exceptions import MissingDependency
+from ..models import Community, Entity, EntityMention, Relationship
 from .extractors import GraphExtractor, get_extractor
 from .names import normalize_name
 
@@ -69,7 +70,6 @@ class GraphQuery:
     @classmethod
     def from_collection(cls, collection: str) -> GraphQuery:
         """Load a collection's stored entities, relationships, mentions and summaries."""
-        from ..models import Community, Entity, EntityMention, Relationship
 
         graph = cls()
         names = {}

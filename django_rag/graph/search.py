@@ -11,10 +11,12 @@ from django.db.models import Exists, OuterRef, Q, QuerySet
 from pgvector.django import CosineDistance
 
 from ..conf import graph_setting
+from ..embeddings import get_embedder
 from ..exceptions import ConfigurationError, InvalidOption
-from ..models import Community, Entity, EntityMention, Relationship
+from ..models import Collection, Community, Entity, EntityMention, Relationship
 from ..results import SearchResult
 from ..signals import span
+from .extractors import get_extractor
 from .names import normalize_name
 
 
@@ -53,8 +55,6 @@ def match_entities(
         entities = entities.filter(collection_id__in=collection_ids)
     if matcher == "embedding":
         if vector is None:
-            from ..embeddings import get_embedder
-
             vector = get_embedder().embed_query(query)
         rows = (
             entities.filter(embedding__isnull=False)
@@ -65,8 +65,6 @@ def match_entities(
         )
         return {pk: 1.0 - distance for pk, distance in rows}
     if matcher == "ner":
-        from .extractors import get_extractor
-
         found = get_extractor(None, entity_extractor=graph_setting("ENTITY_EXTRACTOR")).extract(
             query
         )
@@ -255,6 +253,5 @@ def _mentioned_outside(entity_ids: Iterable[int], scope: QuerySet) -> set[int]:
 def collection_ids(names: Iterable[str] | None) -> list[int] | None:
     if names is None:
         return None
-    from ..models import Collection
 
     return list(Collection.objects.filter(name__in=list(names)).values_list("pk", flat=True))

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..conf import deadline_setting
 from ..results import Usage
 from ..signals import span
 from .errors import LLMTimeout
@@ -102,7 +103,6 @@ def remaining_time() -> float | None:
 
 def _answer_deadline() -> float | None:
     """The monotonic end of one LLM answer: ``LLM_DEADLINE`` from now, or the enclosing one."""
-    from ..conf import deadline_setting
 
     seconds = deadline_setting("LLM_DEADLINE")
     return _earliest(_deadline.get(), None if seconds is None else time.monotonic() + seconds)

@@ -6,9 +6,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..conf import graph_setting, search_setting
+from ..conf import graph_setting, scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
 from ..exceptions import EmbeddingFailed, InvalidOption, InvalidSearchMode, RagError
+from ..graph.search import collection_ids, graph_results
+from ..rerankers import get_reranker
 from ..results import SearchResult
 from ..signals import span
 from ..validation import (
@@ -22,7 +24,7 @@ from ..validation import (
 )
 from .fusion import FUSIONS, rrf_merge
 from .rewriters import get_rewriter
-from .stores import get_vector_store
+from .stores import PgVectorStore, get_vector_store, scoped_chunks
 
 MODES = ("semantic", "fulltext", "hybrid")
 MODE_ALIASES = {"vector": "semantic", "keyword": "fulltext"}
@@ -194,9 +196,6 @@ def run_search(
     if not request.query.strip():
         return [], None
     use_graph = graph_setting("ENABLED") if graph is None else graph
-    # Imported here: rerankers build on retrieval's SearchResult.
-    from ..rerankers import get_reranker
-
     query_text = request.query
     ranker = get_reranker(reranker)
     with span(
@@ -238,8 +237,6 @@ def run_search(
 
 
 def _with_graph(query, results, request, store, depth, matcher, embedder):
-    from ..graph.search import collection_ids, graph_results
-    from .stores import PgVectorStore, scoped_chunks
 
     if not isinstance(store, PgVectorStore):
         raise InvalidOption("graph=True needs the pgvector store (the graph lives in PostgreSQL)")
@@ -267,7 +264,6 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
 def embed_query(embedder: Any, query: str, store: Any = None) -> list[float]:
     """The query's embedding, checked before it reaches the database: the size of the store's
     vectors (:class:`DimensionMismatch`), finite and not all zero (:class:`EmbeddingFailed`)."""
-    from .stores import PgVectorStore
 
     try:
         vector = get_embedder(embedder).embed_query(query)
@@ -312,8 +308,6 @@ def _degrade(search_span: Any, part: str, exc: Exception, what: str) -> None:
     import logging
 
     from django.core.exceptions import ImproperlyConfigured
-
-    from ..conf import scrub_text
 
     if isinstance(exc, ImproperlyConfigured):
         raise exc

@@ -18,6 +18,7 @@ from django.db.models.functions import Greatest
 from ..embeddings import get_embedder
 from ..models import Collection, Community, Entity, EntityMention, GraphChunk, Relationship
 from ..models.graph import normalize_name
+from .schema import vector_literal
 
 logger = logging.getLogger(__name__)
 
@@ -228,7 +229,6 @@ def save_summary(community_id: int, summary: str, fingerprint: str) -> None:
 
 def write_entity_vectors(ids: Sequence[int], vectors: Sequence[Sequence[float]]) -> None:
     """Store entity embeddings (after a model switch, or a backfill)."""
-    from .schema import vector_literal
 
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from django_rag.exceptions import RagError
+from django_rag.graph import builder, communities
 from django_rag.management.progress import ProgressBar
 from django_rag.validation import positive_float_arg, positive_int_arg
 
@@ -48,7 +49,6 @@ class Command(BaseCommand):
             sub.add_argument("--quiet", action="store_true")
 
     def handle(self, *args, action, **options):
-        from django_rag.graph import builder, communities
 
         bar = ProgressBar(1, self.stderr, enabled=not options["quiet"])
         try:

@@ -2,6 +2,9 @@ import json
 
 from django.core.management.base import BaseCommand
 
+from django_rag import maintenance
+from django_rag.conf import redact
+
 
 class Command(BaseCommand):
     help = "Show the configuration (secrets redacted), the embedder, pgvector and counts."
@@ -10,8 +13,6 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **options):
-        from django_rag import maintenance
-        from django_rag.conf import redact
 
         # info() redacts the settings; redacting the whole report again costs nothing and
         # covers any other value that could carry a credential (a model URL, a path).

@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from django_rag import maintenance
 from django_rag.exceptions import RagError
 
 
@@ -12,7 +13,6 @@ class Command(BaseCommand):
         orphans.add_argument("--apply", action="store_true", help="remove them (default: dry run)")
 
     def handle(self, *args, action, **options):
-        from django_rag import maintenance
 
         try:
             if options["apply"]:

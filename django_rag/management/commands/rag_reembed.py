@@ -1,5 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from django_rag import background, maintenance
 from django_rag.exceptions import RagError
 from django_rag.management.progress import ProgressBar
 from django_rag.validation import positive_int_arg
@@ -28,7 +29,6 @@ class Command(BaseCommand):
         parser.add_argument("--quiet", action="store_true")
 
     def handle(self, *args, **options):
-        from django_rag import background, maintenance
 
         params = {
             "collection": options["collection"],
