@@ -90,7 +90,8 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
     form.find_element(By.NAME, "collection").send_keys("manuals")
     form.find_element(By.NAME, "file").send_keys(str(pdf))
     form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
-    wait_for(driver, lambda d: "Chunks" in d.page_source)
+    # The documents page has a "Chunks" column too: wait for the document's own page.
+    wait_for(driver, lambda d: "/documents/" in d.current_url and "Press the red" in d.page_source)
     assert "Press the red button" in driver.page_source and "pages 1" in driver.page_source
     shot(driver, "document")
     driver.get(driver.base + "documents/")
