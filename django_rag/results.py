@@ -102,11 +102,13 @@ class SearchResult:
 
     @classmethod
     def from_chunk(cls, chunk) -> SearchResult:
+        """The result for a stored chunk (with its document and collection loaded); its
+        ``score`` and component scores when a search annotated them, else 0 / None."""
         document = chunk.document
         return cls(
             chunk_id=chunk.pk,
             text=chunk.text,
-            score=chunk.score,
+            score=getattr(chunk, "score", 0.0),
             document_id=chunk.document_id,
             chunk_index=chunk.chunk_index,
             collection=chunk.collection.name,

@@ -377,8 +377,11 @@ def sync_stored(chunks: Sequence[Chunk], *, document) -> None:
     store = _receiving_store()
     if store is None or not chunks:
         return
+    for chunk in chunks:  # already in memory: no query for what from_chunk reads
+        chunk.document = document
     store.store(
-        [_result(chunk, document) for chunk in chunks], [list(chunk.embedding) for chunk in chunks]
+        [SearchResult.from_chunk(chunk) for chunk in chunks],
+        [list(chunk.embedding) for chunk in chunks],
     )
 
 
@@ -392,7 +395,7 @@ def sync_vectors(chunk_ids: Sequence[int], vectors: Sequence[Sequence[float]]) -
     pairs = [
         (by_id[pk], vector) for pk, vector in zip(chunk_ids, vectors, strict=True) if pk in by_id
     ]
-    store.store([_result(c, c.document) for c, _ in pairs], [v for _, v in pairs])
+    store.store([SearchResult.from_chunk(c) for c, _ in pairs], [v for _, v in pairs])
 
 
 def sync_all_vectors(batch_size: int = 1000) -> None:
@@ -412,22 +415,3 @@ def sync_deleted(chunk_ids: Sequence[int]) -> None:
     store = _receiving_store()
     if store is not None and chunk_ids:
         store.delete(list(chunk_ids))
-
-
-def _result(chunk: Chunk, document) -> SearchResult:
-    return SearchResult(
-        chunk_id=chunk.pk,
-        text=chunk.text,
-        score=0.0,
-        document_id=document.pk,
-        chunk_index=chunk.chunk_index,
-        collection=document.collection.name,
-        source_id=document.source_id,
-        title=document.title,
-        filename=document.original_filename,
-        page_start=chunk.page_start,
-        page_end=chunk.page_end,
-        start_char=chunk.start_char,
-        end_char=chunk.end_char,
-        metadata={**document.metadata, **chunk.metadata},
-    )
