@@ -134,7 +134,12 @@ def write_document(
     same identity is not stored again: the stored one is returned with ``deduplicated = True``.
     """
 
+    new = document.pk is None
+
     def write() -> Document:
+        if new:  # a retry after a rollback: the first attempt's primary key is void
+            document.pk = None
+            document._state.adding = True
         with (
             span(
                 "vector_store.store",
@@ -167,8 +172,7 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
         duplicate.deduplicated = True
         return duplicate
     document.collection = collection
-    document.status = Document.Status.COMPLETED
-    document.error = ""
+    document.status = Document.Status.COMPLETED  # ``error`` may note skipped chunks
     document.chunk_count = len(chunks)
     if document.pk is None:
         document.save()
