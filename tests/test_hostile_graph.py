@@ -86,3 +86,15 @@ def test_capitalised_phrases_are_found_in_linear_time(text):
     start = time.perf_counter()
     list(_CAPITALIZED.finditer(text))
     assert time.perf_counter() - start < 2  # a budget, generous: linear work is milliseconds
+
+
+@pytest.mark.parametrize("name", ["bad\x00name", "\udc80"])
+def test_graph_services_refuse_hostile_collection_names(name):
+    from django_rag.exceptions import InvalidOption
+    from django_rag.graph import build_graph, detect_communities, summarize_communities
+
+    for service in (build_graph, detect_communities):
+        with pytest.raises(InvalidOption):
+            service(name)
+    with pytest.raises(InvalidOption):
+        summarize_communities(name, llm=ScriptedLLM(default="A summary."))

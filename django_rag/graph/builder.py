@@ -20,6 +20,7 @@ from ..store.graph import (  # noqa: F401 (re-exported)
     persist,
     sweep_orphans,
 )
+from ..validation import clean_collection_name
 from .extractors import Extraction, GraphExtractor, bounded, get_extractor
 
 logger = logging.getLogger(__name__)
@@ -67,6 +68,8 @@ def build_graph(
     collection's graph first and rebuilds it. Each batch of ``batch_size`` chunks is extracted
     (``concurrency`` chunks at once) and then stored in one transaction.
     """
+    if collection is not None:
+        collection = clean_collection_name(collection)
     names = [collection] if collection else list(Collection.objects.values_list("name", flat=True))
     collections = list(Collection.objects.filter(name__in=names))
     if collection and not collections:

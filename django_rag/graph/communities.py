@@ -33,7 +33,7 @@ def fingerprint(entities: Sequence[Entity], relationships: Sequence[Relationship
 def _collections(collection: str | None) -> list[Collection]:
     if collection is None:
         return list(Collection.objects.order_by("pk"))
-    found = list(Collection.objects.filter(name=collection))
+    found = list(Collection.objects.filter(name=clean_collection_name(collection)))
     if not found:
         raise UnknownCollection(collection)
     return found
