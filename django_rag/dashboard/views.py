@@ -415,9 +415,14 @@ def _jobs(request, kinds):
 
 
 MAINTENANCE_JOBS = [
-    "reembed", "reembed-task", "embedding-switch", "build-graph", "detect-communities",
-    "summarize-communities",
-]  # fmt: skip
+    Job.Kind.REEMBED,
+    Job.Kind.REEMBED_TASK,
+    Job.Kind.SWITCH,
+    Job.Kind.BUILD_GRAPH,
+    Job.Kind.DETECT_COMMUNITIES,
+    Job.Kind.SUMMARIZE_COMMUNITIES,
+]
+EVALUATION_JOBS = [Job.Kind.RUN_EVALUATION, Job.Kind.GENERATE_TEST_CASES]
 
 
 @dashboard_view
@@ -509,7 +514,7 @@ def evaluation(request):
                 size = 20
             _start(request, "generate_test_cases", sample_size=size, collection=collection)
         return redirect("django_rag_dashboard:evaluation")
-    jobs = _jobs(request, ["run-evaluation", "generate-test-cases"])
+    jobs = _jobs(request, EVALUATION_JOBS)
     return render(
         request,
         "django_rag/dashboard/evaluation.html",
@@ -529,7 +534,7 @@ def evaluation(request):
 
 @dashboard_view
 def evaluation_jobs(request):
-    jobs = _jobs(request, ["run-evaluation", "generate-test-cases"])
+    jobs = _jobs(request, EVALUATION_JOBS)
     return render(
         request,
         "django_rag/dashboard/_jobs.html",

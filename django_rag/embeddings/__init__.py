@@ -48,7 +48,7 @@ def switch_completed(model_name: str) -> bool:
         from ..models import Job
 
         done = Job.objects.filter(
-            kind="embedding-switch", status=Job.Status.COMPLETED, params__model=model_name
+            kind=Job.Kind.SWITCH, status=Job.Status.COMPLETED, params__model=model_name
         ).exists()
         cached = _switched[model_name] = (now, done)
     return cached[1]
