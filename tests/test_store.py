@@ -61,3 +61,33 @@ def test_skip_mode_stores_the_chunks_that_embed(failing_embedder):
         if i not in document.skipped_chunks
     ]
     assert "skipped" in Document.objects.get(pk=document.pk).error
+
+
+def test_a_bad_format_in_the_background_is_refused_before_anything_is_stored():
+    from django_rag.exceptions import InvalidOption
+    from django_rag.models import Job
+
+    with pytest.raises(InvalidOption, match="format"):
+        rag.ingest("Refunds.", collection="bg", format="html", background=True)
+    assert not Document.objects.exists() and not Job.objects.exists()
+
+
+def test_a_lost_connection_during_full_text_search_is_not_a_configuration_error(monkeypatch):
+    """Tasks retry OperationalError; the ConfigurationError it used to become stopped them."""
+    from django_rag.exceptions import ConfigurationError
+    from django_rag.models import fulltext
+    from django_rag.tasks import TRANSIENT
+
+    rag.ingest("Refunds take fourteen days.", collection="ft")
+
+    class Dropped:
+        """The query-parsing connection, as after the server went away."""
+
+        def cursor(self):
+            raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(fulltext, "connections", {"default": Dropped()})
+    with pytest.raises(OperationalError) as caught:
+        rag.search("refunds", collection="ft", mode="fulltext")
+    assert not isinstance(caught.value, ConfigurationError)
+    assert isinstance(caught.value, TRANSIENT)
