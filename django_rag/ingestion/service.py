@@ -183,11 +183,13 @@ def _prepared(pending: _Pending, chunks, vectors, embedder: Embedder, graph: boo
 
 def _store(pending: _Pending, prepared: Prepared) -> Document:
     """Write a prepared document through the store (the one write path)."""
-    if prepared.skipped:
-        pending.document.error = (
-            f"{len(prepared.skipped)} chunk(s) could not be embedded and were skipped: "
-            f"{prepared.skipped[:50]}"
-        )
+    # A retried background task's document still holds the failed attempt's error.
+    pending.document.error = (
+        f"{len(prepared.skipped)} chunk(s) could not be embedded and were skipped: "
+        f"{prepared.skipped[:50]}"
+        if prepared.skipped
+        else ""
+    )
     document = write_document(
         pending.document,
         [item.row() for item in prepared.chunks],
