@@ -64,6 +64,9 @@ DEFAULTS: dict[str, Any] = {
         # BM25 parameters of full-text mode.
         "BM25_K1": 1.2,
         "BM25_B": 0.75,
+        # How full-text mode reads a query: "natural" (questions: quotes and minus signs never
+        # filter, phrases boost) or "websearch" ("phrases" required, -word excluded).
+        "SYNTAX": "natural",
         # Hybrid mode: "weighted" or "rrf" fusion over the top CANDIDATES x limit chunks of each
         # side (both scores are then computed for every candidate). Defaults chosen on the
         # SciFact train queries (docs/benchmarks.md).

@@ -1,3 +1,4 @@
+import json
 import math
 from types import SimpleNamespace
 
@@ -91,17 +92,21 @@ def test_web_search_syntax():
     rag.ingest("The quick brown fox jumps over the lazy dog.", collection="w", source_id="fox")
     rag.ingest("A brown bear is quick to anger.", collection="w", source_id="bear")
     rag.ingest("Lazy afternoons with a good book.", collection="w", source_id="book")
-    ids = lambda q: {r.source_id for r in rag.search(q, mode="fulltext", collection="w")}  # noqa: E731
+
+    def ids(q):
+        return {
+            r.source_id for r in rag.search(q, mode="fulltext", collection="w", syntax="websearch")
+        }
+
     assert ids("quick brown") == {"fox", "bear"}  # any word may match
     assert ids('"quick brown"') == {"fox"}  # a phrase must match as written
     assert ids("quick -bear") == {"fox"}  # excluded words remove chunks
     assert ids("lazy OR book") == {"fox", "book"}
     assert ids("the of and") == set()  # stop words only
     assert ids("zebra") == set()  # nothing matches
-    assert rag.search("quick -bear", mode="hybrid", collection="w")[0].source_id == "fox"
-    assert all(
-        r.source_id != "bear" for r in rag.search("quick -bear", mode="hybrid", collection="w")
-    )
+    hybrid = rag.search("quick -bear", mode="hybrid", collection="w", syntax="websearch")
+    assert hybrid[0].source_id == "fox"
+    assert all(r.source_id != "bear" for r in hybrid)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -145,7 +150,7 @@ def test_any_query_string_is_safe(mode, query):
 
 
 def test_parse_query_shapes():
-    parsed = parse_query('refunds "credit card" -paypal')
+    parsed = parse_query('refunds "credit card" -paypal', syntax="websearch")
     assert parsed.phrases and "credit" in parsed.terms and "paypal" not in parsed.terms
     assert parsed.exclude == "'paypal'"
     assert parse_query("the and of").match is None
@@ -242,12 +247,9 @@ def test_memory_store_fulltext_and_hybrid():
     average = 3
     assert [r.source_id for r in results] == ["d1", "d2"]
     assert results[0].score == pytest.approx(idf(3, 2) * tf_part(2, 3, average))
-    assert [
-        r.source_id for r in rag.search('"bird fish"', mode="fulltext", vector_store=store)
-    ] == ["d3"]
-    assert [r.source_id for r in rag.search("bird -fish", mode="fulltext", vector_store=store)] == [
-        "d2"
-    ]
+    websearch = {"mode": "fulltext", "vector_store": store, "syntax": "websearch"}
+    assert [r.source_id for r in rag.search('"bird fish"', **websearch)] == ["d3"]
+    assert [r.source_id for r in rag.search("bird -fish", **websearch)] == ["d2"]
     hybrid = rag.search("cat", mode="hybrid", fusion="rrf", vector_store=store)
     # d1 and d2 have the same cosine (up to float32 rounding, whose order depends on the BLAS
     # build) and swap ranks between the two lists, so RRF ties them exactly; d3 matches neither.
@@ -266,3 +268,72 @@ def test_search_command_modes():
     out = StringIO()
     call_command("rag_search", "fox", "--mode", "fulltext", stdout=out)
     assert "quick brown fox" in out.getvalue()
+
+
+NATURAL = {
+    "cooking": "Cooking Light is a magazine about healthy cooking and recipes.",
+    "vibe": "Vibe is a magazine about music and hip hop culture.",
+    "manson": "Manson is a documentary film about Charles Manson.",
+    "years": "500 Years Later is a documentary film about the African diaspora.",
+    "state": "A state-of-the-art drill from O'Brien's workshop.",
+}
+
+
+@pytest.mark.parametrize("mode", ["fulltext", "hybrid"])
+@pytest.mark.parametrize(
+    ("question", "expected"),
+    [
+        ('Are both "Cooking Light" and "Vibe" magazines?', {"cooking", "vibe"}),
+        ('What type of film are both "500 Years Later" and "Manson"?', {"years", "manson"}),
+        ("Which drill came from O'Brien's state-of-the-art workshop?", {"state"}),
+        ("-5 reasons Vibe matters", {"vibe"}),
+        ('"magazine"', {"cooking", "vibe"}),
+    ],
+)
+def test_questions_are_not_queries(mode, question, expected):
+    """By default quotes and minus signs never filter: any indexed word of a question finds
+    something, and a quoted phrase ranks the chunks holding it first."""
+    for source_id, text in NATURAL.items():
+        rag.ingest(text, collection="q", source_id=source_id)
+    found = rag.search(question, mode=mode, collection="q", limit=5)
+    assert found, question
+    assert expected <= {r.source_id for r in found[: len(expected)]}
+    # The same questions as strict web-search syntax mostly find nothing (the old default).
+    if mode == "fulltext" and " and " in question:
+        assert rag.search(question, mode=mode, collection="q", syntax="websearch") == []
+
+
+def test_a_quoted_phrase_boosts_instead_of_filtering():
+    rag.ingest("The credit card was declined at the shop.", collection="p", source_id="phrase")
+    rag.ingest("Card games need credit for every win and card.", collection="p", source_id="words")
+    found = [
+        r.source_id for r in rag.search('"credit card" refunds', mode="fulltext", collection="p")
+    ]
+    assert found == ["phrase", "words"]
+    # Memory store: the same reading.
+    store = MemoryVectorStore()
+    store.ingest("The credit card was declined at the shop.", source_id="phrase")
+    store.ingest("Card games need credit for every win and card.", source_id="words")
+    found = rag.search('"credit card" refunds', mode="fulltext", vector_store=store)
+    assert [r.source_id for r in found] == ["phrase", "words"]
+    with pytest.raises(InvalidOption, match="syntax"):
+        rag.search("cards", mode="fulltext", syntax="lucene")
+
+
+def test_search_command_reads_both_syntaxes():
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    rag.ingest("Refunds by credit card take five days.", collection="c", source_id="card")
+    rag.ingest("Refunds by paypal take two days.", collection="c", source_id="paypal")
+
+    def sources(*extra):
+        out = StringIO()
+        call_command(
+            "rag_search", "refunds -paypal", "--mode", "fulltext", "--json", *extra, stdout=out
+        )
+        return {r["source_id"] for r in json.loads(out.getvalue())}
+
+    assert sources() == {"card", "paypal"}
+    assert sources("--syntax", "websearch") == {"card"}

@@ -30,7 +30,7 @@ from django.db import (
 )
 
 from ..conf import get_setting
-from ..exceptions import ConfigurationError
+from ..exceptions import ConfigurationError, InvalidOption
 
 
 class TermStatistic(models.Model):
@@ -127,14 +127,19 @@ LENGTH_SQL = (
 )
 
 
+SYNTAXES = ("natural", "websearch")
+
+
 @dataclass
 class FulltextQuery:
-    """A parsed query: ``match`` selects candidates, ``exclude`` removes some, ``terms`` score."""
+    """A parsed query: ``match`` selects candidates, ``exclude`` removes some, ``terms`` score,
+    ``boosts`` (phrase tsquery, its lexemes) add to the score of chunks holding the phrase."""
 
     match: str | None = None
     exclude: str | None = None
     terms: list[str] = field(default_factory=list)
     phrases: bool = False  # match requires quoted phrases
+    boosts: list[tuple[str, list[str]]] = field(default_factory=list)
 
 
 def _quote(lexeme: str) -> str:
@@ -162,19 +167,37 @@ def split_query(query: str) -> tuple[list[str], list[str], list[str]]:
     return free, phrases, excluded
 
 
-def parse_query(query: str, *, config: str | None = None, using: str = "default") -> FulltextQuery:
-    """Parse web-search syntax: words (any may match), ``"exact phrases"`` (must match) and
-    ``-word`` (must not match). Words are stemmed and stop words dropped by the text search
+def parse_query(
+    query: str,
+    *,
+    syntax: str = "natural",
+    config: str | None = None,
+    using: str = "default",
+) -> FulltextQuery:
+    """Parse a full-text query. Words are stemmed and stop words dropped by the text search
     configuration; any input is safe, and one with no searchable word gives an empty query.
+
+    ``syntax="natural"`` (the default: questions are not queries): every word may match,
+    whether quoted or after a minus sign; a quoted phrase adds to the score of chunks that hold
+    it but is never required. ``syntax="websearch"``: words (any may match), ``"exact
+    phrases"`` (must match) and ``-word`` (must not match).
     """
+    if syntax not in SYNTAXES:
+        raise InvalidOption(f"syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
     config = config or get_setting("TEXT_SEARCH_CONFIG")
     free, phrases, excluded = split_query(query)
+    if syntax == "natural":
+        free, excluded = free + excluded, []
     sql = """
         SELECT
             ARRAY(SELECT lexeme FROM unnest(to_tsvector(%(config)s::regconfig, %(free)s))),
             ARRAY(SELECT lexeme FROM unnest(to_tsvector(%(config)s::regconfig, %(phrases)s))),
             ARRAY(SELECT lexeme FROM unnest(to_tsvector(%(config)s::regconfig, %(excluded)s))),
             ARRAY(SELECT q::text FROM unnest(%(phrase_list)s::text[]) AS p,
+                  phraseto_tsquery(%(config)s::regconfig, p) AS q WHERE numnode(q) > 0),
+            ARRAY(SELECT array_to_string(ARRAY(
+                      SELECT lexeme FROM unnest(to_tsvector(%(config)s::regconfig, p))), ' ')
+                  FROM unnest(%(phrase_list)s::text[]) AS p,
                   phraseto_tsquery(%(config)s::regconfig, p) AS q WHERE numnode(q) > 0)
     """
     params = {
@@ -187,7 +210,9 @@ def parse_query(query: str, *, config: str | None = None, using: str = "default"
     try:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             cursor.execute(sql, params)
-            free_terms, phrase_terms, excluded_terms, phrase_queries = cursor.fetchone()
+            free_terms, phrase_terms, excluded_terms, phrase_queries, phrase_lexemes = (
+                cursor.fetchone()
+            )
     except (OperationalError, InterfaceError):
         raise  # a lost connection, not a bad configuration: callers and tasks retry it
     except DatabaseError as exc:
@@ -195,12 +220,17 @@ def parse_query(query: str, *, config: str | None = None, using: str = "default"
             "TEXT_SEARCH_CONFIG", config, f"PostgreSQL rejected it ({exc}).".strip()
         ) from exc
     terms = list(dict.fromkeys([*free_terms, *phrase_terms]))
-    if phrase_queries:
-        match = " & ".join(f"({q})" for q in phrase_queries)
-    elif terms:
-        match = quote_terms(terms)
-    else:
+    if not terms:
         return FulltextQuery()
+    if syntax == "natural":
+        # A phrase of one word is just that word; longer ones boost the chunks that hold them.
+        boosts = [
+            (q, lexemes.split())
+            for q, lexemes in zip(phrase_queries, phrase_lexemes, strict=True)
+            if len(lexemes.split()) > 1
+        ]
+        return FulltextQuery(match=quote_terms(terms), terms=terms, boosts=boosts)
+    match = " & ".join(f"({q})" for q in phrase_queries) if phrase_queries else quote_terms(terms)
     exclude = quote_terms(excluded_terms) or None
     return FulltextQuery(match=match, exclude=exclude, terms=terms, phrases=bool(phrase_queries))
 
@@ -214,11 +244,18 @@ class TermWeights:
     idf: list[float]
     average_length: float
 
-    def upper_bound(self, terms: list[str]) -> float:
-        """The most a chunk can score from ``terms`` alone (BM25's tf part is below k1 + 1)."""
+    def upper_bound(self, terms: list[str], boosts=()) -> float:
+        """The most a chunk can score from ``terms`` alone (BM25's tf part is below k1 + 1),
+        plus every phrase boost (counted whole: the bound stays safe)."""
         k1 = float(get_setting("SEARCH")["BM25_K1"])
         weight = dict(zip(self.terms, self.idf, strict=True))
-        return sum(weight[t] for t in terms) * (k1 + 1)
+        return sum(weight[t] for t in terms) * (k1 + 1) + sum(w for _, w in boosts)
+
+    def boosts(self, parsed: FulltextQuery) -> list[tuple[str, float]]:
+        """(phrase tsquery, weight) of a natural query's phrases: a chunk holding the phrase
+        scores as if the phrase were one more word, as rare as its words together."""
+        weight = dict(zip(self.terms, self.idf, strict=True))
+        return [(q, sum(weight.get(t, 0.0) for t in lexemes)) for q, lexemes in parsed.boosts]
 
 
 def term_weights(terms: list[str], using: str = "default") -> TermWeights:
@@ -232,8 +269,9 @@ def term_weights(terms: list[str], using: str = "default") -> TermWeights:
     return TermWeights(terms, frequencies, idf, max(average_length, 1.0))
 
 
-def bm25_sql(weights: TermWeights) -> tuple[str, list]:
-    """SQL (with params) computing BM25 for the current ``django_rag_chunk`` row."""
+def bm25_sql(weights: TermWeights, boosts=()) -> tuple[str, list]:
+    """SQL (with params) computing BM25 for the current ``django_rag_chunk`` row, plus the
+    weight of every ``(phrase tsquery, weight)`` boost the row matches."""
     k1 = float(get_setting("SEARCH")["BM25_K1"])
     b = float(get_setting("SEARCH")["BM25_B"])
     sql = (
@@ -245,4 +283,8 @@ def bm25_sql(weights: TermWeights) -> tuple[str, list]:
         "'{a}')) u) m "
         "JOIN unnest(%s::text[], %s::float8[]) AS q(term, idf) ON q.term = m.lexeme)"
     )
-    return sql, [k1, k1, b, b, weights.average_length, weights.terms, weights.terms, weights.idf]
+    params = [k1, k1, b, b, weights.average_length, weights.terms, weights.terms, weights.idf]
+    for tsquery, weight in boosts:
+        sql += " + (CASE WHEN django_rag_chunk.search_vector @@ %s::tsquery THEN %s ELSE 0 END)"
+        params += [tsquery, weight]
+    return sql, params

@@ -160,24 +160,32 @@ class ChunkQuerySet(models.QuerySet):
             )
         )
 
-    def with_bm25(self, weights) -> ChunkQuerySet:
-        """Annotate ``fulltext_score``: BM25 of each chunk for the weighted terms (0 if none)."""
-        sql, params = bm25_sql(weights)
+    def with_bm25(self, weights, boosts=()) -> ChunkQuerySet:
+        """Annotate ``fulltext_score``: BM25 of each chunk for the weighted terms (0 if none),
+        plus the phrase ``boosts`` it matches."""
+        sql, params = bm25_sql(weights, boosts)
         return self.annotate(fulltext_score=RawSQL(sql, params, output_field=FloatField()))
 
-    def fulltext(self, query, *, limit: int, threshold: float | None = None) -> list:
+    def _parsed(self, query, syntax: str):
+        return parse_query(query, syntax=syntax, using=self.db) if isinstance(query, str) else query
+
+    def fulltext(
+        self, query, *, limit: int, threshold: float | None = None, syntax: str = "natural"
+    ) -> list:
         """The ``limit`` chunks of this queryset ranked by BM25 for ``query``, best first.
 
-        ``query`` is a string (web-search syntax, see ``retrieval.fulltext.parse_query``) or an
+        ``query`` is a string (read with ``syntax``, see ``models.fulltext.parse_query``) or an
         already parsed query. Chunks get ``score`` = ``fulltext_score`` (BM25); only those with
         ``score >= threshold`` are kept. See :meth:`fulltext_hits`.
         """
-        hits = self.fulltext_hits(query, limit=limit)
+        hits = self.fulltext_hits(query, limit=limit, syntax=syntax)
         if threshold is not None:
             hits = [hit for hit in hits if hit[1] >= threshold]
         return self.load_hits(hits, score_field="fulltext_score")
 
-    def fulltext_hits(self, query, *, limit: int, weights=None) -> list[tuple[int, float]]:
+    def fulltext_hits(
+        self, query, *, limit: int, weights=None, syntax: str = "natural"
+    ) -> list[tuple[int, float]]:
         """``(pk, BM25)`` of the ``limit`` best full-text matches.
 
         Filters are exact: candidates come from the GIN index, not from an approximate scan.
@@ -187,11 +195,12 @@ class ChunkQuerySet(models.QuerySet):
         beats the most a chunk containing only the remaining terms could score, and otherwise
         the next terms are added.
         """
-        parsed = parse_query(query, using=self.db) if isinstance(query, str) else query
+        parsed = self._parsed(query, syntax)
         if parsed.match is None:
             return []
         weights = weights or term_weights(parsed.terms, using=self.db)
-        scored = self.without_excluded(parsed).with_bm25(weights)
+        boosts = weights.boosts(parsed)
+        scored = self.without_excluded(parsed).with_bm25(weights, boosts)
         # Rarest first; phrase queries are already selective and match as a whole.
         order = sorted(range(len(weights.terms)), key=lambda i: weights.frequencies[i])
         budget = FULLTEXT_CANDIDATE_BUDGET
@@ -212,7 +221,8 @@ class ChunkQuerySet(models.QuerySet):
                 .order_by("-fulltext_score", "pk")
                 .values_list("pk", "fulltext_score")[:limit]
             )
-            if not rest or (len(hits) == limit and hits[-1][1] >= weights.upper_bound(rest)):
+            bound = weights.upper_bound(rest, boosts)
+            if not rest or (len(hits) == limit and hits[-1][1] >= bound):
                 return hits
             budget *= 8
 
@@ -230,6 +240,7 @@ class ChunkQuerySet(models.QuerySet):
         semantic_weight: float = 0.5,
         fulltext_weight: float = 0.5,
         candidates: int = 4,
+        syntax: str = "natural",
     ) -> list:
         """Semantic and BM25 rankings fused, best first.
 
@@ -239,7 +250,7 @@ class ChunkQuerySet(models.QuerySet):
         ``limit``, not on the corpus. Chunks get ``semantic_score``, ``fulltext_score`` and the
         fused ``score``; those with ``score >= threshold`` are kept.
         """
-        parsed = parse_query(query, using=self.db) if isinstance(query, str) else query
+        parsed = self._parsed(query, syntax)
         pool = limit * candidates
         weights = term_weights(parsed.terms, using=self.db) if parsed.terms else None
         ids = {pk for pk, _ in self.without_excluded(parsed).semantic_hits(vector, limit=pool)}
@@ -251,7 +262,7 @@ class ChunkQuerySet(models.QuerySet):
             distance=CosineDistance("embedding", vector)
         )
         if weights is not None:
-            rows = rows.with_bm25(weights)
+            rows = rows.with_bm25(weights, weights.boosts(parsed))
         else:
             rows = rows.annotate(fulltext_score=Value(0.0, output_field=FloatField()))
         scored = [

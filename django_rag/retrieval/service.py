@@ -10,6 +10,7 @@ from ..conf import graph_setting, scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
 from ..exceptions import EmbeddingFailed, InvalidOption, InvalidSearchMode, RagError
 from ..graph.search import collection_ids, graph_results
+from ..models.fulltext import SYNTAXES
 from ..rerankers import get_reranker
 from ..results import SearchResult
 from ..signals import span
@@ -51,6 +52,7 @@ class SearchRequest:
     semantic_weight: float = 0.5
     fulltext_weight: float = 0.5
     candidates: int = 4
+    syntax: str = "natural"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -102,6 +104,7 @@ def search(
     semantic_weight: float | None = None,
     fulltext_weight: float | None = None,
     candidates: int | None = None,
+    syntax: str | None = None,
     reranker: Any = None,
     rewriter: Any = None,
     graph: bool | None = None,
@@ -119,6 +122,11 @@ def search(
     ``metadata`` keeps chunks whose document metadata contains the given dict. ``threshold``
     is a minimum on ``score``: cosine similarity in semantic mode, BM25 in full-text mode, the
     fused score in hybrid mode. Options left as None take their ``SEARCH`` setting.
+
+    ``syntax`` says how full-text (and hybrid) mode reads the query: ``"natural"`` (default)
+    treats it as a question, where quotes and minus signs never filter (a quoted phrase only
+    boosts the chunks holding it); ``"websearch"`` makes ``"phrases"`` required and ``-word``
+    excluded.
 
     ``reranker`` (a reranker, alias such as ``"cross-encoder"``, or scoring function; default
     ``DJANGO_RAG["RERANKER"]``, ``False`` for none) reorders ``RERANK_CANDIDATES x limit``
@@ -149,6 +157,7 @@ def run_search(
     semantic_weight: float | None = None,
     fulltext_weight: float | None = None,
     candidates: int | None = None,
+    syntax: str | None = None,
     reranker: Any = None,
     rewriter: Any = None,
     graph: bool | None = None,
@@ -173,6 +182,9 @@ def run_search(
         raise InvalidOption(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
     candidates = search_setting("CANDIDATES") if candidates is None else candidates
     clean_positive_int("candidates", candidates, maximum=MAX_CANDIDATES)
+    syntax = search_setting("SYNTAX") if syntax is None else syntax
+    if syntax not in SYNTAXES:
+        raise InvalidOption(f"syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
     request = SearchRequest(
         query=query,
         mode=mode,
@@ -192,6 +204,7 @@ def run_search(
             search_setting("FULLTEXT_WEIGHT") if fulltext_weight is None else fulltext_weight,
         ),
         candidates=candidates,
+        syntax=syntax,
     )
     if not request.query.strip():
         return [], None

@@ -98,7 +98,12 @@ class PgVectorStore(VectorStore):
         if request.mode == "semantic":
             rows = chunks.semantic(request.vector, limit=request.limit, threshold=request.threshold)
         elif request.mode == "fulltext":
-            rows = chunks.fulltext(request.query, limit=request.limit, threshold=request.threshold)
+            rows = chunks.fulltext(
+                request.query,
+                limit=request.limit,
+                threshold=request.threshold,
+                syntax=request.syntax,
+            )
         else:
             rows = chunks.hybrid(
                 request.vector,
@@ -110,6 +115,7 @@ class PgVectorStore(VectorStore):
                 semantic_weight=request.semantic_weight,
                 fulltext_weight=request.fulltext_weight,
                 candidates=request.candidates,
+                syntax=request.syntax,
             )
         return [SearchResult.from_chunk(row) for row in rows]
 
@@ -238,7 +244,7 @@ class MemoryVectorStore(VectorStore):
                 results[i].semantic_score = float(similarity)
         matches: dict[int, float] = {}
         if request.mode != "semantic":
-            matches, excluded = bm25_scores(tokens, request.query)
+            matches, excluded = bm25_scores(tokens, request.query, syntax=request.syntax)
             for i in excluded:
                 results.pop(i, None)
             for i, result in results.items():
@@ -289,11 +295,15 @@ def tokenize(text: str) -> list[str]:
 
 
 def bm25_scores(
-    documents: Sequence[Sequence[str]], query: str
+    documents: Sequence[Sequence[str]], query: str, *, syntax: str = "natural"
 ) -> tuple[dict[int, float], set[int]]:
-    """BM25 of every tokenised document matching ``query`` (web-search syntax, as in
-    PostgreSQL full-text mode), and the indexes of documents an ``-excluded`` word removes."""
+    """BM25 of every tokenised document matching ``query`` read with ``syntax`` (as in
+    PostgreSQL full-text mode), and the indexes of documents an ``-excluded`` word removes
+    (websearch syntax only). In natural syntax a phrase the document holds adds the idf of
+    its words, as in PostgreSQL."""
     free, phrases, excluded_words = split_query(query)
+    if syntax == "natural":
+        free, excluded_words = free + excluded_words, []
     phrase_tokens = [t for t in (tokenize(p) for p in phrases) if t]
     terms = set(tokenize(" ".join(free))) | {t for p in phrase_tokens for t in p}
     banned = set(tokenize(" ".join(excluded_words)))
@@ -304,24 +314,28 @@ def bm25_scores(
     total = len(documents)
     average = max(sum(len(d) for d in documents) / total, 1.0)
     frequency = Counter(t for d in documents for t in set(d) & terms)
+
+    def idf(term: str) -> float:
+        return math.log(1 + (total - frequency[term] + 0.5) / (frequency[term] + 0.5))
+
     scores: dict[int, float] = {}
     excluded: set[int] = set()
     for index, document in enumerate(documents):
         if banned and banned & set(document):
             excluded.add(index)
             continue
-        if phrase_tokens and not all(_has_phrase(document, p) for p in phrase_tokens):
+        held = [p for p in phrase_tokens if _has_phrase(document, p)]
+        if syntax == "websearch" and len(held) < len(phrase_tokens):
             continue
         counts = Counter(t for t in document if t in terms)
         if not counts:
             continue
         scores[index] = sum(
-            math.log(1 + (total - frequency[t] + 0.5) / (frequency[t] + 0.5))
-            * tf
-            * (k1 + 1)
-            / (tf + k1 * (1 - b + b * len(document) / average))
+            idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(document) / average))
             for t, tf in counts.items()
         )
+        if syntax == "natural":
+            scores[index] += sum(sum(idf(t) for t in p) for p in held if len(p) > 1)
     return scores, excluded
 
 

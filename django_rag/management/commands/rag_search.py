@@ -22,10 +22,17 @@ class Command(BaseCommand):
             "--collection", action="append", default=None, help="repeat for several"
         )
         parser.add_argument("--source-id", default=None)
+        parser.add_argument(
+            "--syntax",
+            choices=["natural", "websearch"],
+            default=None,
+            help='how full-text mode reads the query: natural (default; quotes and "-" never '
+            'filter) or websearch ("phrase" required, -word excluded)',
+        )
         parser.add_argument("--json", action="store_true", help="print JSON")
 
     def handle(
-        self, *args, query, mode, fusion, limit, threshold, collection, source_id, **options
+        self, *args, query, mode, fusion, limit, threshold, collection, source_id, syntax, **options
     ):
         try:
             results = search(
@@ -36,6 +43,7 @@ class Command(BaseCommand):
                 threshold=threshold,
                 collection=collection,
                 source_id=source_id,
+                syntax=syntax,
             )
         except RagError as exc:
             raise CommandError(str(exc)) from exc
