@@ -36,7 +36,12 @@ from django.db import connection  # noqa: E402
 import django_rag as rag  # noqa: E402
 from django_rag.conf import search_setting  # noqa: E402
 from django_rag.embeddings import Embedder, get_embedder  # noqa: E402
-from django_rag.evaluation.metrics import ndcg  # noqa: E402
+from django_rag.evaluation.beir import read_qrels  # noqa: E402
+from django_rag.evaluation.metrics import (  # noqa: E402
+    bootstrap_interval,
+    ndcg,
+    paired_difference,
+)
 from django_rag.models import Chunk, Collection, Document  # noqa: E402
 from django_rag.models.managers import pgvector_version  # noqa: E402
 from django_rag.retrieval.fulltext import index_chunks  # noqa: E402
@@ -62,11 +67,8 @@ class CachedQueries(Embedder):
 def load(data: Path, split: str):
     corpus = [json.loads(line) for line in (data / "corpus.jsonl").open()]
     queries = {q["_id"]: q["text"] for q in map(json.loads, (data / "queries.jsonl").open())}
-    qrels: dict[str, dict[str, int]] = {}
-    for line in list((data / "qrels" / f"{split}.tsv").open())[1:]:
-        qid, did, score = line.split()
-        if int(score) > 0:
-            qrels.setdefault(qid, {})[did] = int(score)
+    # The library's reader: a header line is optional (a file without one keeps its first row).
+    qrels = read_qrels(data / "qrels" / f"{split}.tsv")
     return corpus, {q: queries[q] for q in qrels if q in queries}, qrels
 
 
@@ -131,6 +133,21 @@ def ingest_corpus(corpus, embedder, encoder_sample: int):
     }
 
 
+def print_hybrid_against_parts(by_mode) -> None:
+    """Hybrid minus the better of its parts, paired by query, with its bootstrap interval."""
+    best = max(("semantic", "fulltext"), key=lambda name: by_mode[name]["nDCG@10"])
+    for hybrid in ("hybrid", "hybrid (rrf)"):
+        delta, low, high = paired_difference(
+            by_mode[best]["per_query_ndcg"], by_mode[hybrid]["per_query_ndcg"]
+        )
+        verdict = "better" if low > 0 else "worse" if high < 0 else "within noise of"
+        print(
+            f"\n{hybrid} - {best} (the better part), paired over {len(by_mode[best]['per_query_ndcg'])} "
+            f"queries: nDCG@10 {delta:+.4f} (95% bootstrap interval {low:+.4f} .. {high:+.4f}): "
+            f"{hybrid} is {verdict} {best}."
+        )
+
+
 def run_queries(queries, qrels, cached, options, collection, limit=100):
     per_query, timings = [], []
     for qid, text in queries.items():
@@ -141,6 +158,8 @@ def run_queries(queries, qrels, cached, options, collection, limit=100):
         per_query.append(metrics(ranked, qrels[qid]))
     summary = {k: statistics.mean(m[k] for m in per_query) for k in per_query[0]}
     summary["p50"], summary["p95"] = percentile(timings, 50), percentile(timings, 95)
+    summary["per_query_ndcg"] = [m["nDCG@10"] for m in per_query]
+    _, summary["low"], summary["high"] = bootstrap_interval(summary["per_query_ndcg"])
     return summary
 
 
@@ -346,18 +365,23 @@ def main():
         f"{search_setting('FULLTEXT_WEIGHT')}, candidates {search_setting('CANDIDATES')} x limit, "
         f"HNSW ef_search {search_setting('HNSW_EF_SEARCH')}\n"
     )
-    print("| mode | nDCG@10 | MRR@10 | Recall@10 | Recall@100 | search p50 | search p95 |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| mode | nDCG@10 | 95% interval | MRR@10 | Recall@10 | Recall@100 | search p50 | "
+        "search p95 |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    by_mode = {}
     for name, options in MODES.items():
-        s = run_queries(queries, qrels, cached, options, "corpus")
+        s = by_mode[name] = run_queries(queries, qrels, cached, options, "corpus")
         print(
-            f"| {name} | {s['nDCG@10']:.4f} | {s['MRR@10']:.4f} | {s['Recall@10']:.4f} | "
-            f"{s['Recall@100']:.4f} | {s['p50']:.1f} ms | {s['p95']:.1f} ms |"
+            f"| {name} | {s['nDCG@10']:.4f} | {s['low']:.4f} .. {s['high']:.4f} | "
+            f"{s['MRR@10']:.4f} | {s['Recall@10']:.4f} | {s['Recall@100']:.4f} | "
+            f"{s['p50']:.1f} ms | {s['p95']:.1f} ms |"
         )
     if args.compare == "langchain":
         s, load_seconds = langchain_semantic(queries, qrels, cached)
         print(
-            f"| langchain-postgres similarity search | {s['nDCG@10']:.4f} | {s['MRR@10']:.4f} | "
+            f"| langchain-postgres similarity search | {s['nDCG@10']:.4f} | - | {s['MRR@10']:.4f} | "
             f"{s['Recall@10']:.4f} | {s['Recall@100']:.4f} | {s['p50']:.1f} ms | {s['p95']:.1f} ms |"
         )
         print(
@@ -365,6 +389,7 @@ def main():
             f"`add_embeddings` ({load_seconds:.0f} s), default settings (it creates no vector index), "
             "same server; it has no full-text or hybrid search."
         )
+    print_hybrid_against_parts(by_mode)
     print(
         f"\nQuery embedding, timed separately: p50 {percentile(embed_ms, 50):.1f} ms, "
         f"p95 {percentile(embed_ms, 95):.1f} ms. Search times above exclude it (limit 100).\n"

@@ -226,6 +226,10 @@ def test_compare_runs(facts):
     table = compare_runs(a, b.pk)
     assert table["mrr"]["delta"] == pytest.approx(b.metrics["mrr"] - a.metrics["mrr"])
     assert "faithfulness" not in table
+    paired = table["paired_ndcg_at_10"]
+    assert paired["cases"] == a.test_case_count
+    assert paired["delta"] == pytest.approx(b.metrics["ndcg_at_10"] - a.metrics["ndcg_at_10"])
+    assert paired["low"] <= paired["delta"] <= paired["high"]
 
 
 # --- BEIR --------------------------------------------------------------------------------------------
@@ -366,6 +370,7 @@ def test_rag_eval_generate_list_show_compare(facts):
         "delta",
     ]
     assert "mrr" in compared
+    assert "paired nDCG@10 difference over" in compared and "bootstrap interval" in compared
     with pytest.raises(CommandError, match="does not exist"):
         run_command("show", "999999")
 
@@ -385,3 +390,30 @@ def test_deleting_a_document_keeps_test_cases_consistent():
     rag.delete(doc)
     case.refresh_from_db()
     assert case.source_chunk_id is None and not case.relevance.exists()
+
+
+def test_qrels_without_a_header_keep_their_first_judgement(tmp_path):
+    from django_rag.evaluation.beir import read_qrels
+
+    with_header = tmp_path / "a.tsv"
+    with_header.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td2\t2\n")
+    without = tmp_path / "b.tsv"
+    without.write_text("q1\td1\t1\nq2\td2\t2\n")
+    assert read_qrels(with_header) == read_qrels(without) == {"q1": {"d1": 1}, "q2": {"d2": 2}}
+
+
+def test_bootstrap_and_paired_difference():
+    from django_rag.evaluation import bootstrap_interval, paired_difference
+
+    mean, low, high = bootstrap_interval([0.5] * 10)
+    assert mean == low == high == 0.5
+    values = [i / 100 for i in range(100)]
+    mean, low, high = bootstrap_interval(values)
+    assert low < mean < high and mean == pytest.approx(0.495)
+    assert bootstrap_interval(values) == (mean, low, high)  # seeded: reproducible
+    better = [v + 0.1 for v in values]
+    delta, low, high = paired_difference(values, better)
+    assert delta == pytest.approx(0.1) and low == pytest.approx(0.1) and high == pytest.approx(0.1)
+    noisy = [v + (0.05 if i % 2 else -0.05) for i, v in enumerate(values)]
+    delta, low, high = paired_difference(values, noisy)
+    assert low < 0 < high  # a difference within noise straddles zero

@@ -1,8 +1,10 @@
-"""Retrieval metrics: Recall, Precision, Hit rate at K, MRR and graded nDCG@10."""
+"""Retrieval metrics: Recall, Precision, Hit rate at K, MRR and graded nDCG@10, and bootstrap
+intervals for a mean and for a paired difference between two rankings of the same queries."""
 
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Hashable, Mapping, Sequence
 from statistics import fmean
 from typing import Any
@@ -53,3 +55,29 @@ def aggregate(cases: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     summary = {name: fmean(c[name] for c in cases) if cases else 0.0 for name in METRIC_NAMES}
     summary["test_case_count"] = len(cases)
     return summary
+
+
+def bootstrap_interval(
+    values: Sequence[float], *, resamples: int = 2000, confidence: float = 0.95, seed: int = 13
+) -> tuple[float, float, float]:
+    """``(mean, low, high)``: the mean of ``values`` and a percentile bootstrap interval for it
+    (queries resampled with replacement; seeded, so a report is reproducible)."""
+    if not values:
+        raise ValueError("bootstrap_interval needs at least one value")
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(fmean(rng.choices(values, k=n)) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    low = means[int(tail * resamples)]
+    high = means[min(resamples - 1, int((1 - tail) * resamples))]
+    return fmean(values), low, high
+
+
+def paired_difference(
+    first: Sequence[float], second: Sequence[float], **options: Any
+) -> tuple[float, float, float]:
+    """``second - first`` per query (the same queries, in the same order), averaged, with its
+    bootstrap interval: an interval that excludes 0 is a difference beyond noise."""
+    if len(first) != len(second):
+        raise ValueError("paired_difference needs the same queries on both sides")
+    return bootstrap_interval([b - a for a, b in zip(first, second, strict=True)], **options)

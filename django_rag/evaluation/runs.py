@@ -20,7 +20,7 @@ from ..retrieval.service import MAX_LIMIT, normalize_collections, normalize_mode
 from ..signals import span
 from ..validation import clean_positive_int, clean_source_id
 from . import prompts
-from .metrics import METRIC_NAMES, aggregate, case_metrics
+from .metrics import METRIC_NAMES, aggregate, case_metrics, paired_difference
 
 logger = logging.getLogger(__name__)
 
@@ -225,4 +225,26 @@ def compare_runs(first: Run | int, second: Run | int) -> dict[str, dict[str, flo
         if x is None and y is None:
             continue
         table[name] = {"first": x, "second": y, "delta": None if x is None or y is None else y - x}
+    paired = paired_ndcg(a, b)
+    if paired is not None:
+        table["paired_ndcg_at_10"] = paired
     return table
+
+
+def paired_ndcg(first: Run, second: Run) -> dict[str, float] | None:
+    """nDCG@10 of the second run minus the first's, over the test cases both scored, with a
+    95% bootstrap interval (None when they share no scored case)."""
+
+    def scores(run: Run) -> dict[Any, float]:
+        return {
+            r["test_case_id"]: r["ndcg_at_10"]
+            for r in run.results
+            if not r.get("skipped") and "ndcg_at_10" in r
+        }
+
+    x, y = scores(first), scores(second)
+    common = sorted(set(x) & set(y))
+    if not common:
+        return None
+    mean, low, high = paired_difference([x[c] for c in common], [y[c] for c in common])
+    return {"cases": len(common), "delta": mean, "low": low, "high": high}

@@ -187,11 +187,18 @@ class Command(BaseCommand):
         self.stdout.write(
             f"{'metric':<16} {'run ' + str(options['first']):>10} {'run ' + str(options['second']):>10} {'delta':>9}"
         )
+        paired = table.pop("paired_ndcg_at_10", None)
         for name, row in table.items():
             first = "-" if row["first"] is None else f"{row['first']:.4f}"
             second = "-" if row["second"] is None else f"{row['second']:.4f}"
             delta = "-" if row["delta"] is None else f"{row['delta']:+.4f}"
             self.stdout.write(f"{name:<16} {first:>10} {second:>10} {delta:>9}")
+        if paired is not None:
+            self.stdout.write(
+                f"paired nDCG@10 difference over {paired['cases']} common test cases: "
+                f"{paired['delta']:+.4f} (95% bootstrap interval {paired['low']:+.4f} .. "
+                f"{paired['high']:+.4f}; an interval that excludes 0 is beyond noise)"
+            )
 
     def _import_beir(self, options):
         bar = self._progress(options)
