@@ -140,7 +140,7 @@ def print_hybrid_against_parts(by_mode) -> None:
         delta, low, high = paired_difference(
             by_mode[best]["per_query_ndcg"], by_mode[hybrid]["per_query_ndcg"]
         )
-        verdict = "better" if low > 0 else "worse" if high < 0 else "within noise of"
+        verdict = "better than" if low > 0 else "worse than" if high < 0 else "within noise of"
         print(
             f"\n{hybrid} - {best} (the better part), paired over {len(by_mode[best]['per_query_ndcg'])} "
             f"queries: nDCG@10 {delta:+.4f} (95% bootstrap interval {low:+.4f} .. {high:+.4f}): "
