@@ -30,6 +30,15 @@ def minilm():
 
 
 @pytest.fixture
+def staff(client):
+    """The Django test client logged in as a staff user (the dashboard's default access)."""
+    from django.contrib.auth.models import User
+
+    client.force_login(User.objects.create_user("staff", password="pw", is_staff=True))
+    return client
+
+
+@pytest.fixture
 def hashing():
     from django_rag.testing import HashingEmbedder
 

@@ -19,12 +19,6 @@ def url(name, *args):
 
 
 @pytest.fixture
-def staff(client):
-    client.force_login(User.objects.create_user("staff", password="pw", is_staff=True))
-    return client
-
-
-@pytest.fixture
 def corpus():
     a = rag.ingest(
         "Refunds take 14 days. <script>alert('x')</script>",

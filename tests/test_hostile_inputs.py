@@ -18,7 +18,6 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import RequestFactory, override_settings
-from django.urls import reverse
 
 import django_rag as rag
 from django_rag.exceptions import (
@@ -36,6 +35,7 @@ from django_rag.exceptions import (
 from django_rag.models import Chunk, Collection, Document, Job, Run, TestCase
 from django_rag.testing import HashingEmbedder, ScriptedLLM
 from django_rag.validation import check_vectors
+from tests.test_dashboard import url
 
 pytestmark = pytest.mark.django_db
 
@@ -295,16 +295,6 @@ POST_FORMS = {
     "ask": {"question": "refunds?", "collection": "docs", "mode": "hybrid", "limit": "5"},
     "ask_stream": {"question": "refunds?", "collection": "docs", "mode": "hybrid", "limit": "5"},
 }
-
-
-def url(name, *args):
-    return reverse(f"django_rag_dashboard:{name}", args=args)
-
-
-@pytest.fixture
-def staff(client):
-    client.force_login(User.objects.create_user("staff", password="pw", is_staff=True))
-    return client
 
 
 def test_every_get_view_with_hostile_parameters_answers_without_a_500(staff, docs):

@@ -21,11 +21,9 @@ from django_rag.llm import get_llm
 from django_rag.testing import ScriptedLLM
 from tests.conftest import stub_llm
 from tests.stub_openai import Drop, Failure, Raw
+from tests.test_ask import REFUNDS, SHIPPING
 
 pytestmark = pytest.mark.django_db
-
-REFUNDS = "Refunds are paid within 14 days of the return reaching our warehouse."
-SHIPPING = "Shipping is free for orders over 50 euros; other orders pay a flat 4 euro fee."
 
 
 @pytest.fixture
