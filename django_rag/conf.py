@@ -67,13 +67,14 @@ DEFAULTS: dict[str, Any] = {
         # How full-text mode reads a query: "natural" (questions: quotes and minus signs never
         # filter, phrases boost) or "websearch" ("phrases" required, -word excluded).
         "SYNTAX": "natural",
-        # Hybrid mode: "weighted" or "rrf" fusion over the top CANDIDATES x limit chunks of each
-        # side (both scores are then computed for every candidate). Defaults chosen on the
-        # SciFact train queries (docs/benchmarks.md).
-        "FUSION": "weighted",
+        # Hybrid mode: "adaptive", "weighted" or "rrf" fusion over the top CANDIDATES x limit
+        # chunks of each side (both scores are then computed for every candidate). The weights
+        # are adaptive fusion's starting point and weighted fusion's fixed mix. Defaults chosen
+        # by cross-validation on the SciFact train queries (docs/benchmarks.md).
+        "FUSION": "adaptive",
         "RRF_K": 60,
-        "SEMANTIC_WEIGHT": 0.6,
-        "FULLTEXT_WEIGHT": 0.4,
+        "SEMANTIC_WEIGHT": 0.7,
+        "FULLTEXT_WEIGHT": 0.3,
         "CANDIDATES": 2,
         # With a reranker, search fetches RERANK_CANDIDATES x limit chunks and reranks them.
         "RERANK_CANDIDATES": 3,

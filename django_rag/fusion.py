@@ -3,13 +3,14 @@ reciprocal rank fusion of whole rankings (rewritten queries, graph results)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
 from .exceptions import InvalidOption
 from .validation import clean_number
 
-FUSIONS = ("rrf", "weighted")
+FUSIONS = ("adaptive", "weighted", "rrf")
 
 
 def fuse(
@@ -19,9 +20,21 @@ def fuse(
     rrf_k: int = 60,
     semantic_weight: float = 0.5,
     fulltext_weight: float = 0.5,
+    pool: int | None = None,
 ) -> list[Any]:
     """Set ``item.score`` from ``item.semantic_score`` and ``item.fulltext_score``; sort.
 
+    ``items`` are the union of each side's candidate list (the ``pool`` best by each score;
+    None: all of them), with both scores computed for every item.
+
+    ``adaptive``: a convex combination whose weights follow each query's evidence. Each side's
+    score is standardised against its own candidate list (``(x - mean) / std``, so a score
+    says how far a chunk stands out from what that side found); the weights are
+    ``semantic_weight`` and ``fulltext_weight`` each multiplied by how clearly that side's
+    best candidate stands out of its list (``(best - mean) / best``), then normalised to sum
+    to 1. A side whose scores are flat for this query (no candidate is clearly better than
+    the rest, as when only common words matched) counts for less; one with a clear winner
+    counts for more.
     ``rrf``: reciprocal rank fusion, ``sum(1 / (rrf_k + rank))`` over the two rankings of the
     candidates (a chunk with no full-text match has no full-text rank and gets nothing from it).
     ``weighted``: ``semantic_weight * s + fulltext_weight * f`` where ``s`` is the cosine
@@ -34,7 +47,9 @@ def fuse(
     items = sorted(items, key=lambda item: -item.semantic_score)
     if not items:
         return []
-    if fusion == "rrf":
+    if fusion == "adaptive":
+        _adaptive(items, semantic_weight, fulltext_weight, pool or len(items))
+    elif fusion == "rrf":
         clean_number("rrf_k", rrf_k, minimum=0)
         for rank, item in enumerate(items, start=1):
             item.score = 1.0 / (rrf_k + rank)
@@ -45,11 +60,7 @@ def fuse(
         for rank, item in enumerate(matched, start=1):
             item.score += 1.0 / (rrf_k + rank)
     else:
-        for name, weight in (
-            ("semantic_weight", semantic_weight),
-            ("fulltext_weight", fulltext_weight),
-        ):
-            clean_number(name, weight, minimum=0)
+        _check_weights(semantic_weight, fulltext_weight)
         high = items[0].semantic_score
         low = items[-1].semantic_score
         spread = high - low
@@ -59,6 +70,50 @@ def fuse(
             f = item.fulltext_score / best_fulltext if best_fulltext > 0 else 0.0
             item.score = semantic_weight * s + fulltext_weight * f
     return sorted(items, key=lambda item: -item.score)
+
+
+def _check_weights(semantic_weight: float, fulltext_weight: float) -> None:
+    for name, weight in (
+        ("semantic_weight", semantic_weight),
+        ("fulltext_weight", fulltext_weight),
+    ):
+        clean_number(name, weight, minimum=0)
+
+
+def _standardise(values: list[float], reference: list[float]) -> list[float]:
+    """``values`` as standard scores against ``reference`` (all 0 when it has no spread)."""
+    if len(reference) < 2:
+        return [0.0] * len(values)
+    mean, spread = statistics.fmean(reference), statistics.pstdev(reference)
+    return [(v - mean) / spread if spread > 0 else 0.0 for v in values]
+
+
+def _standing_out(reference: list[float]) -> float:
+    """How far the best score of a list stands out of it: (best - mean) / best, in [0, 1]."""
+    best = max(reference, default=0.0)
+    return (best - statistics.fmean(reference)) / best if best > 0 else 0.0
+
+
+def _adaptive(items: list[Any], semantic_weight: float, fulltext_weight: float, pool: int):
+    _check_weights(semantic_weight, fulltext_weight)
+    semantic = [item.semantic_score for item in items[:pool]]  # items come sorted by it
+    fulltext = sorted((i.fulltext_score for i in items if i.fulltext_score > 0), reverse=True)
+    fulltext = fulltext[:pool]
+    if not fulltext:  # nothing matched the words: the semantic order stands
+        for item in items:
+            item.score = item.semantic_score
+        return
+    s_weight = semantic_weight * _standing_out(semantic)
+    f_weight = fulltext_weight * _standing_out(fulltext)
+    if s_weight + f_weight <= 0:  # neither side stands out: the weights as given
+        s_weight, f_weight = semantic_weight, fulltext_weight
+    if s_weight + f_weight <= 0:  # both weights 0: an even mix
+        s_weight = f_weight = 1.0
+    share = s_weight / (s_weight + f_weight)
+    s_scores = _standardise([item.semantic_score for item in items], semantic)
+    f_scores = _standardise([item.fulltext_score for item in items], fulltext)
+    for item, s, f in zip(items, s_scores, f_scores, strict=True):
+        item.score = share * s + (1 - share) * f
 
 
 def rrf_merge(rankings: Sequence[Sequence[Any]], *, rrf_k: int = 60) -> list[Any]:

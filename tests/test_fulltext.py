@@ -1,5 +1,6 @@
 import json
 import math
+import statistics
 from types import SimpleNamespace
 
 import pytest
@@ -177,7 +178,54 @@ def test_fusion_arithmetic():
     with pytest.raises(InvalidOption):
         fuse(list(items), fusion="borda")
     with pytest.raises(InvalidOption):
+        fuse(list(items), fusion="adaptive", fulltext_weight=float("nan"))
+    with pytest.raises(InvalidOption):
         fuse(list(items), fusion="weighted", semantic_weight=-1)
+
+
+def test_adaptive_fusion_arithmetic():
+    """Standard scores against each side's own list, weighted by how far each side's best
+    candidate stands out of its list: (best - mean) / best."""
+    items = [
+        SimpleNamespace(name="a", semantic_score=0.9, fulltext_score=0.0),
+        SimpleNamespace(name="b", semantic_score=0.5, fulltext_score=10.0),
+        SimpleNamespace(name="c", semantic_score=0.7, fulltext_score=5.0),
+    ]
+    fused = fuse(list(items), fusion="adaptive", semantic_weight=0.6, fulltext_weight=0.4)
+    semantic, fulltext = [0.9, 0.7, 0.5], [10.0, 5.0]  # each side's list (no match: not in it)
+    s_out = (0.9 - statistics.fmean(semantic)) / 0.9
+    f_out = (10.0 - statistics.fmean(fulltext)) / 10.0
+    share = 0.6 * s_out / (0.6 * s_out + 0.4 * f_out)
+
+    def z(value, values):
+        return (value - statistics.fmean(values)) / statistics.pstdev(values)
+
+    scores = {i.name: i.score for i in fused}
+    for item in items:
+        expected = share * z(item.semantic_score, semantic)
+        expected += (1 - share) * z(item.fulltext_score, fulltext)
+        assert scores[item.name] == pytest.approx(expected)
+    assert [i.name for i in fused] == sorted(scores, key=lambda name: -scores[name])
+    # The side that stands out more gets more weight: a flat full-text list counts for little.
+    flat = [
+        SimpleNamespace(name="a", semantic_score=0.9, fulltext_score=5.0),
+        SimpleNamespace(name="b", semantic_score=0.3, fulltext_score=5.1),
+    ]
+    assert [
+        i.name for i in fuse(flat, fusion="adaptive", semantic_weight=0.5, fulltext_weight=0.5)
+    ] == ["a", "b"]
+    # Nothing matched the words: the semantic order and scores stand.
+    unmatched = [
+        SimpleNamespace(name=n, semantic_score=s, fulltext_score=0.0)
+        for n, s in (("x", 0.2), ("y", 0.8))
+    ]
+    assert [(i.name, i.score) for i in fuse(unmatched, fusion="adaptive")] == [
+        ("y", 0.8),
+        ("x", 0.2),
+    ]
+    # Only the `pool` best of each side define its list.
+    pooled = fuse(list(items), fusion="adaptive", pool=1)
+    assert {i.name: i.score for i in pooled}.keys() == {"a", "b", "c"}
 
 
 def test_hybrid_carries_both_scores_and_beats_either_side_on_mixed_queries():

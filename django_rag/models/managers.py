@@ -275,6 +275,7 @@ class ChunkQuerySet(models.QuerySet):
             rrf_k=rrf_k,
             semantic_weight=semantic_weight,
             fulltext_weight=fulltext_weight,
+            pool=pool,
         )
         if threshold is not None:
             fused = [item for item in fused if item.score >= threshold]

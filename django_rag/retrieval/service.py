@@ -116,8 +116,8 @@ def search(
     """Search the stored chunks and return the best ``limit`` as :class:`SearchResult`.
 
     Modes: ``semantic`` (cosine similarity of embeddings), ``fulltext`` (BM25 over PostgreSQL
-    text search, web-search syntax) and ``hybrid`` (both, fused with ``fusion="rrf"`` or
-    ``"weighted"``). ``collection`` is a name or a list of names (None searches every
+    text search) and ``hybrid`` (both, fused with ``fusion="adaptive"``, ``"weighted"`` or
+    ``"rrf"``, see :func:`django_rag.fusion.fuse`). ``collection`` is a name or a list of names (None searches every
     collection; an unknown name raises :class:`~django_rag.exceptions.UnknownCollection`);
     ``metadata`` keeps chunks whose document metadata contains the given dict. ``threshold``
     is a minimum on ``score``: cosine similarity in semantic mode, BM25 in full-text mode, the

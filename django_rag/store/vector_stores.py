@@ -273,6 +273,7 @@ class MemoryVectorStore(VectorStore):
                 rrf_k=request.rrf_k,
                 semantic_weight=request.semantic_weight,
                 fulltext_weight=request.fulltext_weight,
+                pool=pool,
             )
         if request.threshold is not None:
             ranked = [r for r in ranked if r.score >= request.threshold]
