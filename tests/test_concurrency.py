@@ -1,8 +1,9 @@
 """Writers and readers in real threads against real PostgreSQL.
 
 - 8 writers replace and delete overlapping identities for ``DJANGO_RAG_TEST_STRESS_SECONDS``
-  (default 30 s): no deadlock or other database error reaches a caller, no write is lost, one
-  document per identity, and the BM25 statistics equal a recount.
+  (default 30 s) while a ninth creates, fills, empties and deletes collections: no deadlock or
+  other database error reaches a caller, no write is lost, one document per identity, the BM25
+  statistics equal a recount in every collection, and no deleted collection leaves any behind.
 - A search racing deletes never raises.
 - A delete holding its transaction open does not block an ingest into another collection
   (the statistics are appended, not updated in place).
@@ -18,7 +19,15 @@ from django.db import connection, connections, transaction
 
 import django_rag as rag
 from django_rag.exceptions import DocumentNotFound
-from django_rag.models import Chunk, Document
+from django_rag.models import (
+    Chunk,
+    Collection,
+    CorpusDelta,
+    CorpusStatistic,
+    Document,
+    TermDelta,
+    TermStatistic,
+)
 from django_rag.store import compact_statistics, delete_documents, recount_statistics
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -100,9 +109,22 @@ def test_eight_writers_replacing_and_deleting_overlapping_identities():
                     with lock:
                         counts["not_found"] += 1
 
-    errors = run_threads(8, writer)
+    def churner(index):
+        # Collections come and go while the writers' compactions run: a delete waits for the
+        # compaction lock, so no compactor folds a deleted collection's deltas back in.
+        rng = random.Random(index)
+        while time.monotonic() < deadline:
+            name = f"tmp-{counts['collections']}"
+            document = rag.ingest(text_for(rng, 0), collection=name, chunk_size=20, chunk_overlap=0)
+            rag.delete(document)
+            Collection.objects.get(name=name).delete()
+            with lock:
+                counts["collections"] += 1
+
+    counts["collections"] = 0
+    errors = run_threads(9, lambda i: (writer if i < 8 else churner)(i))
     assert errors == [], errors[:3]
-    assert counts["replace"] > 50 and counts["delete"] > 5, counts
+    assert counts["replace"] > 50 and counts["delete"] > 5 and counts["collections"] > 5, counts
     # One document per (collection, identity); each holds text some writer wrote, whole.
     seen = set()
     texts = {(c, i): set() for c, i, _ in written}
@@ -119,6 +141,9 @@ def test_eight_writers_replacing_and_deleting_overlapping_identities():
     assert_statistics_exact()
     compact_statistics()
     assert_statistics_exact()
+    live = set(Collection.objects.values_list("pk", flat=True))
+    for model in (TermStatistic, CorpusStatistic, TermDelta, CorpusDelta):
+        assert set(model.objects.values_list("collection_id", flat=True)) <= live, model
 
 
 def test_a_search_racing_deletes_never_raises():

@@ -119,14 +119,16 @@ def test_unfiltered_search_uses_the_hnsw_index(populated):
 
 
 def _bm25_all(collection_name, query, limit):
-    """BM25 of every matching chunk (no candidate pruning): the exact full-text ranking."""
+    """BM25 of every matching chunk (no candidate pruning): the exact full-text ranking, with
+    the collection's statistics."""
     from django_rag.retrieval.fulltext import parse_query, term_weights
 
     parsed = parse_query(query)
+    collection = Collection.objects.get(name=collection_name)
     scored = (
-        Chunk.objects.filter(collection__name=collection_name)
+        Chunk.objects.filter(collection=collection)
         .matching(parsed.match)
-        .with_bm25(term_weights(parsed.terms))
+        .with_bm25(term_weights(parsed.terms, collection_ids=[collection.pk]))
         .values_list("fulltext_score", flat=True)
     )
     return [round(s, 5) for s in sorted(scored, reverse=True)[:limit]]

@@ -5,6 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 from django.db import connection
+from django.db.models import Sum
 
 import django_rag as rag
 from django_rag.exceptions import InvalidOption
@@ -63,11 +64,12 @@ def stored_statistics():
 
 
 def base_statistics():
-    terms = {
-        t: df for t, df in TermStatistic.objects.values_list("term", "document_frequency") if df
-    }
-    corpus = CorpusStatistic.objects.filter(pk=1).first()
-    return terms, (corpus.chunk_count, corpus.total_length) if corpus else (0, 0)
+    """The base rows alone, summed over collections."""
+    terms = {}
+    for t, df in TermStatistic.objects.values_list("term", "document_frequency"):
+        terms[t] = terms.get(t, 0) + df
+    corpus = CorpusStatistic.objects.aggregate(c=Sum("chunk_count"), n=Sum("total_length"))
+    return {t: df for t, df in terms.items() if df}, (corpus["c"] or 0, corpus["n"] or 0)
 
 
 def test_statistics_follow_ingest_replace_and_delete():

@@ -1,14 +1,15 @@
 """Full-text search with BM25 ranking in plain PostgreSQL: the statistics and the SQL.
 
 Each chunk has a ``search_vector`` (tsvector, GIN-indexed) and ``fts_length`` (its number of
-lexeme occurrences). Statement-level triggers on the chunk table (migrations 0002 and 0006)
-record, in the same transaction as every insert, update or delete of chunks, whatever path made
-it, how the document frequency of each lexeme and the corpus size changed: as rows appended to
-``django_rag_term_delta`` / ``django_rag_corpus_delta``. Appending never waits for another
-writer, so concurrent writers cannot deadlock on the statistics. The statistics of a term are
-its row in ``django_rag_term`` plus its pending deltas; :func:`django_rag.store.compact_statistics`
-folds the deltas into the base rows (the store runs it after each write; one compactor at a
-time), which changes no figure a reader sees.
+lexeme occurrences). Statement-level triggers on the chunk table (migrations 0002, 0006 and
+0007) record, in the same transaction as every insert, update or delete of chunks, whatever path
+made it, how the document frequency of each lexeme and the corpus size changed in the chunk's
+collection: as rows appended to ``django_rag_term_delta`` / ``django_rag_corpus_delta``.
+Appending never waits for another writer, so concurrent writers cannot deadlock on the
+statistics. The statistics of a term in a collection are its row in ``django_rag_term`` plus its
+pending deltas; :func:`django_rag.store.compact_statistics` folds the deltas into the base rows
+(the store runs it after each write; one compactor at a time), which changes no figure a reader
+sees. Readers sum the collections a search is scoped to, or all of them.
 
 A query is parsed with web-search syntax; candidates come from the GIN index; BM25 is computed
 in SQL from the chunk's own term frequencies and those statistics.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.db import (
@@ -28,15 +30,29 @@ from django.db import (
     models,
     transaction,
 )
+from django.db.models.signals import pre_delete
+from django.dispatch import receiver
 
 from ..conf import get_setting
 from ..exceptions import ConfigurationError, InvalidOption
 
+# The statistics are kept per collection: a search scoped to collections ranks with theirs (as a
+# search engine ranks within its index), so one tenant's documents never move another's scores.
+# ``collection`` is a foreign key without a database constraint: a constraint would make every
+# appended delta row lock the collection row (KEY SHARE, once per row) in the writers' hot path.
+# Deleting a collection deletes its rows (CASCADE, through Django's collector), after taking the
+# compaction lock (see delete_collection_statistics below).
+
 
 class TermStatistic(models.Model):
-    """How many chunks contain ``term`` (a lexeme of the text search configuration)."""
+    """How many chunks of ``collection`` contain ``term`` (a lexeme of the text search
+    configuration)."""
 
-    term = models.TextField(primary_key=True)
+    pk = models.CompositePrimaryKey("term", "collection")
+    term = models.TextField()
+    collection = models.ForeignKey(
+        "django_rag.Collection", on_delete=models.CASCADE, db_constraint=False, related_name="+"
+    )
     document_frequency = models.BigIntegerField(default=0)
 
     class Meta:
@@ -47,9 +63,16 @@ class TermStatistic(models.Model):
 
 
 class CorpusStatistic(models.Model):
-    """One row: how many chunks are indexed for full-text search and their total length."""
+    """One row per collection: how many of its chunks are indexed for full-text search and
+    their total length."""
 
-    id = models.PositiveSmallIntegerField(primary_key=True, default=1)
+    collection = models.OneToOneField(
+        "django_rag.Collection",
+        primary_key=True,
+        on_delete=models.CASCADE,
+        db_constraint=False,
+        related_name="+",
+    )
     chunk_count = models.BigIntegerField(default=0)
     total_length = models.BigIntegerField(default=0)
 
@@ -61,21 +84,38 @@ class CorpusStatistic(models.Model):
 
 
 class TermDelta(models.Model):
-    """A change of a term's document frequency not yet folded into :class:`TermStatistic`."""
+    """A change of a term's document frequency in a collection, not yet folded into
+    :class:`TermStatistic`."""
 
-    term = models.TextField(db_index=True)
+    term = models.TextField()
+    # No index of its own (appends stay cheap); the (term, collection) index serves readers.
+    collection = models.ForeignKey(
+        "django_rag.Collection",
+        on_delete=models.CASCADE,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
     delta = models.BigIntegerField()
 
     class Meta:
         db_table = "django_rag_term_delta"
+        indexes = [models.Index(fields=["term", "collection"], name="django_rag_term_delta_idx")]
 
     def __str__(self) -> str:
         return f"{self.term}: {self.delta:+d}"
 
 
 class CorpusDelta(models.Model):
-    """A change of the corpus size not yet folded into :class:`CorpusStatistic`."""
+    """A change of a collection's corpus size not yet folded into :class:`CorpusStatistic`."""
 
+    collection = models.ForeignKey(
+        "django_rag.Collection",
+        on_delete=models.CASCADE,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
     chunk_count = models.BigIntegerField()
     total_length = models.BigIntegerField()
 
@@ -86,32 +126,64 @@ class CorpusDelta(models.Model):
         return f"{self.chunk_count:+d} chunks, {self.total_length:+d} terms"
 
 
+# Held by the one compactor at a time (try-lock) and by a collection delete (waits): a delete
+# then never races a compactor folding the deltas of the collection it removes.
+STATISTICS_LOCK = "django_rag:statistics:compact"
+
+
+@receiver(pre_delete, sender="django_rag.Collection", dispatch_uid="django_rag.statistics")
+def delete_collection_statistics(sender, instance, using, **kwargs):
+    """Before the collector deletes a collection's statistics rows (CASCADE), wait for a
+    running compactor and keep others out until the delete commits: otherwise a compactor
+    could fold the collection's deltas into base rows after the delete read them."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [STATISTICS_LOCK])
+
+
 # --- reading the statistics ---------------------------------------------------------------------
 
 
-def corpus_statistics(using: str = "default") -> tuple[int, int]:
-    """(chunks indexed for full-text search, their total length), pending deltas included."""
+def _scope(collection_ids: Sequence[int] | None) -> tuple[str, list]:
+    """SQL condition (and params) selecting the rows of ``collection_ids`` (None: all)."""
+    if collection_ids is None:
+        return "", []
+    return " AND collection_id = ANY(%s)", [[int(pk) for pk in collection_ids]]
+
+
+def corpus_statistics(
+    using: str = "default", collection_ids: Sequence[int] | None = None
+) -> tuple[int, int]:
+    """(chunks indexed for full-text search, their total length), pending deltas included,
+    in the collections ``collection_ids`` (None: the whole database)."""
+    where, params = _scope(collection_ids)
     with connections[using].cursor() as cursor:
         cursor.execute(
             "SELECT coalesce(sum(chunk_count), 0), coalesce(sum(total_length), 0) FROM ("
-            "SELECT chunk_count, total_length FROM django_rag_corpus "
-            "UNION ALL SELECT chunk_count, total_length FROM django_rag_corpus_delta) s"
+            f"SELECT chunk_count, total_length FROM django_rag_corpus WHERE true{where} "
+            "UNION ALL SELECT chunk_count, total_length FROM django_rag_corpus_delta "
+            f"WHERE true{where}) s",
+            params * 2,
         )
         chunks, length = cursor.fetchone()
     return int(chunks), int(length)
 
 
-def term_frequencies(terms: list[str], using: str = "default") -> dict[str, int]:
-    """How many chunks contain each of ``terms`` (terms in none are left out)."""
+def term_frequencies(
+    terms: list[str], using: str = "default", collection_ids: Sequence[int] | None = None
+) -> dict[str, int]:
+    """How many chunks contain each of ``terms`` (terms in none are left out), in the
+    collections ``collection_ids`` (None: the whole database)."""
     if not terms:
         return {}
+    where, params = _scope(collection_ids)
     with connections[using].cursor() as cursor:
         cursor.execute(
             "SELECT term, sum(n) FROM ("
-            "SELECT term, document_frequency AS n FROM django_rag_term WHERE term = ANY(%s) "
-            "UNION ALL SELECT term, delta FROM django_rag_term_delta WHERE term = ANY(%s)) s "
-            "GROUP BY term",
-            [list(terms), list(terms)],
+            "SELECT term, document_frequency AS n FROM django_rag_term "
+            f"WHERE term = ANY(%s){where} "
+            f"UNION ALL SELECT term, delta FROM django_rag_term_delta WHERE term = ANY(%s){where}"
+            ") s GROUP BY term",
+            [list(terms), *params, list(terms), *params],
         )
         return {term: int(n) for term, n in cursor.fetchall()}
 
@@ -258,11 +330,14 @@ class TermWeights:
         return [(q, sum(weight.get(t, 0.0) for t in lexemes)) for q, lexemes in parsed.boosts]
 
 
-def term_weights(terms: list[str], using: str = "default") -> TermWeights:
-    """Document frequencies and BM25 inverse document frequencies of ``terms``."""
-    total, total_length = corpus_statistics(using)
+def term_weights(
+    terms: list[str], using: str = "default", collection_ids: Sequence[int] | None = None
+) -> TermWeights:
+    """Document frequencies and BM25 inverse document frequencies of ``terms``, from the
+    statistics of the collections ``collection_ids`` (None: the whole database)."""
+    total, total_length = corpus_statistics(using, collection_ids)
     average_length = (total_length / total) if total else 1.0
-    stored = term_frequencies(terms, using)
+    stored = term_frequencies(terms, using, collection_ids)
     frequencies = [max(0, stored.get(term, 0)) for term in terms]
     # Lucene's BM25 idf: never negative, even for a term in most chunks.
     idf = [math.log(1 + (total - df + 0.5) / (df + 0.5)) for df in frequencies]

@@ -170,7 +170,13 @@ class ChunkQuerySet(models.QuerySet):
         return parse_query(query, syntax=syntax, using=self.db) if isinstance(query, str) else query
 
     def fulltext(
-        self, query, *, limit: int, threshold: float | None = None, syntax: str = "natural"
+        self,
+        query,
+        *,
+        limit: int,
+        threshold: float | None = None,
+        syntax: str = "natural",
+        statistics_from: Sequence[int] | None = None,
     ) -> list:
         """The ``limit`` chunks of this queryset ranked by BM25 for ``query``, best first.
 
@@ -178,15 +184,27 @@ class ChunkQuerySet(models.QuerySet):
         already parsed query. Chunks get ``score`` = ``fulltext_score`` (BM25); only those with
         ``score >= threshold`` are kept. See :meth:`fulltext_hits`.
         """
-        hits = self.fulltext_hits(query, limit=limit, syntax=syntax)
+        hits = self.fulltext_hits(
+            query, limit=limit, syntax=syntax, statistics_from=statistics_from
+        )
         if threshold is not None:
             hits = [hit for hit in hits if hit[1] >= threshold]
         return self.load_hits(hits, score_field="fulltext_score")
 
     def fulltext_hits(
-        self, query, *, limit: int, weights=None, syntax: str = "natural"
+        self,
+        query,
+        *,
+        limit: int,
+        weights=None,
+        syntax: str = "natural",
+        statistics_from: Sequence[int] | None = None,
     ) -> list[tuple[int, float]]:
         """``(pk, BM25)`` of the ``limit`` best full-text matches.
+
+        BM25 reads the statistics of the collections ``statistics_from`` (their ids; None: the
+        whole database). It does not filter: filter the queryset for that (a search scoped to
+        collections does both).
 
         Filters are exact: candidates come from the GIN index, not from an approximate scan.
         The ranking is exact but does not score every chunk that shares a common word with the
@@ -198,7 +216,9 @@ class ChunkQuerySet(models.QuerySet):
         parsed = self._parsed(query, syntax)
         if parsed.match is None:
             return []
-        weights = weights or term_weights(parsed.terms, using=self.db)
+        weights = weights or term_weights(
+            parsed.terms, using=self.db, collection_ids=statistics_from
+        )
         boosts = weights.boosts(parsed)
         scored = self.without_excluded(parsed).with_bm25(weights, boosts)
         # Rarest first; phrase queries are already selective and match as a whole.
@@ -241,6 +261,7 @@ class ChunkQuerySet(models.QuerySet):
         fulltext_weight: float = 0.5,
         candidates: int = 4,
         syntax: str = "natural",
+        statistics_from: Sequence[int] | None = None,
     ) -> list:
         """Semantic and BM25 rankings fused, best first.
 
@@ -248,11 +269,16 @@ class ChunkQuerySet(models.QuerySet):
         the candidate set; both scores are then computed for every candidate, so a chunk that
         is good on both sides but top on neither is not lost, and the cost depends on
         ``limit``, not on the corpus. Chunks get ``semantic_score``, ``fulltext_score`` and the
-        fused ``score``; those with ``score >= threshold`` are kept.
+        fused ``score``; those with ``score >= threshold`` are kept. BM25 reads the statistics
+        of the collections ``statistics_from`` (None: all), as in :meth:`fulltext_hits`.
         """
         parsed = self._parsed(query, syntax)
         pool = limit * candidates
-        weights = term_weights(parsed.terms, using=self.db) if parsed.terms else None
+        weights = (
+            term_weights(parsed.terms, using=self.db, collection_ids=statistics_from)
+            if parsed.terms
+            else None
+        )
         ids = {pk for pk, _ in self.without_excluded(parsed).semantic_hits(vector, limit=pool)}
         if parsed.match is not None:
             ids |= {pk for pk, _ in self.fulltext_hits(parsed, limit=pool, weights=weights)}

@@ -1,27 +1,30 @@
 """The BM25 statistics: search vectors written with the chunks, deltas folded into the base rows.
 
-Triggers record every change of the chunk table as appended delta rows (see
+Triggers record every change of the chunk table as appended delta rows, per collection (see
 :mod:`django_rag.models.fulltext`); :func:`compact_statistics` folds them into
 ``django_rag_term`` / ``django_rag_corpus``. Only the compactor updates those rows, one at a
 time (a transaction-level advisory lock), in term order, so writers never wait for each other
-there and no lock cycle can form.
+there and no lock cycle can form. Deleting a collection waits for that lock (see
+:func:`django_rag.models.fulltext.delete_collection_statistics`) before its rows go.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from django.db import connections, transaction
 
 from ..conf import get_setting
-from ..models.fulltext import LENGTH_SQL, corpus_statistics
+from ..models.fulltext import LENGTH_SQL, STATISTICS_LOCK
 
-_COMPACT_LOCK = "django_rag:statistics:compact"
+_COMPACT_LOCK = STATISTICS_LOCK
 
 
 def compact_statistics(using: str = "default") -> bool:
     """Fold the pending statistics deltas into the base rows, in a transaction of its own.
 
-    Returns False without waiting when another process is compacting (the deltas it did not
-    see stay for the next run; readers count them either way).
+    Returns False without waiting when another process is compacting or a collection is being
+    deleted (the deltas it did not see stay for the next run; readers count them either way).
     """
     with transaction.atomic(using=using), connections[using].cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(hashtextextended(%s, 0))", [_COMPACT_LOCK])
@@ -29,55 +32,102 @@ def compact_statistics(using: str = "default") -> bool:
             return False
         cursor.execute(
             """
-            WITH moved AS (DELETE FROM django_rag_term_delta RETURNING term, delta),
-            sums AS (SELECT term, sum(delta) AS n FROM moved GROUP BY term HAVING sum(delta) <> 0)
-            INSERT INTO django_rag_term (term, document_frequency)
-            SELECT term, n FROM sums ORDER BY term
-            ON CONFLICT (term) DO UPDATE
-            SET document_frequency = django_rag_term.document_frequency + EXCLUDED.document_frequency
+            WITH moved AS (
+                DELETE FROM django_rag_term_delta RETURNING collection_id, term, delta
+            ),
+            sums AS (
+                SELECT collection_id, term, sum(delta) AS n FROM moved
+                GROUP BY collection_id, term HAVING sum(delta) <> 0
+            ),
+            folded AS (
+                INSERT INTO django_rag_term (term, collection_id, document_frequency)
+                SELECT term, collection_id, n FROM sums ORDER BY term, collection_id
+                ON CONFLICT (term, collection_id) DO UPDATE
+                SET document_frequency =
+                    django_rag_term.document_frequency + EXCLUDED.document_frequency
+                RETURNING term, collection_id, document_frequency
+            )
+            SELECT term, collection_id FROM folded WHERE document_frequency = 0
             """
         )
+        emptied = cursor.fetchall()
+        if emptied:
+            # Terms no chunk of the collection contains any more. Only rows this run changed
+            # can have reached 0, so the table is not scanned.
+            cursor.execute(
+                "DELETE FROM django_rag_term t USING unnest(%s::text[], %s::bigint[]) AS e(term, c) "
+                "WHERE t.term = e.term AND t.collection_id = e.c AND t.document_frequency = 0",
+                [[term for term, _ in emptied], [pk for _, pk in emptied]],
+            )
         cursor.execute(
             """
-            WITH moved AS (DELETE FROM django_rag_corpus_delta RETURNING chunk_count, total_length)
-            INSERT INTO django_rag_corpus (id, chunk_count, total_length)
-            SELECT 1, coalesce(sum(chunk_count), 0), coalesce(sum(total_length), 0) FROM moved
-            ON CONFLICT (id) DO UPDATE SET
+            WITH moved AS (
+                DELETE FROM django_rag_corpus_delta
+                RETURNING collection_id, chunk_count, total_length
+            )
+            INSERT INTO django_rag_corpus (collection_id, chunk_count, total_length)
+            SELECT collection_id, sum(chunk_count), sum(total_length) FROM moved
+            GROUP BY collection_id ORDER BY collection_id
+            ON CONFLICT (collection_id) DO UPDATE SET
                 chunk_count = django_rag_corpus.chunk_count + EXCLUDED.chunk_count,
                 total_length = django_rag_corpus.total_length + EXCLUDED.total_length
             """
         )
-        # Terms no chunk contains any more.
-        cursor.execute("DELETE FROM django_rag_term WHERE document_frequency = 0")
+        # Collections with no indexed chunk left (one row per collection: a small table).
+        cursor.execute("DELETE FROM django_rag_corpus WHERE chunk_count = 0 AND total_length = 0")
     return True
 
 
 def recount_statistics(using: str = "default") -> dict:
     """The statistics recounted from the chunk table and as stored (base rows plus deltas):
     ``{"recount": {...}, "stored": {...}}`` with ``chunks``, ``length`` and ``terms``
-    (term -> document frequency). They are equal unless something bypassed the triggers."""
+    (term -> document frequency) over the whole database, and ``collections``: the same three
+    per collection id. They are equal unless something bypassed the triggers."""
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT count(*), coalesce(sum(fts_length), 0) FROM django_rag_chunk "
-            "WHERE search_vector IS NOT NULL"
+            "SELECT collection_id, count(*), coalesce(sum(fts_length), 0) FROM django_rag_chunk "
+            "WHERE search_vector IS NOT NULL GROUP BY 1"
         )
-        chunks, length = cursor.fetchone()
+        recount_corpus = cursor.fetchall()
         cursor.execute(
-            "SELECT u.lexeme, count(*) FROM django_rag_chunk c, unnest(c.search_vector) u "
-            "GROUP BY 1"
+            "SELECT c.collection_id, u.lexeme, count(*) "
+            "FROM django_rag_chunk c, unnest(c.search_vector) u GROUP BY 1, 2"
         )
-        recount_terms = dict(cursor.fetchall())
+        recount_terms = cursor.fetchall()
         cursor.execute(
-            "SELECT term, sum(n) FROM (SELECT term, document_frequency AS n FROM django_rag_term "
-            "UNION ALL SELECT term, delta FROM django_rag_term_delta) s GROUP BY term "
-            "HAVING sum(n) <> 0"
+            "SELECT collection_id, sum(chunk_count), sum(total_length) FROM ("
+            "SELECT collection_id, chunk_count, total_length FROM django_rag_corpus "
+            "UNION ALL SELECT collection_id, chunk_count, total_length "
+            "FROM django_rag_corpus_delta) s GROUP BY 1 "
+            "HAVING sum(chunk_count) <> 0 OR sum(total_length) <> 0"
         )
-        stored_terms = {term: int(n) for term, n in cursor.fetchall()}
-
-    stored_chunks, stored_length = corpus_statistics(using)
+        stored_corpus = cursor.fetchall()
+        cursor.execute(
+            "SELECT collection_id, term, sum(n) FROM ("
+            "SELECT collection_id, term, document_frequency AS n FROM django_rag_term "
+            "UNION ALL SELECT collection_id, term, delta FROM django_rag_term_delta) s "
+            "GROUP BY 1, 2 HAVING sum(n) <> 0"
+        )
+        stored_terms = cursor.fetchall()
     return {
-        "recount": {"chunks": int(chunks), "length": int(length), "terms": recount_terms},
-        "stored": {"chunks": stored_chunks, "length": stored_length, "terms": stored_terms},
+        "recount": _statistics(recount_corpus, recount_terms),
+        "stored": _statistics(stored_corpus, stored_terms),
+    }
+
+
+def _statistics(corpus, terms) -> dict:
+    collections: dict = defaultdict(lambda: {"chunks": 0, "length": 0, "terms": {}})
+    pooled: dict[str, int] = defaultdict(int)
+    for pk, chunks, length in corpus:
+        collections[pk]["chunks"], collections[pk]["length"] = int(chunks), int(length)
+    for pk, term, n in terms:
+        collections[pk]["terms"][term] = int(n)
+        pooled[term] += int(n)
+    return {
+        "chunks": sum(c["chunks"] for c in collections.values()),
+        "length": sum(c["length"] for c in collections.values()),
+        "terms": {term: n for term, n in pooled.items() if n},
+        "collections": dict(collections),
     }
 
 

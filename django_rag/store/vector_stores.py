@@ -69,18 +69,28 @@ def writes_supported(store: VectorStore) -> bool:
     )
 
 
-def scoped_chunks(request):
+def collection_scope(request) -> list[int] | None:
+    """The ids of the request's collections (None: all); an unknown name raises
+    :class:`UnknownCollection`."""
+    if request.collections is None:
+        return None
+    ids = dict(Collection.objects.filter(name__in=request.collections).values_list("name", "pk"))
+    for name in request.collections:
+        if name not in ids:
+            raise UnknownCollection(name)
+    return sorted(set(ids.values()))
+
+
+def scoped_chunks(request, collection_ids: Sequence[int] | None = None):
     """The chunks a request may return: its collections (an unknown name raises
-    :class:`UnknownCollection`), source and metadata filters. Used by every search path."""
+    :class:`UnknownCollection`), source and metadata filters. Used by every search path.
+    ``collection_ids``: the request's collections already resolved by
+    :func:`collection_scope`."""
     chunks = Chunk.objects.all()
-    if request.collections is not None:
-        ids = dict(
-            Collection.objects.filter(name__in=request.collections).values_list("name", "pk")
-        )
-        for name in request.collections:
-            if name not in ids:
-                raise UnknownCollection(name)
-        chunks = chunks.filter(collection_id__in=list(ids.values()))
+    if collection_ids is None:
+        collection_ids = collection_scope(request)
+    if collection_ids is not None:
+        chunks = chunks.filter(collection_id__in=list(collection_ids))
     if request.source_id:
         chunks = chunks.filter(document__source_id=request.source_id)
     if request.metadata:
@@ -89,12 +99,17 @@ def scoped_chunks(request):
 
 
 class PgVectorStore(VectorStore):
-    """Searches the chunk table (HNSW, BM25 from the trigger-kept statistics, fusion)."""
+    """Searches the chunk table (HNSW, BM25 from the trigger-kept statistics, fusion).
+
+    BM25 ranks with the statistics of the collections searched (all of them when the request
+    names none); source and metadata filters keep those collection-level statistics.
+    """
 
     receives_writes = False
 
     def search(self, request):
-        chunks = scoped_chunks(request)
+        scope = collection_scope(request)
+        chunks = scoped_chunks(request, scope)
         if request.mode == "semantic":
             rows = chunks.semantic(request.vector, limit=request.limit, threshold=request.threshold)
         elif request.mode == "fulltext":
@@ -103,6 +118,7 @@ class PgVectorStore(VectorStore):
                 limit=request.limit,
                 threshold=request.threshold,
                 syntax=request.syntax,
+                statistics_from=scope,
             )
         else:
             rows = chunks.hybrid(
@@ -116,6 +132,7 @@ class PgVectorStore(VectorStore):
                 fulltext_weight=request.fulltext_weight,
                 candidates=request.candidates,
                 syntax=request.syntax,
+                statistics_from=scope,
             )
         return [SearchResult.from_chunk(row) for row in rows]
 
@@ -244,9 +261,19 @@ class MemoryVectorStore(VectorStore):
                 results[i].semantic_score = float(similarity)
         matches: dict[int, float] = {}
         if request.mode != "semantic":
-            matches, excluded = bm25_scores(tokens, request.query, syntax=request.syntax)
-            for i in excluded:
-                results.pop(i, None)
+            # BM25 statistics of the collections searched (all when none is named), as in
+            # PostgreSQL; source and metadata filters do not narrow them.
+            searched = [
+                i
+                for i, e in enumerate(entries)
+                if request.collections is None or e.collection in request.collections
+            ]
+            scores, excluded = bm25_scores(
+                [tokens[i] for i in searched], request.query, syntax=request.syntax
+            )
+            matches = {searched[j]: score for j, score in scores.items()}
+            for j in excluded:
+                results.pop(searched[j], None)
             for i, result in results.items():
                 result.fulltext_score = matches.get(i, 0.0)
         if request.mode == "semantic":
