@@ -4,9 +4,9 @@
 set -euo pipefail
 . "$(dirname "$0")/bootstrap.sh"
 cd example_project
-if [ -z "${DATABASE_URL:-}" ] && [ -f .pgdata/PG_VERSION ]; then
+if [ -z "${DATABASE_URL:-}" ] && ! python -m django_rag.embedded version .pgdata >/dev/null; then
   # A .pgdata made by the older embedded default (PostgreSQL 16) is upgraded once, in place;
-  # the old files are kept in .pgdata.pg16. Nothing happens when it is already current.
+  # the old files are kept in .pgdata.pg16.
   python -m django_rag.embedded upgrade .pgdata
 fi
 echo "== migrate (embedded PostgreSQL in example_project/.pgdata)"
