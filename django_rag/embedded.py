@@ -292,48 +292,43 @@ def upgrade_data_directory(path: str | Path) -> Path | None:
     old = module.get_server(path, start=False, postgres_version=data)
     old.ensure_pgdata_inited()
     user = old.system_user
+    # The lock the package takes to start a server: none starts meanwhile, and of two
+    # processes upgrading at once the second finds the work done.
+    with getattr(module.PostgresServer, "_lock", None) or contextlib.nullcontext():
+        if data_directory_version(path) != data:
+            return None
+        return _pg_upgrade(path, old_bin, new_bin, user, data, server)
+
+
+def _pg_upgrade(path: Path, old_bin: Path, new_bin: Path, user, data: int, server: int) -> Path:
     kept = _free_name(path.with_name(f"{path.name}.pg{data}"))
     # A short path: the servers pg_upgrade starts put their sockets in its working directory.
     workdir = Path(tempfile.mkdtemp(prefix="rag-pgup-"))
     new_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}-pg{server}-", dir=path.parent))
     _chown(workdir, user)
     _chown(new_dir, user)
-    lock = getattr(module.PostgresServer, "_lock", None) or contextlib.nullcontext()
     try:
-        with lock:  # the lock the package takes to start a server: none starts meanwhile
-            checksums = _shut_down_cleanly(old_bin, path, user, workdir)
-            _run(
-                [new_bin / "initdb", "--auth=trust", "--auth-local=trust", "--encoding=utf8"]
-                + ["-U", "postgres", "-D", new_dir]
-                + ([] if checksums else ["--no-data-checksums"]),
-                user=user,
-            )
-            _run(
-                [new_bin / "pg_upgrade", "-b", old_bin, "-B", new_bin, "-d", path, "-D", new_dir]
-                + ["-U", "postgres", "-s", workdir],
-                user=user,
-                cwd=workdir,
-            )
-            path.rename(kept)
-            new_dir.rename(path)
+        checksums = _shut_down_cleanly(old_bin, path, user, workdir)
+        _run(
+            [new_bin / "initdb", "--auth=trust", "--auth-local=trust", "--encoding=utf8"]
+            + ["-U", "postgres", "-D", new_dir]
+            + ([] if checksums else ["--no-data-checksums"]),
+            user=user,
+        )
+        _run(
+            [new_bin / "pg_upgrade", "-b", old_bin, "-B", new_bin, "-d", path, "-D", new_dir]
+            + ["-U", "postgres", "-s", workdir],
+            user=user,
+            cwd=workdir,
+        )
+        path.rename(kept)
+        new_dir.rename(path)
+        # pg_upgrade lists the extensions whose SQL is older than the library (pgvector).
         script = workdir / "update_extensions.sql"
         if script.exists():
             with _temporary_server(new_bin, path, user, workdir) as uri:
-                _run(
-                    [
-                        new_bin / "psql",
-                        "-X",
-                        "-q",
-                        "-v",
-                        "ON_ERROR_STOP=1",
-                        "-d",
-                        uri,
-                        "-f",
-                        script,
-                    ],
-                    user=user,
-                    cwd=workdir,
-                )
+                psql = [new_bin / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", uri]
+                _run([*psql, "-f", script], user=user, cwd=workdir)
     finally:
         shutil.rmtree(new_dir, ignore_errors=True)  # gone already unless something failed
         shutil.rmtree(workdir, ignore_errors=True)

@@ -60,7 +60,14 @@ def test_expectations_parse():
 def fake_data_dir(tmp_path, monkeypatch):
     """A directory that looks like a data directory of ``version``; starting a server fails."""
     module = embedded.server_package()
-    monkeypatch.setattr(module, "get_server", lambda *a, **k: pytest.fail("a server started"))
+    get_server = module.get_server
+
+    def no_start(*args, start=True, **kwargs):
+        if start:
+            pytest.fail("a server started")
+        return get_server(*args, start=start, **kwargs)
+
+    monkeypatch.setattr(module, "get_server", no_start)
 
     def make(version: int) -> Path:
         path = tmp_path / "pgdata"
@@ -98,6 +105,17 @@ def test_a_newer_data_directory_is_refused(fake_data_dir):
         embedded.embedded_database(path)
     with pytest.raises(EmbeddedDataVersionMismatch):
         embedded.upgrade_data_directory(path)  # no downgrades
+
+
+def test_a_failed_upgrade_leaves_the_directory_as_it_was(fake_data_dir):
+    server = embedded.embedded_server_version()
+    if server - 2 not in embedded._binaries(embedded.server_package()):
+        pytest.skip(f"this package cannot upgrade from PostgreSQL {server - 2}")
+    path = fake_data_dir(server - 2)  # no cluster behind the PG_VERSION file
+    with pytest.raises(EmbeddedServerError, match="pg_controldata failed"):
+        embedded.upgrade_data_directory(path)
+    assert [child.name for child in path.parent.iterdir()] == ["pgdata"]  # no leftovers
+    assert [child.name for child in path.iterdir()] == ["PG_VERSION"]
 
 
 def test_the_mismatch_is_a_configuration_error(fake_data_dir):
