@@ -90,9 +90,81 @@ def check_settings(app_configs=None, **kwargs):
     return errors
 
 
+# The oldest servers django_rag runs on (docs/getting-started.md, "Requirements"). PostgreSQL 14 is
+# Django 5.2's own floor (the SQL here needs 11: transition-table triggers, EXECUTE FUNCTION);
+# pgvector 0.5 brought the HNSW index and hnsw.ef_search that every semantic search uses.
+# Iterative index scans (pgvector 0.8) are used when present, never required.
+MINIMUM_POSTGRESQL = (14,)
+MINIMUM_PGVECTOR = (0, 5)
+
+
+def _version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
+
+
+def _shown(version: tuple[int, ...]) -> str:
+    return ".".join(str(part) for part in version)
+
+
+def server_versions(connection) -> tuple[tuple[int, ...], tuple | None, tuple | None]:
+    """(PostgreSQL, installed pgvector, available pgvector) versions of ``connection``'s server;
+    a pgvector version is None when the extension is not installed / not available."""
+    number = connection.pg_version  # e.g. 180004 for 18.4, 90624 for 9.6.24
+    postgresql = (
+        divmod(number, 10000) if number >= 100000 else (number // 10000, number // 100 % 100)
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT installed_version, default_version FROM pg_available_extensions "
+            "WHERE name = 'vector'"
+        )
+        row = cursor.fetchone() or (None, None)
+    return postgresql, _version(row[0]), _version(row[1])
+
+
+def _version_errors(postgresql, installed, available) -> list:
+    errors = []
+    if postgresql < MINIMUM_POSTGRESQL:
+        errors.append(
+            checks.Error(
+                f"The PostgreSQL server is version {_shown(postgresql)}; django_rag needs "
+                f"PostgreSQL {_shown(MINIMUM_POSTGRESQL)} or newer.",
+                hint="Upgrade the server (pg_upgrade, or dump and restore into a new one); "
+                "docs/getting-started.md ('Requirements') lists the supported versions.",
+                id="django_rag.E008",
+            )
+        )
+    pgvector = installed or available
+    if pgvector < MINIMUM_PGVECTOR:
+        where = "installed in this database" if installed else "available on the server"
+        if installed and available and available >= MINIMUM_PGVECTOR:
+            hint = (
+                f"The server has pgvector {_shown(available)}: run ALTER EXTENSION vector UPDATE; "
+                "in this database."
+            )
+        else:
+            hint = (
+                "Upgrade pgvector on the server (0.8 or newer recommended: filtered searches "
+                "use iterative index scans), then run ALTER EXTENSION vector UPDATE; in this "
+                "database."
+            )
+        errors.append(
+            checks.Error(
+                f"pgvector {_shown(pgvector)} is {where}; django_rag needs pgvector "
+                f"{_shown(MINIMUM_PGVECTOR)} or newer (HNSW indexes).",
+                hint=hint,
+                id="django_rag.E009",
+            )
+        )
+    return errors
+
+
 @checks.register(checks.Tags.database)
 def check_database(app_configs=None, databases=None, **kwargs):
-    """E001 (pgvector unavailable), E004 (column size != EMBEDDING_DIMENSIONS), W001."""
+    """E001 (pgvector unavailable), E004 (column size != EMBEDDING_DIMENSIONS), E008 and E009
+    (PostgreSQL or pgvector older than supported), W001, W002."""
 
     alias = _chunk_db()
     if databases is None or alias not in databases:
@@ -107,24 +179,19 @@ def check_database(app_configs=None, databases=None, **kwargs):
                 id="django_rag.W001",
             )
         ]
-    errors = []
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT installed_version, default_version FROM pg_available_extensions "
-                "WHERE name = 'vector'"
-            )
-            row = cursor.fetchone()
-            if row is None:
-                errors.append(
-                    checks.Error(
-                        "The pgvector extension is not available on the PostgreSQL server.",
-                        hint="Install pgvector on the server (e.g. the postgresql-16-pgvector "
-                        "package); migrate then creates the extension.",
-                        id="django_rag.E001",
-                    )
+        postgresql, installed, available = server_versions(connection)
+        if available is None and installed is None:
+            return [
+                checks.Error(
+                    "The pgvector extension is not available on the PostgreSQL server.",
+                    hint="Install pgvector on the server (e.g. the postgresql-18-pgvector "
+                    "package); migrate then creates the extension.",
+                    id="django_rag.E001",
                 )
-                return errors
+            ]
+        errors = _version_errors(postgresql, installed, available)
+        with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a "
                 "WHERE a.attrelid = to_regclass(%s) AND a.attname = 'embedding' "

@@ -58,6 +58,27 @@ class MissingDependency(RagError, ImproperlyConfigured):
         self.extra = extra
 
 
+class EmbeddedServerError(RagError, ImproperlyConfigured):
+    """The embedded PostgreSQL (``django_rag.embedded``) cannot start or upgrade."""
+
+    code = "embedded_server_error"
+
+
+class EmbeddedDataVersionMismatch(EmbeddedServerError):
+    """The embedded data directory was created by another PostgreSQL major version than the
+    embedded server runs (a PostgreSQL 16 directory from the older ``pgserver`` default)."""
+
+    code = "embedded_data_version_mismatch"
+
+    def __init__(self, message: str, *, path, data_version: int, server_version: int):
+        super().__init__(
+            message, path=str(path), data_version=data_version, server_version=server_version
+        )
+        self.path = path
+        self.data_version = data_version
+        self.server_version = server_version
+
+
 class DimensionMismatch(RagError):
     """An embedder returned vectors whose size differs from the embedding column."""
 

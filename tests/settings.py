@@ -1,7 +1,8 @@
 """Settings for the test suite: real PostgreSQL + pgvector.
 
-DATABASE_URL selects a server; without it an embedded pgserver starts with its data under the
-system temp dir (one per checkout, reused between runs).
+DATABASE_URL selects a server; without it the embedded server (django_rag.embedded) starts with
+its data under the system temp dir: one per checkout and PostgreSQL major version (the run on
+the older pgserver, scripts/test-pg16.sh, has its own), reused between runs.
 """
 
 import hashlib
@@ -9,7 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from django_rag.embedded import database_settings
+from django_rag.embedded import database_settings, embedded_server_version
 
 BASE_DIR = Path(__file__).resolve().parent
 _checkout = hashlib.sha1(str(BASE_DIR).encode()).hexdigest()[:8]
@@ -19,7 +20,11 @@ DEBUG = False
 USE_TZ = True
 ALLOWED_HOSTS = ["*"]
 # Stopped at the end of the run by tests/conftest.py (pytest_sessionfinish).
-EMBEDDED_DATA_DIR = Path(tempfile.gettempdir()) / f"django_rag_tests_{_checkout}"
+EMBEDDED_DATA_DIR = None
+if not os.environ.get("DATABASE_URL"):
+    EMBEDDED_DATA_DIR = Path(tempfile.gettempdir()) / (
+        f"django_rag_tests_{_checkout}_pg{embedded_server_version()}"
+    )
 DATABASES = {"default": database_settings(EMBEDDED_DATA_DIR)}
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -148,3 +148,42 @@ def test_a_store_that_cannot_receive_writes_is_e007(settings):
     assert ids(check_settings()) == ["django_rag.E007"]
     settings.DJANGO_RAG = {"EMBEDDER": "hashing", "VECTOR_STORE": "memory"}
     assert check_settings() == []
+
+
+def test_current_servers_meet_the_minimum_versions():
+    from django_rag import checks as rag_checks
+
+    postgresql, installed, available = rag_checks.server_versions(connection)
+    assert postgresql >= rag_checks.MINIMUM_POSTGRESQL
+    assert installed >= rag_checks.MINIMUM_PGVECTOR and available >= installed
+    assert postgresql[0] * 10000 <= connection.pg_version < (postgresql[0] + 1) * 10000
+    messages = ids(check_database(databases=["default"]))
+    assert "django_rag.E008" not in messages and "django_rag.E009" not in messages
+
+
+@pytest.mark.parametrize(
+    ("versions", "expected", "says"),
+    [
+        (((13, 9), (0, 8, 0), (0, 8, 0)), ["django_rag.E008"], ["13.9", "PostgreSQL 14"]),
+        (((16, 2), (0, 4, 4), (0, 4, 4)), ["django_rag.E009"], ["0.4.4", "Upgrade pgvector"]),
+        (
+            ((16, 2), (0, 4, 4), (0, 8, 1)),
+            ["django_rag.E009"],
+            ["installed in this database", "ALTER EXTENSION vector UPDATE"],
+        ),
+        (((18, 1), None, (0, 4, 0)), ["django_rag.E009"], ["available on the server"]),
+        (((12, 0), (0, 4, 0), (0, 4, 0)), ["django_rag.E008", "django_rag.E009"], []),
+        (((14, 0), None, (0, 5, 0)), [], []),
+    ],
+)
+def test_older_servers_are_e008_and_e009(monkeypatch, versions, expected, says):
+    from django_rag import checks as rag_checks
+
+    monkeypatch.setattr(rag_checks, "server_versions", lambda connection: versions)
+    messages = check_database(databases=["default"])
+    assert ids(messages) == expected
+    text = " ".join(f"{m.msg} {m.hint}" for m in messages)
+    assert all(part in text for part in says), text
+    if expected:
+        with pytest.raises(SystemCheckError, match=expected[0]):
+            call_command("check", "--database", "default")

