@@ -24,7 +24,7 @@ from ..conf import build_component, get_setting, on_reset, search_setting
 from ..exceptions import UnknownCollection
 from ..fusion import fuse
 from ..models import Chunk, Collection
-from ..models.databases import search_db
+from ..models.databases import search_db, write_db
 from ..models.fulltext import split_query
 from ..results import SearchResult
 
@@ -443,7 +443,11 @@ def sync_vectors(chunk_ids: Sequence[int], vectors: Sequence[Sequence[float]]) -
     store = _receiving_store()
     if store is None or not chunk_ids:
         return
-    rows = Chunk.objects.filter(pk__in=list(chunk_ids)).select_related("document", "collection")
+    rows = (
+        Chunk.objects.using(write_db())  # just written: the primary has them, a replica may not
+        .filter(pk__in=list(chunk_ids))
+        .select_related("document", "collection")
+    )
     by_id = {chunk.pk: chunk for chunk in rows.defer("embedding", "search_vector")}
     pairs = [
         (by_id[pk], vector) for pk, vector in zip(chunk_ids, vectors, strict=True) if pk in by_id
@@ -457,7 +461,10 @@ def sync_all_vectors(batch_size: int = 1000) -> None:
         return
     last = 0
     while rows := list(
-        Chunk.objects.filter(pk__gt=last).order_by("pk").values_list("pk", "embedding")[:batch_size]
+        Chunk.objects.using(write_db())
+        .filter(pk__gt=last)
+        .order_by("pk")
+        .values_list("pk", "embedding")[:batch_size]
     ):
         sync_vectors([pk for pk, _ in rows], [list(vector) for _, vector in rows])
         last = rows[-1][0]
