@@ -17,7 +17,7 @@ from django.test.utils import CaptureQueriesContext
 import django_rag as rag
 from django_rag.checks import check_search_database
 from django_rag.evaluation import create_test_case, run_evaluation
-from django_rag.exceptions import ConfigurationError, UnknownCollection
+from django_rag.exceptions import ConfigurationError, InvalidOption, UnknownCollection
 from django_rag.models import Chunk, Document, Entity
 from django_rag.models import managers as chunk_managers
 from django_rag.models.databases import search_db, write_db
@@ -231,13 +231,27 @@ def test_a_router_sends_searches_to_the_replica_and_writes_to_default(settings):
 
 @both
 def test_the_explicit_setting_wins_over_the_router(settings):
+    """Precedence: database= per call > SEARCH["DATABASE"] > db_for_read(Chunk) > default."""
     settings.DATABASE_ROUTERS = [f"{__name__}.ReplicaRouter"]
     configure(settings, "default")
     assert search_db() == "default"
     configure(settings, None)
     assert search_db() == "replica"
+    assert search_db("default") == "default"  # a call's database= wins over both
     settings.DATABASE_ROUTERS = []
     assert search_db() == "default"
+
+
+@both
+def test_a_call_can_read_the_primary_while_searches_use_the_replica(corpus, settings):
+    """Read-your-writes: database="default" per call wins over the setting."""
+    configure(settings, "replica", LLM=lambda prompt: "Fourteen days [1].")
+    with Queries() as queries:
+        assert rag.search("Falcon drill", mode="hybrid", graph=True, database="default")
+        assert rag.ask("Falcon drill refunds?", database="default").chunks
+    assert queries["replica"] == [] and queries["default"]
+    with pytest.raises(InvalidOption, match="replika"):
+        rag.search("Falcon drill", database="replika")
 
 
 @both

@@ -115,6 +115,7 @@ def search(
     entity_matcher: Any = None,
     embedder=None,
     vector_store=None,
+    database: str | None = None,
 ) -> list[SearchResult]:
     """Search the stored chunks and return the best ``limit`` as :class:`SearchResult`.
 
@@ -142,6 +143,10 @@ def search(
     (``entity_matcher``), follows their relationships ``graph_depth`` hops, scores the chunks
     that mention them (within the same collection, source and metadata scope) and fuses them
     with the results above by reciprocal rank fusion (``graph_score`` is set on them).
+
+    ``database`` is the ``DATABASES`` alias searched (default ``SEARCH["DATABASE"]``, else the
+    routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
+    to read a write that has not reached the replica yet.
     """
     return run_search(query, **{k: v for k, v in locals().items() if k != "query"})[0]
 
@@ -168,6 +173,7 @@ def run_search(
     entity_matcher: Any = None,
     embedder=None,
     vector_store=None,
+    database: str | None = None,
 ):
     """:func:`search`, also returning what the graph path matched (None without it)."""
     mode = normalize_mode(mode)
@@ -208,7 +214,7 @@ def run_search(
         ),
         candidates=candidates,
         syntax=syntax,
-        database=search_db(),
+        database=search_db(database),
     )
     if not request.query.strip():
         return [], None
