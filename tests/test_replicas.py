@@ -18,6 +18,7 @@ import django_rag as rag
 from django_rag.checks import check_search_database
 from django_rag.evaluation import create_test_case, run_evaluation
 from django_rag.exceptions import ConfigurationError, InvalidOption, UnknownCollection
+from django_rag.graph import build_graph, detect_communities
 from django_rag.models import Chunk, Document, Entity
 from django_rag.models import managers as chunk_managers
 from django_rag.models.databases import search_db, write_db
@@ -216,6 +217,11 @@ def test_a_router_sends_searches_to_the_replica_and_writes_to_default(settings):
     assert duplicate.deduplicated
     assert queries["replica"] == []
     assert Document.objects.using("default").filter(source_id="other-0").count() == 1
+
+    with Queries() as queries:  # graph rebuilds and communities read what they rewrite
+        assert build_graph("handbook", resume=False)["chunks"] > 3
+        detect_communities("handbook", seed=7, min_size=2)
+    assert queries["replica"] == [] and queries["default"]
 
     with Queries() as queries:
         routed = {name: rag.search("Falcon drill refunds", limit=4, **o) for name, o in
