@@ -28,6 +28,7 @@ from .models import (
     Run,
     TestCase,
 )
+from .models.databases import write_db
 from .store import delete_documents
 
 
@@ -184,7 +185,7 @@ class DocumentAdmin(admin.ModelAdmin):
         self.delete_queryset(request, Document.objects.filter(pk=obj.pk))
 
     def delete_queryset(self, request, queryset):
-        with transaction.atomic():
+        with transaction.atomic(using=write_db()):
             delete_documents(queryset.values_list("pk", flat=True))
 
 

@@ -244,3 +244,25 @@ def check_dashboard(app_configs=None, **kwargs):
             id="django_rag.E006",
         )
     ]
+
+
+@checks.register()
+def check_search_database(app_configs=None, **kwargs):
+    """E010: ``SEARCH["DATABASE"]`` names no alias of ``DATABASES``."""
+    from django.conf import settings
+
+    try:
+        alias = get_settings()["SEARCH"].get("DATABASE")
+    except ConfigurationError:
+        return []  # reported as E005 by check_settings
+    if alias is None or (isinstance(alias, str) and alias in settings.DATABASES):
+        return []
+    return [
+        checks.Error(
+            f"DJANGO_RAG['SEARCH']['DATABASE'] is {alias!r}, which is not an alias of "
+            f"DATABASES ({', '.join(sorted(settings.DATABASES))}).",
+            hint="Name a DATABASES alias (a read replica), or None to let DATABASE_ROUTERS "
+            "choose (docs/scaling.md).",
+            id="django_rag.E010",
+        )
+    ]

@@ -78,6 +78,9 @@ DEFAULTS: dict[str, Any] = {
         "CANDIDATES": 2,
         # With a reranker, search fetches RERANK_CANDIDATES x limit chunks and reranks them.
         "RERANK_CANDIDATES": 3,
+        # The DATABASES alias searches read (a replica); None: the routers' db_for_read(Chunk),
+        # else "default". Writes always go to db_for_write (docs/scaling.md).
+        "DATABASE": None,
     },
     # Longest search query or question accepted by search() and ask(), in characters
     # (docs/search.md#validation): room for a pasted paragraph, while one request cannot keep

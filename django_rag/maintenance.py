@@ -18,6 +18,7 @@ from .embeddings import Embedder, configured_embedder, get_embedder
 from .exceptions import DimensionMismatch, InvalidInput, UnknownCollection
 from .llm import map_concurrently
 from .models import Chunk, Collection, Entity, Job
+from .models.databases import write_db
 from .models.managers import pgvector_version
 from .signals import span
 from .store import schema
@@ -149,9 +150,11 @@ def reembed(
 def _reembed_in_place(collection, batch_size, concurrency, resume, progress, job) -> Job:
     embedder = get_embedder()
     dimensions = embedding_dimensions()
-    chunks = Chunk.objects.exclude(embedding_model=embedder.model_name)
+    # Read where the vectors are written: a lagging replica would hand out batches again.
+    db = write_db()
+    chunks = Chunk.objects.using(db).exclude(embedding_model=embedder.model_name)
     if collection is not None:
-        if not Collection.objects.filter(name=collection).exists():
+        if not Collection.objects.using(db).filter(name=collection).exists():
             raise UnknownCollection(collection)
         chunks = chunks.filter(collection__name=collection)
     params = {"model": embedder.model_name, "collection": collection}
@@ -179,7 +182,7 @@ def _reembed_in_place(collection, batch_size, concurrency, resume, progress, job
 def reembed_documents(document_ids: Sequence[int], *, batch_size: int = 64) -> Job:
     """Re-embed every chunk of these documents with the current embedder, in place."""
     embedder = get_embedder()
-    chunks = Chunk.objects.filter(document_id__in=list(document_ids))
+    chunks = Chunk.objects.using(write_db()).filter(document_id__in=list(document_ids))
     job = _job(
         REEMBED, {"model": embedder.model_name, "documents": list(document_ids)}, False, None
     )
@@ -268,7 +271,7 @@ def _fill_shadow(embedder, dimensions, job, batch_size, concurrency, progress) -
 
 def _swap(embedder: Embedder, dimensions: int, batch_size: int, job: Job) -> None:
     schema.index_shadow()
-    with transaction.atomic():
+    with transaction.atomic(using=write_db()):
         # Writers wait from here to the commit; readers keep reading the current column.
         schema.lock_chunk_writes()
         # Chunks ingested since the last batch.
@@ -277,7 +280,8 @@ def _swap(embedder: Embedder, dimensions: int, batch_size: int, job: Job) -> Non
         Job.objects.filter(kind=SWITCH, params__model=embedder.model_name).exclude(
             status=Job.Status.COMPLETED
         ).update(status=Job.Status.COMPLETED, finished_at=timezone.now())
-    embeddings._switched.pop(embedder.model_name, None)
+    for key in [key for key in embeddings._switched if key[0] == embedder.model_name]:
+        embeddings._switched.pop(key, None)  # every database's cached answer
     embed_entities(embedder, batch_size=batch_size)
     # Every chunk has a new vector: hand them to a store that keeps its own copy.
     sync_all_vectors()
@@ -289,7 +293,8 @@ def embed_entities(embedder: Embedder | None = None, *, batch_size: int = 64) ->
     embedder = embedder or get_embedder()
     done = 0
     while batch := list(
-        Entity.objects.filter(embedding__isnull=True)
+        Entity.objects.using(write_db())
+        .filter(embedding__isnull=True)
         .order_by("pk")
         .values_list("pk", "name", "description")[:batch_size]
     ):

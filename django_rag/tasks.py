@@ -7,7 +7,7 @@ functions run inline.
 
 from __future__ import annotations
 
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, router
 
 from . import maintenance
 from .background import register
@@ -41,7 +41,8 @@ OPTIONS = {
 
 
 def _run(job_id: int, body) -> None:
-    job = Job.objects.get(pk=job_id)
+    # Where jobs are written: a replica may not have the row the task was sent for yet.
+    job = Job.objects.using(router.db_for_write(Job)).get(pk=job_id)
     if job.status == Job.Status.COMPLETED:
         return
     job.start()

@@ -82,5 +82,14 @@ if os.environ.get("DJANGO_RAG_TEST_DATABASE"):
     DATABASES["default"]["NAME"] = os.environ["DJANGO_RAG_TEST_DATABASE"]
 if os.environ.get("DJANGO_RAG_TEST_EMBEDDER"):
     DJANGO_RAG["EMBEDDER"] = os.environ["DJANGO_RAG_TEST_EMBEDDER"]
+# A read replica for tests/test_replicas.py: the same server and database through a connection
+# whose every transaction is read-only, so any write a search attempted through it would fail.
+# A test mirror of default: Django points it at the test database and creates nothing for it.
+# It does not see the default connection's uncommitted rows: tests using it commit theirs.
+DATABASES["replica"] = {
+    **DATABASES["default"],
+    "OPTIONS": {"options": "-c default_transaction_read_only=on"},
+    "TEST": {"MIRROR": "default"},
+}
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

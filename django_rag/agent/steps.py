@@ -23,6 +23,7 @@ from ..graph.global_search import global_answer as answer_globally
 from ..llm import Completion, as_bool, collect_usage, deadline, get_llm, parse_json
 from ..llm.errors import AgentTimeout
 from ..models import Collection
+from ..models.databases import search_db
 from ..rerankers import LLMReranker, Reranker, get_reranker
 from ..results import SearchResult
 from ..signals import span
@@ -153,7 +154,7 @@ def select(
     """
     if ctx.skip_retrieval:
         return
-    described = dict(Collection.objects.values_list("name", "description"))
+    described = dict(Collection.objects.using(search_db()).values_list("name", "description"))
     names = list(collections) if collections is not None else sorted(described)
     offered = [(name, described.get(name, "")) for name in names]
     component = build(selector, Selector, llm=_llm(ctx, llm), prompt=prompt)

@@ -19,7 +19,7 @@ ALIASES = {
 }
 
 _default: dict[str, Embedder] = {}
-_switched: dict[str, tuple[float, bool]] = {}
+_switched: dict[tuple[str, str | None], tuple[float, bool]] = {}
 # How long a process trusts its answer to "has the switch to NEXT_EMBEDDER completed?".
 SWITCH_CHECK_SECONDS = 2.0
 
@@ -40,41 +40,47 @@ def configured_embedder(setting: str = "EMBEDDER") -> Embedder | None:
     return _default[setting]
 
 
-def switch_completed(model_name: str) -> bool:
-    """Whether the chunks' vectors were switched to ``model_name`` (checked every 2 s)."""
+def switch_completed(model_name: str, *, using: str | None = None) -> bool:
+    """Whether the chunks' vectors were switched to ``model_name`` (checked every 2 s), as the
+    database ``using`` (a search's replica; None: the routers' choice) records it: the job row
+    is completed in the transaction that swaps the column, so both replicate together."""
     now = time.monotonic()
-    cached = _switched.get(model_name)
+    cached = _switched.get((model_name, using))
     if cached is None or now - cached[0] > SWITCH_CHECK_SECONDS:
         from ..models import Job
 
-        done = Job.objects.filter(
-            kind=Job.Kind.SWITCH, status=Job.Status.COMPLETED, params__model=model_name
-        ).exists()
-        cached = _switched[model_name] = (now, done)
+        done = (
+            Job.objects.using(using)
+            .filter(kind=Job.Kind.SWITCH, status=Job.Status.COMPLETED, params__model=model_name)
+            .exists()
+        )
+        cached = _switched[(model_name, using)] = (now, done)
     return cached[1]
 
 
-def get_embedder(spec: Any = None) -> Embedder:
+def get_embedder(spec: Any = None, *, using: str | None = None) -> Embedder:
     """Return the embedder for ``spec``, or the active one when it is None.
 
     The active embedder is ``EMBEDDER``, or ``NEXT_EMBEDDER`` once ``rag_reembed`` has switched
-    the stored vectors to it (so every process moves to the new model at the swap).
+    the stored vectors to it (so every process moves to the new model at the swap), as the
+    database ``using`` records it (searches pass theirs).
     """
     if spec is not None:
         return build_embedder(spec)
     upcoming = configured_embedder("NEXT_EMBEDDER")
-    if upcoming is not None and switch_completed(upcoming.model_name):
+    if upcoming is not None and switch_completed(upcoming.model_name, using=using):
         return upcoming
     return configured_embedder("EMBEDDER")
 
 
-def active_dimensions() -> int:
+def active_dimensions(*, using: str | None = None) -> int:
     """Size of the stored vectors: ``EMBEDDING_DIMENSIONS``, or the next embedder's once the
-    switch to it has completed (until the setting is updated to match)."""
+    switch to it has completed (until the setting is updated to match) in the database
+    ``using`` (None: the routers' choice)."""
     from ..conf import embedding_dimensions
 
     upcoming = configured_embedder("NEXT_EMBEDDER")
-    if upcoming is not None and switch_completed(upcoming.model_name):
+    if upcoming is not None and switch_completed(upcoming.model_name, using=using):
         return upcoming.dimensions
     return embedding_dimensions()
 

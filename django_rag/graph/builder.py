@@ -13,6 +13,7 @@ from ..conf import graph_setting
 from ..exceptions import LLMError, UnknownCollection
 from ..llm import map_concurrently
 from ..models import Chunk, Collection, GraphChunk
+from ..models.databases import write_db
 from ..signals import span
 from ..store.graph import (  # noqa: F401 (re-exported)
     delete_graph,
@@ -70,8 +71,12 @@ def build_graph(
     """
     if collection is not None:
         collection = clean_collection_name(collection)
-    names = [collection] if collection else list(Collection.objects.values_list("name", flat=True))
-    collections = list(Collection.objects.filter(name__in=names))
+    # Read where the graph is written: a lagging replica would offer chunks already processed
+    # (or, after a rebuild's delete, hide them).
+    db = write_db()
+    collections = Collection.objects.using(db)
+    names = [collection] if collection else list(collections.values_list("name", flat=True))
+    collections = list(collections.filter(name__in=names))
     if collection and not collections:
         raise UnknownCollection(collection)
     graph_extractor = get_extractor(
@@ -86,8 +91,10 @@ def build_graph(
         for target in collections:
             if not resume:
                 delete_graph(target.pk)
-            chunks = Chunk.objects.filter(collection=target).exclude(
-                Exists(GraphChunk.objects.filter(chunk=OuterRef("pk")))
+            chunks = (
+                Chunk.objects.using(db)
+                .filter(collection=target)
+                .exclude(Exists(GraphChunk.objects.using(db).filter(chunk=OuterRef("pk"))))
             )
             todo = list(chunks.order_by("pk").values_list("pk", "text"))
             for start in range(0, len(todo), batch_size):
@@ -95,7 +102,7 @@ def build_graph(
                 extractions, failed = extract_all(
                     [text for _, text in batch], graph_extractor, concurrency
                 )
-                with transaction.atomic():
+                with transaction.atomic(using=db):
                     counts = persist(target.pk, [pk for pk, _ in batch], extractions)
                 totals["chunks"] += len(batch)
                 totals["failed"] += failed

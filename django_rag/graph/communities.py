@@ -13,6 +13,7 @@ from ..exceptions import InvalidOption, LLMError, MissingDependency, UnknownColl
 from ..llm import get_llm, map_concurrently
 from ..llm.prompting import quote
 from ..models import Collection, Community, Entity, Relationship
+from ..models.databases import write_db
 from ..signals import span
 from ..store.graph import replace_communities, save_summary
 from ..validation import clean_collection_name, clean_number, clean_positive_int
@@ -30,10 +31,15 @@ def fingerprint(entities: Sequence[Entity], relationships: Sequence[Relationship
     return hashlib.sha256("\x1e".join(parts).encode("utf-8")).hexdigest()
 
 
+# Communities are computed from, and written to, the write database: a lagging replica would
+# partition or summarise an older graph.
+
+
 def _collections(collection: str | None) -> list[Collection]:
+    collections = Collection.objects.using(write_db())
     if collection is None:
-        return list(Collection.objects.order_by("pk"))
-    found = list(Collection.objects.filter(name=clean_collection_name(collection)))
+        return list(collections.order_by("pk"))
+    found = list(collections.filter(name=clean_collection_name(collection)))
     if not found:
         raise UnknownCollection(collection)
     return found
@@ -114,7 +120,9 @@ def detect_communities(
     with span("graph.community_detection", collection=collection, detector="leiden") as s:
         for index, target in enumerate(targets, start=1):
             relationships = list(
-                Relationship.objects.filter(source__collection=target).order_by("pk")
+                Relationship.objects.using(write_db())
+                .filter(source__collection=target)
+                .order_by("pk")
             )
             weights: dict[tuple[int, int], float] = defaultdict(float)
             for rel in relationships:
@@ -136,11 +144,12 @@ def detect_communities(
 
 
 def _members(community: Community) -> tuple[list[Entity], list[Relationship]]:
-    entities = list(Entity.objects.filter(pk__in=community.entity_ids).order_by("pk"))
+    db = write_db()
+    entities = list(Entity.objects.using(db).filter(pk__in=community.entity_ids).order_by("pk"))
     relationships = list(
-        Relationship.objects.filter(
-            source_id__in=community.entity_ids, target_id__in=community.entity_ids
-        ).order_by("pk")
+        Relationship.objects.using(db)
+        .filter(source_id__in=community.entity_ids, target_id__in=community.entity_ids)
+        .order_by("pk")
     )
     return entities, relationships
 
@@ -205,7 +214,7 @@ def summarize_communities(
     todo = []
     checked = 0
     for target in _collections(collection):
-        communities = target.communities.all()
+        communities = Community.objects.using(write_db()).filter(collection=target)
         if levels != "all":
             communities = communities.filter(level__in=levels)
         for community in communities:

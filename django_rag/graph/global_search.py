@@ -11,6 +11,7 @@ from ..exceptions import InvalidInput, LLMError
 from ..llm import collect_usage, get_llm, map_concurrently, parse_json
 from ..llm.prompting import quote
 from ..models import Community
+from ..models.databases import search_db
 from ..results import Answer
 from ..signals import span
 
@@ -51,8 +52,10 @@ def global_answer(
     """Answer a corpus-wide question from community summaries (see ``rag_graph``)."""
 
     model = get_llm(llm, feature="Global graph answers")
-    communities = Community.objects.exclude(summary="").filter(
-        level__in=list(levels) if levels is not None else graph_setting("SUMMARY_LEVELS")
+    communities = (
+        Community.objects.using(search_db())
+        .exclude(summary="")
+        .filter(level__in=list(levels) if levels is not None else graph_setting("SUMMARY_LEVELS"))
     )
     if collection is not None:
         names = [collection] if isinstance(collection, str) else list(collection)

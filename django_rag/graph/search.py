@@ -30,6 +30,8 @@ class GraphMatch:
     # The chunks the search may return (collection, source and metadata filters): the graph
     # context shows only what these chunks support. None: every chunk.
     scope: QuerySet | None = field(default=None, repr=False)
+    # The database the search read (a replica, perhaps): the graph context reads it too.
+    database: str | None = None
 
 
 def match_entities(
@@ -40,8 +42,10 @@ def match_entities(
     matcher: Any = None,
     threshold: float | None = None,
     limit: int | None = None,
+    using: str | None = None,
 ) -> dict[int, float]:
-    """Entities the query is about, with a score in (0, 1].
+    """Entities the query is about, with a score in (0, 1], read on the database ``using``
+    (None: the routers' choice).
 
     ``matcher``: ``"embedding"`` (cosine similarity of the query and entity embeddings, at
     least ``threshold``), ``"ner"`` (names the NER/entity extractor finds in the query, matched
@@ -50,12 +54,12 @@ def match_entities(
     matcher = graph_setting("ENTITY_MATCHER") if matcher is None else matcher
     threshold = graph_setting("MATCH_THRESHOLD") if threshold is None else threshold
     limit = graph_setting("MATCH_LIMIT") if limit is None else limit
-    entities = Entity.objects.all()
+    entities = Entity.objects.using(using)
     if collection_ids is not None:
         entities = entities.filter(collection_id__in=collection_ids)
     if matcher == "embedding":
         if vector is None:
-            vector = get_embedder().embed_query(query)
+            vector = get_embedder(using=using).embed_query(query)
         rows = (
             entities.filter(embedding__isnull=False)
             .annotate(distance=CosineDistance("embedding", vector))
@@ -82,7 +86,12 @@ def match_entities(
 
 
 def expand(
-    seeds: dict[int, float], depth: int, decay: float, collection_ids: list[int] | None
+    seeds: dict[int, float],
+    depth: int,
+    decay: float,
+    collection_ids: list[int] | None,
+    *,
+    using: str | None = None,
 ) -> tuple[dict[int, float], dict[int, int]]:
     """Follow relationships (both directions) ``depth`` hops from the seeds. A neighbour's
     score is its best parent's times ``decay``; each entity appears once, at its first hop."""
@@ -92,7 +101,7 @@ def expand(
     for hop in range(1, depth + 1):
         if not frontier:
             break
-        edges = Relationship.objects.filter(
+        edges = Relationship.objects.using(using).filter(
             Q(source_id__in=list(frontier)) | Q(target_id__in=list(frontier))
         )
         if collection_ids is not None:
@@ -118,20 +127,27 @@ def graph_results(
     depth: int,
     limit: int,
     matcher: Any = None,
+    using: str | None = None,
 ) -> tuple[list[SearchResult], GraphMatch]:
     """Chunks (within ``chunks``, the request's scope) that mention the query's entities or
-    their neighbours, scored by the sum of those entities' scores."""
+    their neighbours, scored by the sum of those entities' scores. Everything is read on the
+    database ``using`` (None: the one ``chunks`` reads)."""
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
         raise InvalidOption(f"graph_depth must be a non-negative integer, got {depth!r}")
+    using = using or chunks.db
     with span(
         "graph.search", depth=depth, matcher=str(matcher or graph_setting("ENTITY_MATCHER"))
     ) as s:
-        seeds = match_entities(query, vector, collection_ids, matcher=matcher)
-        expanded, hops = expand(seeds, depth, graph_setting("DEPTH_DECAY"), collection_ids)
+        seeds = match_entities(query, vector, collection_ids, matcher=matcher, using=using)
+        expanded, hops = expand(
+            seeds, depth, graph_setting("DEPTH_DECAY"), collection_ids, using=using
+        )
         totals: dict[int, float] = defaultdict(float)
-        for chunk_id, entity_id in EntityMention.objects.filter(
-            entity_id__in=list(expanded), chunk__in=chunks
-        ).values_list("chunk_id", "entity_id"):
+        for chunk_id, entity_id in (
+            EntityMention.objects.using(using)
+            .filter(entity_id__in=list(expanded), chunk__in=chunks)
+            .values_list("chunk_id", "entity_id")
+        ):
             totals[chunk_id] += expanded[entity_id]
         best = sorted(totals, key=lambda pk: (-totals[pk], pk))[:limit]
         rows = {
@@ -150,7 +166,7 @@ def graph_results(
             expanded_entity_count=len(expanded),
             result_count=len(results),
         )
-    return results, GraphMatch(seeds, expanded, hops, scope=chunks)
+    return results, GraphMatch(seeds, expanded, hops, scope=chunks, database=using)
 
 
 def graph_context(match: GraphMatch) -> dict[str, list]:
@@ -165,18 +181,21 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
       in scope mentions both (relationships do not record the chunk they came from);
     - a community summary only when every member is wholly in scope.
 
-    With only a collection filter (or none) everything in those collections is in scope.
+    With only a collection filter (or none) everything in those collections is in scope. All
+    of it is read on the database the search read (``match.database``).
     """
     empty: dict[str, list] = {"entities": [], "relationships": [], "summaries": []}
     if not match.entities:
         return empty
     scope = match.scope
+    using = match.database or (scope.db if scope is not None else None)
+    mentions = EntityMention.objects.using(using)
     candidates = list(match.expanded or match.entities)
     if scope is None:
         in_scope, outside = set(candidates), set()
     else:
         in_scope = set(
-            EntityMention.objects.filter(entity_id__in=candidates, chunk__in=scope).values_list(
+            mentions.filter(entity_id__in=candidates, chunk__in=scope).values_list(
                 "entity_id", flat=True
             )
         )
@@ -184,7 +203,7 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
     matched = [
         pk for pk in sorted(match.entities, key=lambda pk: -match.entities[pk]) if pk in in_scope
     ][: graph_setting("CONTEXT_ENTITIES")]
-    entities = Entity.objects.in_bulk(matched)
+    entities = Entity.objects.using(using).in_bulk(matched)
     ordered = []
     for pk in matched:
         entity = entities.get(pk)
@@ -194,9 +213,9 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
             entity.description = ""  # known from chunks outside the scope
         ordered.append(entity)
     inside = [pk for pk in candidates if pk in in_scope]
-    edges = Relationship.objects.filter(source_id__in=inside, target_id__in=inside)
+    edges = Relationship.objects.using(using).filter(source_id__in=inside, target_id__in=inside)
     if scope is not None and outside:
-        both_mentioned = EntityMention.objects.filter(
+        both_mentioned = mentions.filter(
             entity_id=OuterRef("source_id"),
             chunk__in=scope,
             chunk__mentions__entity_id=OuterRef("target_id"),
@@ -214,14 +233,14 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
     communities = []
     if seeds:
         candidates_c = list(
-            Community.objects.filter(
-                entity_ids__overlap=list(seeds), level__in=graph_setting("SUMMARY_LEVELS")
-            ).exclude(summary="")
+            Community.objects.using(using)
+            .filter(entity_ids__overlap=list(seeds), level__in=graph_setting("SUMMARY_LEVELS"))
+            .exclude(summary="")
         )
         if scope is not None and candidates_c:
             members = {pk for c in candidates_c for pk in c.entity_ids}
             mentioned = set(
-                EntityMention.objects.filter(entity_id__in=members, chunk__in=scope).values_list(
+                mentions.filter(entity_id__in=members, chunk__in=scope).values_list(
                     "entity_id", flat=True
                 )
             )
@@ -238,20 +257,24 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
 
 
 def _mentioned_outside(entity_ids: Iterable[int], scope: QuerySet) -> set[int]:
-    """Those of ``entity_ids`` that a chunk outside ``scope`` mentions."""
+    """Those of ``entity_ids`` that a chunk outside ``scope`` mentions (read where ``scope``
+    is)."""
     ids = list(entity_ids)
     if not ids:
         return set()
     return set(
-        EntityMention.objects.filter(entity_id__in=ids)
+        EntityMention.objects.using(scope.db)
+        .filter(entity_id__in=ids)
         .exclude(chunk__in=scope)
         .values_list("entity_id", flat=True)
         .distinct()
     )
 
 
-def collection_ids(names: Iterable[str] | None) -> list[int] | None:
+def collection_ids(names: Iterable[str] | None, *, using: str | None = None) -> list[int] | None:
+    """The ids of the collections ``names`` (unknown ones left out), read on ``using``."""
     if names is None:
         return None
-
-    return list(Collection.objects.filter(name__in=list(names)).values_list("pk", flat=True))
+    return list(
+        Collection.objects.using(using).filter(name__in=list(names)).values_list("pk", flat=True)
+    )

@@ -32,6 +32,7 @@ from ..exceptions import (
 from ..graph.builder import extract_all
 from ..graph.extractors import get_extractor
 from ..models import Document, Job
+from ..models.databases import write_db
 from ..signals import span
 from ..store import delete_document, mark_document, save_pending, write_document
 from ..store.documents import find_duplicate
@@ -499,7 +500,12 @@ def process_pending(job: Job) -> Document:
     error and the exception is raised (for the task's retries).
     """
     params = job.params
-    document = Document.objects.select_related("collection").get(pk=params["document_id"])
+    # On the write database: the pending row may not have reached a replica yet.
+    document = (
+        Document.objects.using(write_db())
+        .select_related("collection")
+        .get(pk=params["document_id"])
+    )
     if document.status == Document.Status.COMPLETED:
         return document
     mark_document(document.pk, Document.Status.PROCESSING)

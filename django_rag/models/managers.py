@@ -47,7 +47,12 @@ class ChunkQuerySet(models.QuerySet):
         Each chunk gets ``score`` and ``<score_field>`` set to its hit's score. A hit deleted
         since it was ranked (a concurrent delete or replace) is left out.
         """
-        loaded = self.model.objects.filter(pk__in=[pk for pk, _ in hits])._for_results().in_bulk()
+        loaded = (
+            self.model.objects.using(self.db)  # the database that ranked them (a replica)
+            .filter(pk__in=[pk for pk, _ in hits])
+            ._for_results()
+            .in_bulk()
+        )
         rows = []
         for pk, score in hits:
             row = loaded.get(pk)
@@ -284,8 +289,10 @@ class ChunkQuerySet(models.QuerySet):
             ids |= {pk for pk, _ in self.fulltext_hits(parsed, limit=pool, weights=weights)}
         if not ids:
             return []
-        rows = self.model.objects.filter(pk__in=ids).annotate(
-            distance=CosineDistance("embedding", vector)
+        rows = (
+            self.model.objects.using(self.db)
+            .filter(pk__in=ids)
+            .annotate(distance=CosineDistance("embedding", vector))
         )
         if weights is not None:
             rows = rows.with_bm25(weights, weights.boosts(parsed))

@@ -10,6 +10,7 @@ from ..conf import graph_setting, scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
 from ..exceptions import EmbeddingFailed, InvalidOption, InvalidSearchMode, RagError
 from ..graph.search import collection_ids, graph_results
+from ..models.databases import search_db
 from ..models.fulltext import SYNTAXES
 from ..rerankers import get_reranker
 from ..results import SearchResult
@@ -53,6 +54,8 @@ class SearchRequest:
     fulltext_weight: float = 0.5
     candidates: int = 4
     syntax: str = "natural"
+    # The DATABASES alias the search reads (models.databases.search_db); None: resolve it then.
+    database: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -112,6 +115,7 @@ def search(
     entity_matcher: Any = None,
     embedder=None,
     vector_store=None,
+    database: str | None = None,
 ) -> list[SearchResult]:
     """Search the stored chunks and return the best ``limit`` as :class:`SearchResult`.
 
@@ -139,6 +143,10 @@ def search(
     (``entity_matcher``), follows their relationships ``graph_depth`` hops, scores the chunks
     that mention them (within the same collection, source and metadata scope) and fuses them
     with the results above by reciprocal rank fusion (``graph_score`` is set on them).
+
+    ``database`` is the ``DATABASES`` alias searched (default ``SEARCH["DATABASE"]``, else the
+    routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
+    to read a write that has not reached the replica yet.
     """
     return run_search(query, **{k: v for k, v in locals().items() if k != "query"})[0]
 
@@ -165,6 +173,7 @@ def run_search(
     entity_matcher: Any = None,
     embedder=None,
     vector_store=None,
+    database: str | None = None,
 ):
     """:func:`search`, also returning what the graph path matched (None without it)."""
     mode = normalize_mode(mode)
@@ -205,6 +214,7 @@ def run_search(
         ),
         candidates=candidates,
         syntax=syntax,
+        database=search_db(database),
     )
     if not request.query.strip():
         return [], None
@@ -219,6 +229,7 @@ def run_search(
         collections=request.collections,
         reranker=ranker.name if ranker else None,
         rewriter=None if rewriter is None else getattr(rewriter, "__qualname__", str(rewriter)),
+        database=request.database,
     ) as s:
         store = get_vector_store(vector_store)
         queries = _rewrite(request.query, rewriter, s) if rewriter is not None else [request.query]
@@ -229,7 +240,7 @@ def run_search(
             request.query = query
             request.vector = None
             if mode in ("semantic", "hybrid"):
-                request.vector = embed_query(embedder, query, store)
+                request.vector = embed_query(embedder, query, store, using=request.database)
             with span(
                 "vector_store.search", backend=type(store).__name__, mode=mode, limit=request.limit
             ) as store_span:
@@ -255,15 +266,16 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
         raise InvalidOption("graph=True needs the pgvector store (the graph lives in PostgreSQL)")
     vector = request.vector
     if vector is None and (matcher or graph_setting("ENTITY_MATCHER")) == "embedding":
-        vector = embed_query(embedder, query, store)
+        vector = embed_query(embedder, query, store, using=request.database)
     found, match = graph_results(
         query,
         vector,
         scoped_chunks(request),
-        collection_ids(request.collections),
+        collection_ids(request.collections, using=request.database),
         depth=graph_setting("DEPTH") if depth is None else depth,
         limit=request.limit,
         matcher=matcher,
+        using=request.database,
     )
     if not found:
         return results, match
@@ -274,12 +286,15 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
     return fused, match
 
 
-def embed_query(embedder: Any, query: str, store: Any = None) -> list[float]:
+def embed_query(
+    embedder: Any, query: str, store: Any = None, *, using: str | None = None
+) -> list[float]:
     """The query's embedding, checked before it reaches the database: the size of the store's
-    vectors (:class:`DimensionMismatch`), finite and not all zero (:class:`EmbeddingFailed`)."""
+    vectors (:class:`DimensionMismatch`), finite and not all zero (:class:`EmbeddingFailed`).
+    ``using``: the database searched (whose model switch decides the active embedder)."""
 
     try:
-        vector = get_embedder(embedder).embed_query(query)
+        vector = get_embedder(embedder, using=using).embed_query(query)
     except ValueError as exc:  # how Embedder reports NaN/infinite or malformed output
         if isinstance(exc, RagError):
             raise
@@ -287,7 +302,7 @@ def embed_query(embedder: Any, query: str, store: Any = None) -> list[float]:
             f"Embedding the query failed with {type(exc).__name__}: {exc}. Check the embedder, "
             "or search in fulltext mode."
         ) from exc
-    dimensions = active_dimensions() if isinstance(store, PgVectorStore) else None
+    dimensions = active_dimensions(using=using) if isinstance(store, PgVectorStore) else None
     check_query_vector(vector, dimensions=dimensions)
     return vector
 

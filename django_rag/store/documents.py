@@ -10,20 +10,25 @@ Lock order, the same in every transaction that writes documents (so no cycle can
 The BM25 statistics are appended by triggers and never waited on (see
 :mod:`django_rag.store.statistics`). A deadlock or serialization failure that PostgreSQL still
 reports (another application's locks, say) is retried when the write owns its transaction.
+
+Everything here runs on the write database (:func:`~django_rag.models.databases.write_db`),
+reads included: a replica that searches use may lag, and a write must decide on the primary.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, connection, models, transaction
+from django.db import DatabaseError, connections, models, transaction
 
 from ..conf import scrub_text
 from ..models import Chunk, Collection, Document
+from ..models.databases import write_db
 from ..signals import span
 from .graph import persist, sweep_orphans
 from .statistics import compact_statistics, search_vectors
@@ -62,7 +67,8 @@ def retry_transient(write: Callable[[], T], *, what: str) -> T:
             return write()
         except DatabaseError as exc:
             code = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
-            if code not in _RETRYABLE or connection.in_atomic_block or attempt == ATTEMPTS:
+            in_atomic = connections[write_db()].in_atomic_block
+            if code not in _RETRYABLE or in_atomic or attempt == ATTEMPTS:
                 raise
             logger.warning("%s: %s, attempt %d of %d", what, code, attempt, ATTEMPTS)
             time.sleep(0.05 * 2**attempt)
@@ -73,7 +79,7 @@ def lock_identity(collection: str, source_id: str, content_hash: str) -> None:
     """Serialise writers of one (collection, source) identity until the transaction ends:
     replace and dedup decide on committed state, so concurrent replaces end with one document."""
     identity = source_id or f"#{content_hash}"
-    with connection.cursor() as cursor:
+    with connections[write_db()].cursor() as cursor:
         cursor.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
             [f"django_rag:document:{collection}:{identity}"],
@@ -81,9 +87,11 @@ def lock_identity(collection: str, source_id: str, content_hash: str) -> None:
 
 
 def find_duplicate(collection: str, source_id: str, content_hash: str) -> Document | None:
-    """The newest completed document of this identity with this content, if any."""
+    """The newest completed document of this identity with this content, if any (read on the
+    write database: a replica may not have it yet)."""
     return (
-        Document.objects.filter(
+        Document.objects.using(write_db())
+        .filter(
             collection__name=collection,
             source_id=source_id,
             content_hash=content_hash,
@@ -95,26 +103,27 @@ def find_duplicate(collection: str, source_id: str, content_hash: str) -> Docume
 
 
 def get_collection(name: str) -> Collection:
-    collection, _ = Collection.objects.get_or_create(name=name)
+    collection, _ = Collection.objects.using(write_db()).get_or_create(name=name)
     return collection
 
 
 def save_pending(document: Document, collection: str) -> Document:
     """Store ``document`` (unsaved) as ``pending``, waiting for a worker to chunk it."""
-    with transaction.atomic():
+    db = write_db()
+    with transaction.atomic(using=db):
         document.collection = get_collection(collection)
         document.status = Document.Status.PENDING
         document.chunk_count = 0
         document.error = ""
-        document.save()
+        document.save(using=db)
     return document
 
 
 def mark_document(document_id: int, status: str, error: str = "") -> None:
     """Set a pending document's status (``processing``, ``failed`` with its error)."""
-    Document.objects.filter(pk=document_id).exclude(status=Document.Status.COMPLETED).update(
-        status=status, error=scrub_text(error)[:2000]
-    )
+    Document.objects.using(write_db()).filter(pk=document_id).exclude(
+        status=Document.Status.COMPLETED
+    ).update(status=status, error=scrub_text(error)[:2000])
 
 
 def write_document(
@@ -147,7 +156,7 @@ def write_document(
                 collection=collection,
                 chunk_count=len(chunks),
             ),
-            transaction.atomic(),
+            transaction.atomic(using=write_db()),
         ):
             return _write(document, chunks, collection, model_name, replace, extractions)
 
@@ -155,17 +164,20 @@ def write_document(
 
 
 def _write(document, chunks, name, model_name, replace, extractions) -> Document:
+    db = write_db()
     lock_identity(name, document.source_id, document.content_hash)
     collection = get_collection(name)
     if document.pk is not None:
         # A pending document: it may have been deleted meanwhile, or completed by an earlier
         # delivery of the same task.
-        current = Document.objects.select_for_update().filter(pk=document.pk).first()
+        current = Document.objects.using(db).select_for_update().filter(pk=document.pk).first()
         if current is None or current.status == Document.Status.COMPLETED:
             return current or document
     duplicate = find_duplicate(name, document.source_id, document.content_hash)
     if replace:
-        others = Document.objects.filter(collection=collection, source_id=document.source_id)
+        others = Document.objects.using(db).filter(
+            collection=collection, source_id=document.source_id
+        )
         keep = {pk for pk in (duplicate and duplicate.pk, document.pk) if pk is not None}
         delete_documents(others.exclude(pk__in=keep).values_list("pk", flat=True))
     if duplicate is not None and document.pk is None:
@@ -175,16 +187,18 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
     document.status = Document.Status.COMPLETED  # ``error`` may note skipped chunks
     document.chunk_count = len(chunks)
     if document.pk is None:
-        document.save()
+        document.save(using=db)
     else:
-        delete_chunks(Chunk.objects.filter(document_id=document.pk))  # a retried task
-        document.save(update_fields=["collection", "status", "error", "chunk_count", "updated_at"])
+        delete_chunks(Chunk.objects.using(db).filter(document_id=document.pk))  # a retried task
+        document.save(
+            using=db, update_fields=["collection", "status", "error", "chunk_count", "updated_at"]
+        )
     stored = insert_chunks(document, collection, chunks, model_name)
     if extractions is not None:
         # The graph goes in with the chunks: a failure leaves neither.
         persist(collection.pk, [chunk.pk for chunk in stored], extractions)
     sync_stored(stored, document=document)
-    transaction.on_commit(compact_statistics)
+    _compact_on_commit(db)
     document.deduplicated = False
     return document
 
@@ -194,8 +208,9 @@ def insert_chunks(
 ) -> list[Chunk]:
     # Full-text vectors go in with the rows (an UPDATE afterwards would insert every chunk
     # into the HNSW index twice); triggers record the BM25 statistics in this transaction.
-    vectors = search_vectors([chunk.text for chunk in chunks])
-    return Chunk.objects.bulk_create(
+    db = write_db()
+    vectors = search_vectors([chunk.text for chunk in chunks], using=db)
+    return Chunk.objects.using(db).bulk_create(
         [
             Chunk(
                 document=document,
@@ -223,19 +238,21 @@ def delete_chunks(chunks: models.QuerySet) -> list[int]:
     """Delete these chunks and what hangs on them, each table in one statement (Django's
     collector would load every chunk, vectors included, and delete 100 at a time). Returns
     the deleted chunk ids. Run inside a transaction that holds the documents' row locks."""
+    db = write_db()
+    chunks = chunks.using(db)
     ids = list(chunks.order_by().values_list("pk", flat=True))
     if not ids:
         return []
-    selected = Chunk.objects.filter(pk__in=chunks.order_by().values("pk"))
+    selected = Chunk.objects.using(db).filter(pk__in=chunks.order_by().values("pk"))
     for relation in _relations_to(Chunk):
-        dependents = relation.related_model._base_manager.filter(
+        dependents = relation.related_model._base_manager.using(db).filter(
             **{f"{relation.field.name}__in": selected}
         )
         if relation.on_delete is models.SET_NULL:
             dependents.update(**{relation.field.name: None})
         elif relation.on_delete is models.CASCADE:
             dependents.delete()
-    with connection.cursor() as cursor:
+    with connections[db].cursor() as cursor:
         # One statement: the statistics trigger fires once for the whole set.
         cursor.execute(f"DELETE FROM {Chunk._meta.db_table} WHERE id = ANY(%s)", [ids])
     return ids
@@ -253,8 +270,12 @@ def _relations_to(model) -> list:
 def delete_documents(ids: Sequence[int] | models.QuerySet) -> int:
     """Delete documents with their chunks, graph mentions and orphaned entities. Run inside a
     transaction (every caller in the store is). Returns how many documents were deleted."""
+    db = write_db()
+    if isinstance(ids, models.QuerySet):
+        ids = ids.using(db)  # a caller's queryset would read where the routers say
     locked = list(
-        Document.objects.select_for_update()
+        Document.objects.using(db)
+        .select_for_update()
         .filter(pk__in=list(ids))
         .order_by("pk")
         .values_list("pk", "collection_id")
@@ -262,13 +283,13 @@ def delete_documents(ids: Sequence[int] | models.QuerySet) -> int:
     if not locked:
         return 0
     pks = [pk for pk, _ in locked]
-    chunk_ids = delete_chunks(Chunk.objects.filter(document_id__in=pks))
-    Document.objects.filter(pk__in=pks).delete()
+    chunk_ids = delete_chunks(Chunk.objects.using(db).filter(document_id__in=pks))
+    Document.objects.using(db).filter(pk__in=pks).delete()
     for collection_id in sorted({collection_id for _, collection_id in locked}):
         # Entities no chunk mentions any more, in this collection only.
         sweep_orphans(collection_id)
     sync_deleted(chunk_ids)
-    transaction.on_commit(compact_statistics)
+    _compact_on_commit(db)
     return len(pks)
 
 
@@ -276,7 +297,12 @@ def delete_document(pk: int) -> bool:
     """Delete one document (see :func:`delete_documents`); False when it does not exist."""
 
     def write() -> bool:
-        with transaction.atomic():
+        with transaction.atomic(using=write_db()):
             return delete_documents([pk]) > 0
 
     return retry_transient(write, what="delete_document")
+
+
+def _compact_on_commit(db: str) -> None:
+    """Fold the statistics deltas on ``db`` once the writing transaction commits."""
+    transaction.on_commit(functools.partial(compact_statistics, using=db), using=db)

@@ -2,7 +2,8 @@
 
 Every graph write of a collection holds that collection's graph lock (advisory, transaction
 level) first, so concurrent ingests, sweeps and rebuilds of one collection take turns and
-never deadlock on entity or relationship rows.
+never deadlock on entity or relationship rows. Reads and writes run on the write database
+(:func:`~django_rag.models.databases.write_db`), never on a replica.
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connections, transaction
 from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Greatest
 
 from ..embeddings import get_embedder
 from ..models import Collection, Community, Entity, EntityMention, GraphChunk, Relationship
+from ..models.databases import write_db
 from ..models.graph import normalize_name
 from .schema import vector_literal
 
@@ -25,7 +27,7 @@ logger = logging.getLogger(__name__)
 
 def lock_collection_graph(collection_id: int) -> None:
     """Serialise graph writers of one collection until the transaction ends."""
-    with connection.cursor() as cursor:
+    with connections[write_db()].cursor() as cursor:
         cursor.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
             [f"django_rag:graph:{collection_id}"],
@@ -42,6 +44,7 @@ def persist(
     """Store the extractions of these chunks: entities deduplicated by normalised name within
     the collection, mentions unique per (entity, chunk), relationships unique per (source,
     target, type) with repeated findings counted. Run inside a transaction."""
+    db = write_db()
     lock_collection_graph(collection_id)
     found: dict[str, Any] = {}
     for extraction in extractions:
@@ -57,9 +60,9 @@ def persist(
                 if known.type == "other":
                     known.type = entity.type
     ids = dict(
-        Entity.objects.filter(
-            collection_id=collection_id, normalized_name__in=list(found)
-        ).values_list("normalized_name", "pk")
+        Entity.objects.using(db)
+        .filter(collection_id=collection_id, normalized_name__in=list(found))
+        .values_list("normalized_name", "pk")
     )
     new = [key for key in found if key not in ids]
     if new:
@@ -72,7 +75,7 @@ def persist(
         except Exception as exc:  # entities stay usable by name; embed them later
             logger.warning("Entity embeddings failed (%s); stored without them", exc)
             vectors = [None] * len(new)
-        Entity.objects.bulk_create(
+        Entity.objects.using(db).bulk_create(
             [
                 Entity(
                     collection_id=collection_id,
@@ -87,9 +90,9 @@ def persist(
             ignore_conflicts=True,
         )
         ids.update(
-            Entity.objects.filter(collection_id=collection_id, normalized_name__in=new).values_list(
-                "normalized_name", "pk"
-            )
+            Entity.objects.using(db)
+            .filter(collection_id=collection_id, normalized_name__in=new)
+            .values_list("normalized_name", "pk")
         )
     mentions = []
     edges: dict[tuple[int, int, str], dict[str, Any]] = {}
@@ -119,36 +122,37 @@ def persist(
             edge["count"] += 1
             edge["strength"] = max(edge["strength"], rel.strength)
             edge["description"] = edge["description"] or rel.description
-    EntityMention.objects.bulk_create(mentions, ignore_conflicts=True)
-    _upsert_relationships(edges)
-    GraphChunk.objects.bulk_create(
+    EntityMention.objects.using(db).bulk_create(mentions, ignore_conflicts=True)
+    _upsert_relationships(edges, db)
+    GraphChunk.objects.using(db).bulk_create(
         [GraphChunk(chunk_id=chunk_id) for chunk_id in chunk_ids], ignore_conflicts=True
     )
     touched = {pk for key in edges for pk in key[:2]}
     if touched:
         # Communities whose members gained relationships drift from their summary.
-        Community.objects.filter(
+        Community.objects.using(db).filter(
             collection_id=collection_id, entity_ids__overlap=list(touched)
         ).update(change_count=F("change_count") + 1)
     return {"entities": len(found), "relationships": len(edges), "mentions": len(mentions)}
 
 
-def _upsert_relationships(edges: dict[tuple[int, int, str], dict[str, Any]]) -> None:
+def _upsert_relationships(edges: dict[tuple[int, int, str], dict[str, Any]], db: str) -> None:
     if not edges:
         return
+    relationships = Relationship.objects.using(db)
     existing = {
         (r.source_id, r.target_id, r.type): r
-        for r in Relationship.objects.filter(
+        for r in relationships.filter(
             source_id__in={k[0] for k in edges}, target_id__in={k[1] for k in edges}
         )
     }
     for key, edge in edges.items():
         if key in existing:
-            Relationship.objects.filter(pk=existing[key].pk).update(
+            relationships.filter(pk=existing[key].pk).update(
                 count=F("count") + edge["count"],
                 strength=Greatest(F("strength"), edge["strength"]),
             )
-    Relationship.objects.bulk_create(
+    relationships.bulk_create(
         [
             Relationship(
                 source_id=key[0],
@@ -169,29 +173,35 @@ def sweep_orphans(collection_id: int) -> int:
     """Delete this collection's entities that no chunk mentions any more (their relationships
     go with them) and mark the communities that lost members dirty. Never touches another
     collection. Returns how many entities were deleted."""
+    db = write_db()
     lock_collection_graph(collection_id)
-    orphans = Entity.objects.filter(collection_id=collection_id).exclude(
-        Exists(EntityMention.objects.filter(entity=OuterRef("pk")))
+    orphans = (
+        Entity.objects.using(db)
+        .filter(collection_id=collection_id)
+        .exclude(Exists(EntityMention.objects.using(db).filter(entity=OuterRef("pk"))))
     )
     ids = list(orphans.values_list("pk", flat=True))
     if not ids:
         return 0
-    Entity.objects.filter(pk__in=ids).delete()
+    Entity.objects.using(db).filter(pk__in=ids).delete()
     gone = set(ids)
-    for community in Community.objects.filter(collection_id=collection_id, entity_ids__overlap=ids):
+    for community in Community.objects.using(db).filter(
+        collection_id=collection_id, entity_ids__overlap=ids
+    ):
         community.entity_ids = [pk for pk in community.entity_ids if pk not in gone]
         community.dirty = True
-        community.save(update_fields=["entity_ids", "dirty", "updated_at"])
+        community.save(using=db, update_fields=["entity_ids", "dirty", "updated_at"])
     return len(ids)
 
 
 def delete_graph(collection_id: int) -> None:
     """Remove a collection's whole graph (entities, mentions, relationships, communities)."""
-    with transaction.atomic():
+    db = write_db()
+    with transaction.atomic(using=db):
         lock_collection_graph(collection_id)
-        Community.objects.filter(collection_id=collection_id).delete()
-        Entity.objects.filter(collection_id=collection_id).delete()
-        GraphChunk.objects.filter(chunk__collection_id=collection_id).delete()
+        Community.objects.using(db).filter(collection_id=collection_id).delete()
+        Entity.objects.using(db).filter(collection_id=collection_id).delete()
+        GraphChunk.objects.using(db).filter(chunk__collection_id=collection_id).delete()
 
 
 def replace_communities(
@@ -199,9 +209,11 @@ def replace_communities(
 ) -> int:
     """Replace a collection's communities by these partitions (one per level), keeping the
     summary of every community whose level and members did not change."""
-    with transaction.atomic():
+    db = write_db()
+    communities = Community.objects.using(db).filter(collection_id=target.pk)
+    with transaction.atomic(using=db):
         lock_collection_graph(target.pk)
-        old = {(c.level, tuple(sorted(c.entity_ids))): c for c in target.communities.all()}
+        old = {(c.level, tuple(sorted(c.entity_ids))): c for c in communities}
         fresh = []
         for level, partition in enumerate(partitions):
             for members in partition:
@@ -215,14 +227,14 @@ def replace_communities(
                     community.dirty = previous.dirty
                     community.change_count = previous.change_count
                 fresh.append(community)
-        target.communities.all().delete()
-        Community.objects.bulk_create(fresh)
+        communities.delete()
+        Community.objects.using(db).bulk_create(fresh)
     return len(fresh)
 
 
 def save_summary(community_id: int, summary: str, fingerprint: str) -> None:
     """Store a community's new summary and the fingerprint it was written from."""
-    Community.objects.filter(pk=community_id).update(
+    Community.objects.using(write_db()).filter(pk=community_id).update(
         summary=summary, fingerprint=fingerprint, dirty=False, change_count=0
     )
 
@@ -230,7 +242,8 @@ def save_summary(community_id: int, summary: str, fingerprint: str) -> None:
 def write_entity_vectors(ids: Sequence[int], vectors: Sequence[Sequence[float]]) -> None:
     """Store entity embeddings (after a model switch, or a backfill)."""
 
-    with transaction.atomic(), connection.cursor() as cursor:
+    db = write_db()
+    with transaction.atomic(using=db), connections[db].cursor() as cursor:
         cursor.execute(
             f"UPDATE {Entity._meta.db_table} AS e SET embedding = v.e::vector "
             "FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS e) AS v "

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from django.db import connection, transaction
+from django.db import connections, transaction
 from pgvector.django import HnswIndex
 
 from ..models import Chunk, Entity
+from ..models.databases import write_db
 from .vector_stores import sync_vectors
 
 CHUNKS = Chunk._meta.db_table
@@ -20,6 +21,11 @@ ENTITIES = Entity._meta.db_table
 NEXT = "embedding_next"
 NEXT_MODEL = "embedding_model_next"
 NEXT_INDEX = "django_rag_chunk_hnsw_next"
+
+
+def _connection():
+    """The write database's connection (schema changes never go to a replica)."""
+    return connections[write_db()]
 
 
 def vector_literal(vector: Sequence[float]) -> str:
@@ -55,8 +61,8 @@ def write_vectors(
     """Write one batch of vectors (to the shadow column with ``shadow``), and run ``after``
     (the job's progress) in the same transaction: a batch is written exactly once."""
     column, model_column = (NEXT, NEXT_MODEL) if shadow else ("embedding", "embedding_model")
-    with transaction.atomic():
-        with connection.cursor() as cursor:
+    with transaction.atomic(using=write_db()):
+        with _connection().cursor() as cursor:
             cursor.execute(
                 f"UPDATE {CHUNKS} AS c SET {column} = v.e::vector, {model_column} = %s "
                 "FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS e) AS v "
@@ -71,7 +77,7 @@ def write_vectors(
 
 def shadow_dimensions() -> int | None:
     """The size of the shadow column left by a switch, or None."""
-    with connection.cursor() as cursor:
+    with _connection().cursor() as cursor:
         cursor.execute(
             "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
             "WHERE attrelid = %s::regclass AND attname = %s AND NOT attisdropped",
@@ -86,7 +92,7 @@ def shadow_dimensions() -> int | None:
 def _flush_deferred_checks(cursor) -> None:
     # Django's foreign keys are deferred; PostgreSQL refuses ALTER TABLE while checks of this
     # transaction are pending, so run them now.
-    if connection.in_atomic_block:
+    if _connection().in_atomic_block:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
 
 
@@ -94,7 +100,7 @@ def prepare_shadow(dimensions: int, *, fresh: bool) -> None:
     """Add the shadow column for vectors of ``dimensions`` (a leftover one of another size, or
     any with ``fresh``, is dropped first)."""
     existing = shadow_dimensions()
-    with connection.cursor() as cursor:
+    with _connection().cursor() as cursor:
         _flush_deferred_checks(cursor)
         if existing is not None and (fresh or existing != dimensions):
             cursor.execute(f"ALTER TABLE {CHUNKS} DROP COLUMN {NEXT}, DROP COLUMN {NEXT_MODEL}")
@@ -108,7 +114,7 @@ def prepare_shadow(dimensions: int, *, fresh: bool) -> None:
 
 def shadow_progress() -> tuple[int, int]:
     """(chunks still without a shadow vector, all chunks)."""
-    with connection.cursor() as cursor:
+    with _connection().cursor() as cursor:
         cursor.execute(f"SELECT count(*) FILTER (WHERE {NEXT} IS NULL), count(*) FROM {CHUNKS}")
         pending, total = cursor.fetchone()
     return pending, total
@@ -116,7 +122,7 @@ def shadow_progress() -> tuple[int, int]:
 
 def pending_shadow(limit: int) -> list[tuple[int, str]]:
     """(id, text) of chunks without a shadow vector, by id."""
-    with connection.cursor() as cursor:
+    with _connection().cursor() as cursor:
         cursor.execute(
             f"SELECT id, text FROM {CHUNKS} WHERE {NEXT} IS NULL ORDER BY id LIMIT %s", [limit]
         )
@@ -126,8 +132,8 @@ def pending_shadow(limit: int) -> list[tuple[int, str]]:
 def index_shadow() -> None:
     """Build the HNSW index of the shadow column (concurrently outside a transaction), while
     searches still use the current one."""
-    concurrently = not connection.in_atomic_block
-    with connection.cursor() as cursor:
+    concurrently = not _connection().in_atomic_block
+    with _connection().cursor() as cursor:
         cursor.execute(
             f"DROP INDEX {'CONCURRENTLY' if concurrently else ''} IF EXISTS {NEXT_INDEX}"
         )
@@ -136,7 +142,7 @@ def index_shadow() -> None:
 
 def lock_chunk_writes() -> None:
     """Make writers of the chunk table wait until the transaction ends (readers go on)."""
-    with connection.cursor() as cursor:
+    with _connection().cursor() as cursor:
         cursor.execute(f"LOCK TABLE {CHUNKS} IN SHARE ROW EXCLUSIVE MODE")
 
 
@@ -146,7 +152,7 @@ def swap_shadow(dimensions: int) -> None:
     called :func:`lock_chunk_writes` and filled the last shadow vectors."""
     hnsw = _index("django_rag_chunk_hnsw")
     model_index = _index("django_rag_chunk_model")
-    with connection.cursor() as cursor:
+    with _connection().cursor() as cursor:
         _flush_deferred_checks(cursor)
         cursor.execute(f"ALTER TABLE {CHUNKS} DROP COLUMN embedding, DROP COLUMN embedding_model")
         cursor.execute(f"ALTER TABLE {CHUNKS} RENAME COLUMN {NEXT} TO embedding")
@@ -184,7 +190,7 @@ ORPHAN_CHUNKS = {
 
 def count_orphans() -> dict[str, int]:
     found = {}
-    with connection.cursor() as cursor:
+    with _connection().cursor() as cursor:
         for name, where in ORPHAN_CHUNKS.items():
             cursor.execute(f"SELECT count(*) {where}")
             found[name] = cursor.fetchone()[0]
@@ -194,7 +200,7 @@ def count_orphans() -> dict[str, int]:
 def delete_orphans(*, drop_shadow: bool) -> None:
     """Delete the rows :func:`count_orphans` counts (and the shadow column), in one
     transaction."""
-    with transaction.atomic(), connection.cursor() as cursor:
+    with transaction.atomic(using=write_db()), _connection().cursor() as cursor:
         for where in ORPHAN_CHUNKS.values():
             cursor.execute(f"DELETE FROM {CHUNKS} WHERE id IN (SELECT c.id {where})")
         if drop_shadow:

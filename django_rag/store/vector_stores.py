@@ -24,6 +24,7 @@ from ..conf import build_component, get_setting, on_reset, search_setting
 from ..exceptions import UnknownCollection
 from ..fusion import fuse
 from ..models import Chunk, Collection
+from ..models.databases import search_db, write_db
 from ..models.fulltext import split_query
 from ..results import SearchResult
 
@@ -69,12 +70,21 @@ def writes_supported(store: VectorStore) -> bool:
     )
 
 
+def request_db(request) -> str:
+    """The database ``request`` searches: its ``database``, else :func:`search_db`."""
+    return getattr(request, "database", None) or search_db()
+
+
 def collection_scope(request) -> list[int] | None:
-    """The ids of the request's collections (None: all); an unknown name raises
-    :class:`UnknownCollection`."""
+    """The ids of the request's collections (None: all), read on the database searched; an
+    unknown name raises :class:`UnknownCollection`."""
     if request.collections is None:
         return None
-    ids = dict(Collection.objects.filter(name__in=request.collections).values_list("name", "pk"))
+    ids = dict(
+        Collection.objects.using(request_db(request))
+        .filter(name__in=request.collections)
+        .values_list("name", "pk")
+    )
     for name in request.collections:
         if name not in ids:
             raise UnknownCollection(name)
@@ -85,8 +95,8 @@ def scoped_chunks(request, collection_ids: Sequence[int] | None = None):
     """The chunks a request may return: its collections (an unknown name raises
     :class:`UnknownCollection`), source and metadata filters. Used by every search path.
     ``collection_ids``: the request's collections already resolved by
-    :func:`collection_scope`."""
-    chunks = Chunk.objects.all()
+    :func:`collection_scope`. On the database the request searches (a replica, perhaps)."""
+    chunks = Chunk.objects.using(request_db(request))
     if collection_ids is None:
         collection_ids = collection_scope(request)
     if collection_ids is not None:
@@ -102,7 +112,8 @@ class PgVectorStore(VectorStore):
     """Searches the chunk table (HNSW, BM25 from the trigger-kept statistics, fusion).
 
     BM25 ranks with the statistics of the collections searched (all of them when the request
-    names none); source and metadata filters keep those collection-level statistics.
+    names none); source and metadata filters keep those collection-level statistics. Every
+    query runs on the request's ``database`` (a replica, perhaps) and none writes.
     """
 
     receives_writes = False
@@ -432,7 +443,11 @@ def sync_vectors(chunk_ids: Sequence[int], vectors: Sequence[Sequence[float]]) -
     store = _receiving_store()
     if store is None or not chunk_ids:
         return
-    rows = Chunk.objects.filter(pk__in=list(chunk_ids)).select_related("document", "collection")
+    rows = (
+        Chunk.objects.using(write_db())  # just written: the primary has them, a replica may not
+        .filter(pk__in=list(chunk_ids))
+        .select_related("document", "collection")
+    )
     by_id = {chunk.pk: chunk for chunk in rows.defer("embedding", "search_vector")}
     pairs = [
         (by_id[pk], vector) for pk, vector in zip(chunk_ids, vectors, strict=True) if pk in by_id
@@ -446,7 +461,10 @@ def sync_all_vectors(batch_size: int = 1000) -> None:
         return
     last = 0
     while rows := list(
-        Chunk.objects.filter(pk__gt=last).order_by("pk").values_list("pk", "embedding")[:batch_size]
+        Chunk.objects.using(write_db())
+        .filter(pk__gt=last)
+        .order_by("pk")
+        .values_list("pk", "embedding")[:batch_size]
     ):
         sync_vectors([pk for pk, _ in rows], [list(vector) for _, vector in rows])
         last = rows[-1][0]
