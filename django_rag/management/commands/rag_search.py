@@ -15,7 +15,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--mode", default=None, help="semantic, fulltext or hybrid (default: SEARCH['MODE'])"
         )
-        parser.add_argument("--fusion", default=None, help="hybrid fusion: adaptive, weighted or rrf")
+        parser.add_argument(
+            "--fusion", default=None, help="hybrid fusion: adaptive, weighted or rrf"
+        )
         parser.add_argument("--limit", type=positive_int_arg, default=None)
         parser.add_argument("--threshold", type=finite_float_arg, default=None)
         parser.add_argument(
