@@ -18,6 +18,12 @@ INSTALLED_APPS = [
     "django.contrib.postgres",
     "django_rag",
 ]
-DATABASES = {"default": database_settings(Path(tempfile.gettempdir()) / "django_rag_benchmarks")}
+# DJANGO_RAG_BENCHMARK_DB: another embedded server directory (so runs do not share one).
+DATABASES = {
+    "default": database_settings(
+        os.environ.get("DJANGO_RAG_BENCHMARK_DB")
+        or Path(tempfile.gettempdir()) / "django_rag_benchmarks"
+    )
+}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DJANGO_RAG = {}

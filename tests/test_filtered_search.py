@@ -136,7 +136,7 @@ def test_index_path_uses_iterative_scans_on_pgvector_08(populated):
             cursor.execute(f"SET LOCAL {setting} = off")
         assert "django_rag_chunk_hnsw_idx" in base.order_by("distance")[:10].explain()
         with CaptureQueriesContext(connection) as captured:
-            hits = rows._approximate(base, 10, selectivity=rows._selectivity())
+            hits = rows._approximate(base, 10, filtered=True)
     sql = " ".join(query["sql"] for query in captured.captured_queries)
     if pgvector_version() >= (0, 8):
         assert "set_config('hnsw.iterative_scan', 'relaxed_order', true)" in sql

@@ -64,6 +64,33 @@ def test_results_carry_document_fields():
     assert data["text"] == "Apples and pears are fruit." and data["collection"] == "fruit"
 
 
+def test_a_semantic_search_is_one_round_trip_and_matches_the_chunk_path():
+    """Round trips are behaviour: an unscoped semantic search sends one statement (the
+    ef_search setting travels with the ranking query, which also reads the result columns);
+    one scoped to a collection adds the collection lookup and the count that picks the exact
+    scan. The results are those SearchResult.from_chunk builds from the queryset path."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_rag.embeddings import get_embedder
+
+    for i, text in enumerate(["Apples and pears are fruit.", "Apple pie.", "Pear tart."]):
+        doc = rag.ingest(text, collection="fruit", source_id=f"f{i}", metadata={"a": i})
+    Chunk.objects.filter(document=doc).update(page_start=2, page_end=3, metadata={"part": "b"})
+    rag.ingest("Pears are not apples.", collection="other", source_id="p")
+    for collection, statements in ((None, 1), ("fruit", 3)):
+        rag.search("apples", mode="semantic", collection=collection)  # warm caches
+        with CaptureQueriesContext(connection) as captured:
+            results = rag.search("apples", mode="semantic", limit=3, collection=collection)
+        assert len(captured.captured_queries) == statements, captured.captured_queries
+        assert "set_config('hnsw.ef_search'" in captured.captured_queries[-1]["sql"] or collection
+        chunks = Chunk.objects.all()
+        if collection:
+            chunks = chunks.filter(collection__name=collection)
+        vector = get_embedder().embed_query("apples")
+        expected = [SearchResult.from_chunk(c) for c in chunks.semantic(vector, limit=3)]
+        assert results and [r.to_dict() for r in results] == [e.to_dict() for e in expected]
+
+
 def test_collections_scope_and_unknown_names():
     rag.ingest("alpha text about apples", collection="one")
     rag.ingest("beta text about apples", collection="two")

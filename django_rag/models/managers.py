@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 from types import SimpleNamespace
 
+from django.core.exceptions import EmptyResultSet
 from django.db import connections, models, transaction
 from django.db.models import BooleanField, F, FloatField, Value
 from django.db.models.expressions import RawSQL
@@ -15,6 +16,11 @@ from pgvector.django import CosineDistance
 from ..conf import search_setting
 from ..fusion import fuse
 from .fulltext import bm25_sql, parse_query, quote_terms, term_weights
+
+try:
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+except ImportError:  # pragma: no cover - psycopg not installed: no PostgreSQL backend either
+    is_psycopg3 = False
 
 _pgvector_versions: dict[str, tuple[int, ...]] = {}
 
@@ -33,6 +39,55 @@ def pgvector_version(using: str = "default") -> tuple[int, ...]:
             return ()
         _pgvector_versions[using] = version
     return _pgvector_versions[using]
+
+
+def _several_statements_per_call(connection) -> bool:
+    """Whether ``connection`` accepts several statements with parameters in one ``execute``:
+    client-side parameter binding (psycopg 2, psycopg 3 without ``server_side_binding``)."""
+    if connection.vendor != "postgresql":
+        return False
+    return not (is_psycopg3 and connection.settings_dict["OPTIONS"].get("server_side_binding"))
+
+
+def _json(value):
+    return json.loads(value) if isinstance(value, str | bytes) else (value or {})
+
+
+def _with_result_columns(model, ranked_sql: str) -> str:
+    """``ranked_sql`` (rows ``pk, distance``) joined to the chunk, document and collection
+    columns a search result needs, in the same order."""
+    chunk = model._meta
+    document = chunk.get_field("document").related_model._meta
+    collection = chunk.get_field("collection").related_model._meta
+
+    def column(meta, alias, name):
+        return f'{alias}."{meta.get_field(name).column}"'
+
+    fields = [
+        column(chunk, "c", "text"),
+        column(chunk, "c", "document"),
+        column(chunk, "c", "chunk_index"),
+        column(collection, "col", "name"),
+        column(document, "d", "source_id"),
+        column(document, "d", "title"),
+        column(document, "d", "original_filename"),
+        column(chunk, "c", "page_start"),
+        column(chunk, "c", "page_end"),
+        column(chunk, "c", "start_char"),
+        column(chunk, "c", "end_char"),
+        column(document, "d", "metadata"),
+        column(chunk, "c", "metadata"),
+    ]
+    return (
+        f"SELECT hits.pk, hits.distance, {', '.join(fields)} "
+        f"FROM ({ranked_sql}) AS hits (pk, distance) "
+        f'JOIN "{chunk.db_table}" c ON c."{chunk.pk.column}" = hits.pk '
+        f'JOIN "{document.db_table}" d ON d."{document.pk.column}" = '
+        f"{column(chunk, 'c', 'document')} "
+        f'JOIN "{collection.db_table}" col ON col."{collection.pk.column}" = '
+        f"{column(chunk, 'c', 'collection')} "
+        "ORDER BY hits.distance, hits.pk"
+    )
 
 
 class ChunkQuerySet(models.QuerySet):
@@ -88,28 +143,70 @@ class ChunkQuerySet(models.QuerySet):
         else a candidate list widened by the filter's estimated selectivity) and falls back to
         an exact scan if the index returns too few rows.
         """
+        return [(row[0], 1.0 - float(row[1])) for row in self._nearest(vector, limit)]
+
+    def semantic_results(
+        self, vector: Sequence[float], *, limit: int, threshold: float | None = None
+    ) -> list:
+        """:meth:`semantic` as :class:`~django_rag.results.SearchResult` objects, read in the
+        ranking query itself: an unfiltered search is one round trip to the database (the
+        ``hnsw.ef_search`` setting travels with it), a filtered one adds the count that picks
+        the exact scan. Same rows, order and completeness as :meth:`semantic_hits`."""
+        from ..results import SearchResult
+
+        results = []
+        for row in self._nearest(vector, limit, columns=True):
+            (pk, distance, text, document_id, chunk_index, collection, source_id, title,
+             filename, page_start, page_end, start_char, end_char, document_metadata,
+             chunk_metadata) = row  # fmt: skip
+            score = 1.0 - float(distance)
+            if threshold is not None and score < threshold:
+                continue
+            results.append(
+                SearchResult(
+                    chunk_id=pk,
+                    text=text,
+                    score=score,
+                    document_id=document_id,
+                    chunk_index=chunk_index,
+                    collection=collection,
+                    source_id=source_id,
+                    title=title,
+                    filename=filename,
+                    page_start=page_start,
+                    page_end=page_end,
+                    start_char=start_char,
+                    end_char=end_char,
+                    metadata={**_json(document_metadata), **_json(chunk_metadata)},
+                    semantic_score=score,
+                )
+            )
+        return results
+
+    def _nearest(self, vector: Sequence[float], limit: int, *, columns: bool = False) -> list:
+        """Rows ``(pk, cosine distance[, result columns])`` of the ``limit`` nearest chunks,
+        nearest first; complete under any filter (see :meth:`semantic_hits`)."""
         base = self.annotate(distance=CosineDistance("embedding", vector))
         if self.query.where:
             cap = search_setting("EXACT_SEARCH_MAX_ROWS")
             if self._count_upto(cap + 1) <= cap:
-                hits = self._exact(base, limit)
+                rows = self._exact(base, limit, columns=columns)
             else:
-                hits = self._approximate(base, limit, selectivity=self._selectivity())
+                rows = self._approximate(base, limit, filtered=True, columns=columns)
         else:
-            hits = self._approximate(base, limit, selectivity=None)
-        if len(hits) < limit and self._count_upto(limit) > len(hits):
-            hits = self._exact(base, limit)
-        return [(pk, 1.0 - float(distance)) for pk, distance in hits]
+            rows = self._approximate(base, limit, filtered=False, columns=columns)
+        if len(rows) < limit and self._count_upto(limit) > len(rows):
+            rows = self._exact(base, limit, columns=columns)
+        return rows
 
     def _count_upto(self, cap: int) -> int:
         return self.order_by().values("pk")[:cap].count()
 
-    def _exact(self, base, limit: int) -> list:
+    def _exact(self, base, limit: int, *, columns: bool = False) -> list:
         # Ordering by an expression the HNSW index cannot serve forces an exact scan over the
         # rows the filter selects (found through the filter's own B-tree index).
-        return list(
-            base.order_by(F("distance") + Value(0.0), "pk").values_list("pk", "distance")[:limit]
-        )
+        ranked = base.order_by(F("distance") + Value(0.0), "pk").values_list("pk", "distance")
+        return self._fetch(ranked[:limit], columns=columns)
 
     def _selectivity(self) -> float:
         """Planner estimate of the share of chunks this queryset's filter keeps (0..1]."""
@@ -125,22 +222,56 @@ class ChunkQuerySet(models.QuerySet):
             return 1.0
         return max(matching / total, 1e-6)
 
-    def _approximate(self, base, limit: int, *, selectivity: float | None) -> list:
+    def _approximate(self, base, limit: int, *, filtered: bool, columns: bool = False) -> list:
         ef_search = max(int(search_setting("HNSW_EF_SEARCH")), limit)
-        iterative = selectivity is not None and pgvector_version(self.db) >= (0, 8)
-        if selectivity is not None and not iterative:
+        iterative = filtered and pgvector_version(self.db) >= (0, 8)
+        if filtered and not iterative:
             # The filter is applied after the scan: widen the candidate list so that about
             # twice `limit` candidates are expected to pass it (the exact fallback covers misses).
-            ef_search = max(ef_search, math.ceil(2 * limit / selectivity))
-        with transaction.atomic(using=self.db), connections[self.db].cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config('hnsw.ef_search', %s, true)", [str(min(ef_search, 1000))]
-            )
-            if iterative:
-                cursor.execute("SELECT set_config('hnsw.iterative_scan', 'relaxed_order', true)")
-            hits = list(base.order_by("distance").values_list("pk", "distance")[:limit])
+            # Iterative scans (pgvector >= 0.8) need no estimate, so they skip this probe.
+            ef_search = max(ef_search, math.ceil(2 * limit / self._selectivity()))
+        settings = [("hnsw.ef_search", str(min(ef_search, 1000)))]
+        if iterative:
+            settings.append(("hnsw.iterative_scan", "relaxed_order"))
+        ranked = base.order_by("distance").values_list("pk", "distance")[:limit]
+        rows = self._fetch(ranked, columns=columns, settings=settings)
         # relaxed_order may return neighbours slightly out of order.
-        return sorted(hits, key=lambda hit: (hit[1], hit[0]))
+        return sorted(rows, key=lambda row: (row[1], row[0]))
+
+    def _fetch(self, ranked, *, columns: bool, settings=()) -> list:
+        """Run ``ranked`` (a ``values_list("pk", "distance")`` queryset) after setting the
+        transaction-local ``settings``, in one round trip where the driver allows several
+        statements in one call (client-side binding, Django's default); with ``columns``, the
+        fields a search result needs are joined in the same statement."""
+        connection = connections[self.db]
+        try:
+            sql, params = ranked.query.get_compiler(using=self.db).as_sql()
+        except EmptyResultSet:  # a filter that can match nothing (an empty IN list)
+            return []
+        if columns:
+            sql = _with_result_columns(self.model, sql)
+        prelude = "SELECT set_config(%s, %s, true); " * len(settings)
+        prelude_params = [value for pair in settings for value in pair]
+        if not settings:
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                return cursor.fetchall()
+        if _several_statements_per_call(connection):
+            # A multi-statement call is one implicit transaction when autocommit is on, so the
+            # settings end with it (inside an atomic block they last until it ends, as SET
+            # LOCAL does).
+            with connection.cursor() as cursor:
+                cursor.execute(prelude + sql, [*prelude_params, *params])
+                if is_psycopg3:  # psycopg 2 keeps only the last statement's rows
+                    for _ in settings:
+                        cursor.nextset()
+                return cursor.fetchall()
+        with transaction.atomic(using=self.db), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT " + ", ".join(["set_config(%s, %s, true)"] * len(settings)), prelude_params
+            )
+            cursor.execute(sql, params)
+            return cursor.fetchall()
 
     # --- full-text ---------------------------------------------------------------------------
 

@@ -122,8 +122,11 @@ class PgVectorStore(VectorStore):
         scope = collection_scope(request)
         chunks = scoped_chunks(request, scope)
         if request.mode == "semantic":
-            rows = chunks.semantic(request.vector, limit=request.limit, threshold=request.threshold)
-        elif request.mode == "fulltext":
+            # The result columns come with the ranking (no Chunk objects, no second query).
+            return chunks.semantic_results(
+                request.vector, limit=request.limit, threshold=request.threshold
+            )
+        if request.mode == "fulltext":
             rows = chunks.fulltext(
                 request.query,
                 limit=request.limit,
