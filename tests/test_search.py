@@ -73,20 +73,24 @@ def test_a_semantic_search_is_one_round_trip_and_matches_the_chunk_path():
 
     from django_rag.embeddings import get_embedder
 
-    for i, text in enumerate(["Apples and pears are fruit.", "Apple pie.", "Pear tart."]):
+    # Words no other test uses: rolled-back tests leave dead entries in the HNSW index, and
+    # enough of them right beside a common query could crowd the live rows out of the scan
+    # (the search would stay complete through its exact fallback, with more statements).
+    texts = ["Quokkas and wombats are marsupials.", "Quokka stew.", "Wombat burrow."]
+    for i, text in enumerate(texts):
         doc = rag.ingest(text, collection="fruit", source_id=f"f{i}", metadata={"a": i})
     Chunk.objects.filter(document=doc).update(page_start=2, page_end=3, metadata={"part": "b"})
-    rag.ingest("Pears are not apples.", collection="other", source_id="p")
+    rag.ingest("Wombats are not quokkas.", collection="other", source_id="p")
     for collection, statements in ((None, 1), ("fruit", 3)):
-        rag.search("apples", mode="semantic", collection=collection)  # warm caches
+        rag.search("quokkas", mode="semantic", collection=collection)  # warm caches
         with CaptureQueriesContext(connection) as captured:
-            results = rag.search("apples", mode="semantic", limit=3, collection=collection)
+            results = rag.search("quokkas", mode="semantic", limit=3, collection=collection)
         assert len(captured.captured_queries) == statements, captured.captured_queries
         assert "set_config('hnsw.ef_search'" in captured.captured_queries[-1]["sql"] or collection
         chunks = Chunk.objects.all()
         if collection:
             chunks = chunks.filter(collection__name=collection)
-        vector = get_embedder().embed_query("apples")
+        vector = get_embedder().embed_query("quokkas")
         expected = [SearchResult.from_chunk(c) for c in chunks.semantic(vector, limit=3)]
         assert results and [r.to_dict() for r in results] == [e.to_dict() for e in expected]
 
