@@ -5,10 +5,12 @@ equal to the words), so every document frequency and length below is counted by 
 """
 
 import math
+import random
 
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.test.utils import CaptureQueriesContext
 
 import django_rag as rag
 from django_rag.models import (
@@ -20,10 +22,16 @@ from django_rag.models import (
     TermDelta,
     TermStatistic,
 )
-from django_rag.models.fulltext import corpus_statistics, term_frequencies, term_weights
+from django_rag.models.fulltext import (
+    corpus_statistics,
+    parse_query,
+    term_frequencies,
+    term_statistics,
+    term_weights,
+)
 from django_rag.retrieval import MemoryVectorStore
 from django_rag.retrieval.fulltext import index_chunks
-from django_rag.store import compact_statistics, recount_statistics
+from django_rag.store import compact_statistics, recount_statistics, recount_term_bounds
 
 pytestmark = pytest.mark.django_db
 
@@ -65,9 +73,17 @@ def scores(query, mode="fulltext", **options):
     }
 
 
-def assert_statistics_exact():
+def assert_statistics_exact(tight=False):
+    """Stored counts equal a recount; stored score bounds hold every chunk's (max tf at least
+    the recount's, min length at most), and equal a recount when ``tight``."""
     counts = recount_statistics()
     assert counts["stored"] == counts["recount"]
+    stored, recount = counts["bounds"]["stored"], counts["bounds"]["recount"]
+    assert set(stored) == set(recount)  # the terms some chunk holds, per collection
+    if tight:
+        assert stored == recount
+    for key, (tf, length) in recount.items():
+        assert stored[key][0] >= tf and stored[key][1] <= length, key
 
 
 def test_a_scoped_search_ranks_with_its_collections_statistics():
@@ -117,6 +133,18 @@ def test_a_scoped_search_ranks_with_its_collections_statistics():
     weights = term_weights(["quantum"], collection_ids=[ids["common"]])
     assert weights.frequencies == [5] and weights.average_length == pytest.approx(16 / 6)
     assert weights.idf == [pytest.approx(idf(6, 5))]
+    # Score bounds: the largest tf and the smallest length of the chunks holding the term.
+    assert weights.max_tf == [2] and weights.min_length == [2]  # c1 (tf 2), c2 / c4 (length 2)
+    assert term_statistics(["quantum", "fish", "zebra"], collection_ids=[ids["rare"]]) == {
+        "quantum": (1, 1, 3),
+        "fish": (2, 2, 2),
+    }
+    assert term_statistics(["fish"]) == {"fish": (3, 2, 2)}  # over both collections
+    # The bound: idf x the tf part at (max tf, min length), above every chunk's score and
+    # reached here (c1 has tf 2 but length 3: the bound is not any one chunk's).
+    bound = weights.upper_bound(["quantum"])
+    assert bound == pytest.approx(bm25(2, 2, 16 / 6, 6, 5))
+    assert bound >= max(found.values()) and bound < idf(6, 5) * 2.2
     # Compaction changes none of it.
     assert compact_statistics()
     assert term_frequencies(["quantum"], collection_ids=[ids["rare"]]) == {"quantum": 1}
@@ -203,6 +231,150 @@ def test_recount_equals_the_triggers_after_inserts_deletes_replace_and_updates()
     assert dict(CorpusStatistic.objects.values_list("collection_id", "chunk_count")) == {
         pk: c["chunks"] for pk, c in stored.items()
     }
+    # The replace of r2 ("quantum" x 5) widened a's bound; deleting it leaves the bound loose.
+    assert TermStatistic.objects.get(term="quantum", collection_id=ids["a"]).max_tf == 5
+    rag.delete(Document.objects.get(source_id="r2"))
+    compact_statistics()
+    counts = recount_statistics()["bounds"]
+    assert counts["recount"][(ids["a"], "quantum")] == (1, 3)  # r1 alone
+    assert counts["stored"][(ids["a"], "quantum")] == (5, 3)
+    assert_statistics_exact()
+    assert recount_term_bounds() > 0
+    assert_statistics_exact(tight=True)
+    assert TermStatistic.objects.get(term="quantum", collection_id=ids["a"]).max_tf == 1
+    assert recount_term_bounds() == 0
+
+
+def test_bounds_widen_on_updates_and_on_inserts_folded_with_deletes():
+    ingest({"x": "yak", "y": "yak zebra zebra"}, "a")
+    compact_statistics()
+    assert_statistics_exact(tight=True)
+    a = Collection.objects.get(name="a")
+    # Inserted and deleted before a compaction: yak's count is unchanged, its bound widens.
+    rag.ingest("yak yak yak", collection="a", source_id="z")
+    rag.delete(Document.objects.get(source_id="x"))
+    compact_statistics()
+    row = TermStatistic.objects.get(term="yak", collection=a)
+    assert (row.document_frequency, row.max_tf, row.min_length) == (2, 3, 1)
+    assert_statistics_exact()
+    # An update that keeps the terms but holds one more often (and is shorter): the count is
+    # unchanged, the bounds follow.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE django_rag_chunk SET search_vector = to_tsvector('english', "
+            "'zebra zebra zebra zebra yak'), fts_length = 5 WHERE text = 'yak zebra zebra'"
+        )
+    assert term_statistics(["zebra"], collection_ids=[a.pk]) == {"zebra": (1, 4, 3)}
+    assert_statistics_exact()
+    compact_statistics()
+    assert term_statistics(["zebra"], collection_ids=[a.pk]) == {"zebra": (1, 4, 3)}
+    assert_statistics_exact()
+    recount_term_bounds()
+    assert term_statistics(["zebra"], collection_ids=[a.pk]) == {"zebra": (1, 4, 5)}
+    assert_statistics_exact(tight=True)
+
+
+def _brute_force(query, limit, collection_ids=None):
+    """(pk, BM25 with phrase boosts) of every matching chunk, best first then by pk: no
+    pruning."""
+    parsed = parse_query(query)
+    rows = Chunk.objects.all()
+    if collection_ids is not None:
+        rows = rows.filter(collection_id__in=collection_ids)
+    weights = term_weights(parsed.terms, collection_ids=collection_ids)
+    scored = (
+        rows.matching(parsed.match)
+        .with_bm25(weights, weights.boosts(parsed))
+        .values_list("pk", "fulltext_score")
+    )
+    ranked = sorted(scored, key=lambda hit: (-hit[1], hit[0]))[:limit]
+    return [(pk, round(score, 9)) for pk, score in ranked]
+
+
+def test_fulltext_hits_equal_brute_force_bm25_where_common_terms_dominate(monkeypatch):
+    """Common terms in most chunks, often repeated, in chunks of every length: chunks holding
+    only common terms can outscore those holding a rare one, so the tight bounds must still
+    send the search on to the common terms exactly when the ranking needs them."""
+    from django_rag.models import managers
+    from django_rag.models.fulltext import TermWeights
+
+    rng = random.Random(17)
+    common = ["apple", "bread", "cloud", "delta"]
+    rare = [f"word{i}" for i in range(60)]
+    for d in range(12):
+        sentences = []
+        for _ in range(10):
+            words = [
+                rng.choice(common) if rng.random() < 0.8 else rng.choice(rare)
+                for _ in range(rng.randint(1, 12))
+            ]
+            sentences.append(" ".join(words))
+        rag.ingest(
+            ". ".join(sentences) + ".",
+            collection="a" if d % 3 else "b",
+            source_id=f"d{d}",
+            chunk_size=14,
+            chunk_overlap=0,
+        )
+    rag.delete(Document.objects.get(source_id="d4"))  # loose bounds stay safe
+    assert Chunk.objects.count() > 50
+    ids = dict(Collection.objects.values_list("name", "pk"))
+    queries = [
+        "apple word3",
+        "bread cloud word7 word11",
+        "apple bread cloud delta word1 word2 word50",
+        "delta delta word59",
+        "apple",
+        '"apple bread" word5 cloud',
+    ] + [" ".join(rng.sample(common, 2) + rng.sample(rare, rng.randint(1, 4))) for _ in range(8)]
+    expected = {
+        (query, limit, str(scope)): _brute_force(query, limit, scope)
+        for query in queries
+        for limit in (1, 3, 10)
+        for scope in (None, [ids["a"]], [ids["a"], ids["b"]])
+    }
+    for budget in (3, 40, managers.FULLTEXT_CANDIDATE_BUDGET):  # several rounds, or one
+        monkeypatch.setattr(managers, "FULLTEXT_CANDIDATE_BUDGET", budget)
+        for query in queries:
+            for limit in (1, 3, 10):
+                for scope in (None, [ids["a"]], [ids["a"], ids["b"]]):
+                    rows = Chunk.objects.all()
+                    if scope is not None:
+                        rows = rows.filter(collection_id__in=scope)
+                    hits = rows.fulltext_hits(query, limit=limit, statistics_from=scope)
+                    found = [(pk, round(score, 9)) for pk, score in hits]
+                    assert found == expected[query, limit, str(scope)], (budget, query, limit)
+    # The tight bounds stop sooner than the loose idf x (k1 + 1): fewer rounds (queries).
+    monkeypatch.setattr(managers, "FULLTEXT_CANDIDATE_BUDGET", 3)
+
+    def rounds():
+        with CaptureQueriesContext(connection) as captured:
+            for query in queries:
+                Chunk.objects.fulltext_hits(query, limit=3)
+        return len(captured)
+
+    tight = rounds()
+    k1 = 1.2
+    monkeypatch.setattr(
+        TermWeights,
+        "upper_bound",
+        lambda self, terms, boosts=(): (
+            sum(self.idf[self.terms.index(t)] * (k1 + 1) for t in terms) + sum(w for _, w in boosts)
+        ),
+    )
+    assert tight < rounds()
+    monkeypatch.undo()
+    # Each common term's bound is above what any chunk gets from it, and well below the loose
+    # idf x (k1 + 1).
+    for word in common:
+        (term,) = parse_query(word).terms  # the lexeme ("apple" is stemmed)
+        one = term_weights([term])
+        best = max(
+            Chunk.objects.matching(f"'{term}'")
+            .with_bm25(one)
+            .values_list("fulltext_score", flat=True)
+        )
+        assert best <= one.upper_bound([term]) < one.idf[0] * 2.2
 
 
 def test_compaction_drops_the_rows_that_reach_zero():
@@ -267,7 +439,7 @@ def test_the_migration_recounts_per_collection_and_back():
     assert term_frequencies(["quantum"], collection_ids=[ids["a"]]) == {"quantum": 1}
     assert term_frequencies(["quantum"], collection_ids=[ids["b"]]) == {"quantum": 5}
     assert corpus_statistics(collection_ids=[ids["b"]]) == (6, 16)
-    assert_statistics_exact()
+    assert_statistics_exact(tight=True)  # 0008 recounts the bounds
     # The triggers write per collection again.
     rag.ingest("quantum yak", collection="a", source_id="new")
     assert term_frequencies(["quantum"], collection_ids=[ids["a"]]) == {"quantum": 2}

@@ -66,6 +66,10 @@ def run_threads(count, body):
 def assert_statistics_exact():
     counts = recount_statistics()
     assert counts["stored"] == counts["recount"]
+    # The score bounds hold every chunk's (deletes may leave them loose, never tight).
+    stored, recount = counts["bounds"]["stored"], counts["bounds"]["recount"]
+    for key, (tf, length) in recount.items():
+        assert stored[key][0] >= tf and stored[key][1] <= length, key
 
 
 def test_eight_writers_replacing_and_deleting_overlapping_identities():

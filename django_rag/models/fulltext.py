@@ -11,6 +11,11 @@ pending deltas; :func:`django_rag.store.compact_statistics` folds the deltas int
 (the store runs it after each write; one compactor at a time), which changes no figure a reader
 sees. Readers sum the collections a search is scoped to, or all of them.
 
+Beside each term's document frequency the rows keep a bound of what one chunk can get from the
+term (migration 0008): the largest term frequency and the smallest length among the chunks
+containing it. Inserts widen them (greatest / least when folded); deletes leave them, so they
+may be loose but never too tight; :func:`django_rag.store.recount_term_bounds` tightens them.
+
 A query is parsed with web-search syntax; candidates come from the GIN index; BM25 is computed
 in SQL from the chunk's own term frequencies and those statistics.
 """
@@ -54,6 +59,11 @@ class TermStatistic(models.Model):
         "django_rag.Collection", on_delete=models.CASCADE, db_constraint=False, related_name="+"
     )
     document_frequency = models.BigIntegerField(default=0)
+    # What a chunk can get from the term in BM25 at best: the largest term frequency and the
+    # smallest length among the chunks containing it. Inserts widen them; deletes leave them
+    # (a looser bound is still a bound); see TermWeights.upper_bound.
+    max_tf = models.IntegerField(null=True)
+    min_length = models.IntegerField(null=True)
 
     class Meta:
         db_table = "django_rag_term"
@@ -97,6 +107,10 @@ class TermDelta(models.Model):
         related_name="+",
     )
     delta = models.BigIntegerField()
+    # The bounds of the chunks inserted (NULL for deletes): compaction folds them with
+    # greatest() / least().
+    max_tf = models.IntegerField(null=True)
+    min_length = models.IntegerField(null=True)
 
     class Meta:
         db_table = "django_rag_term_delta"
@@ -168,24 +182,38 @@ def corpus_statistics(
     return int(chunks), int(length)
 
 
-def term_frequencies(
+def term_statistics(
     terms: list[str], using: str = "default", collection_ids: Sequence[int] | None = None
-) -> dict[str, int]:
-    """How many chunks contain each of ``terms`` (terms in none are left out), in the
-    collections ``collection_ids`` (None: the whole database)."""
+) -> dict[str, tuple[int, int | None, int | None]]:
+    """``(document frequency, max tf, min length)`` of each of ``terms`` (terms in none are
+    left out), in the collections ``collection_ids`` (None: the whole database): the chunks
+    containing the term, the most times one of them holds it and the shortest of them (as
+    bounds: deletes do not tighten them; None where unknown)."""
     if not terms:
         return {}
     where, params = _scope(collection_ids)
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT term, sum(n) FROM ("
-            "SELECT term, document_frequency AS n FROM django_rag_term "
+            "SELECT term, sum(n), max(max_tf), min(min_length) FROM ("
+            "SELECT term, document_frequency AS n, max_tf, min_length FROM django_rag_term "
             f"WHERE term = ANY(%s){where} "
-            f"UNION ALL SELECT term, delta FROM django_rag_term_delta WHERE term = ANY(%s){where}"
+            "UNION ALL SELECT term, delta, max_tf, min_length FROM django_rag_term_delta "
+            f"WHERE term = ANY(%s){where}"
             ") s GROUP BY term",
             [list(terms), *params, list(terms), *params],
         )
-        return {term: int(n) for term, n in cursor.fetchall()}
+        return {
+            term: (int(n), None if tf is None else int(tf), None if length is None else int(length))
+            for term, n, tf, length in cursor.fetchall()
+        }
+
+
+def term_frequencies(
+    terms: list[str], using: str = "default", collection_ids: Sequence[int] | None = None
+) -> dict[str, int]:
+    """How many chunks contain each of ``terms`` (terms in none are left out), in the
+    collections ``collection_ids`` (None: the whole database)."""
+    return {term: n for term, (n, _, _) in term_statistics(terms, using, collection_ids).items()}
 
 
 # --- queries and BM25 ----------------------------------------------------------------------------
@@ -315,13 +343,36 @@ class TermWeights:
     frequencies: list[int]  # chunks containing each term
     idf: list[float]
     average_length: float
+    # Bounds of each term's tf part (None where unknown), see upper_bound.
+    max_tf: list[int | None] = field(default_factory=list)
+    min_length: list[int | None] = field(default_factory=list)
 
     def upper_bound(self, terms: list[str], boosts=()) -> float:
-        """The most a chunk can score from ``terms`` alone (BM25's tf part is below k1 + 1),
-        plus every phrase boost (counted whole: the bound stays safe)."""
+        """The most a chunk can score from ``terms`` alone, plus every phrase boost (counted
+        whole: the bound stays safe).
+
+        BM25's tf part ``tf (k1 + 1) / (tf + k1 (1 - b + b length / avgdl))`` grows with tf and
+        shrinks with the length, so with the largest tf and the smallest length of the chunks
+        containing a term (stored per term and collection) it bounds every chunk's; without
+        them, the part's limit, k1 + 1. A hair is added against rounding: the search compares
+        scores PostgreSQL computed with this."""
         k1 = float(get_setting("SEARCH")["BM25_K1"])
-        weight = dict(zip(self.terms, self.idf, strict=True))
-        return sum(weight[t] for t in terms) * (k1 + 1) + sum(w for _, w in boosts)
+        b = float(get_setting("SEARCH")["BM25_B"])
+        index = {t: i for i, t in enumerate(self.terms)}
+        total = 0.0
+        for term in terms:
+            i = index[term]
+            tf = self.max_tf[i] if i < len(self.max_tf) else None
+            length = self.min_length[i] if i < len(self.min_length) else None
+            if tf is None or length is None or k1 < 0 or not 0 <= b <= 1:
+                part = k1 + 1
+            else:
+                tf = max(tf, 1)
+                norm = k1 * (1 - b + b * max(length, 0) / self.average_length)
+                part = min(tf * (k1 + 1) / (tf + norm), k1 + 1) if tf + norm > 0 else k1 + 1
+            total += self.idf[i] * part
+        total += sum(w for _, w in boosts)
+        return total * (1 + 1e-9) + 1e-12
 
     def boosts(self, parsed: FulltextQuery) -> list[tuple[str, float]]:
         """(phrase tsquery, weight) of a natural query's phrases: a chunk holding the phrase
@@ -337,11 +388,18 @@ def term_weights(
     statistics of the collections ``collection_ids`` (None: the whole database)."""
     total, total_length = corpus_statistics(using, collection_ids)
     average_length = (total_length / total) if total else 1.0
-    stored = term_frequencies(terms, using, collection_ids)
-    frequencies = [max(0, stored.get(term, 0)) for term in terms]
+    stored = term_statistics(terms, using, collection_ids)
+    frequencies = [max(0, stored[term][0]) if term in stored else 0 for term in terms]
     # Lucene's BM25 idf: never negative, even for a term in most chunks.
     idf = [math.log(1 + (total - df + 0.5) / (df + 0.5)) for df in frequencies]
-    return TermWeights(terms, frequencies, idf, max(average_length, 1.0))
+    return TermWeights(
+        terms,
+        frequencies,
+        idf,
+        max(average_length, 1.0),
+        max_tf=[stored[term][1] if term in stored else None for term in terms],
+        min_length=[stored[term][2] if term in stored else None for term in terms],
+    )
 
 
 def bm25_sql(weights: TermWeights, boosts=()) -> tuple[str, list]:

@@ -346,8 +346,9 @@ class ChunkQuerySet(models.QuerySet):
         The ranking is exact but does not score every chunk that shares a common word with the
         query (MaxScore): candidates first come from the query's rarest terms, about
         ``FULLTEXT_CANDIDATE_BUDGET`` postings' worth; the result stands when its last score
-        beats the most a chunk containing only the remaining terms could score, and otherwise
-        the next terms are added.
+        beats the most a chunk containing only the remaining terms could score (bounded with
+        each term's largest tf and smallest chunk length, see ``TermWeights.upper_bound``), and
+        otherwise the next terms are added.
         """
         parsed = self._parsed(query, syntax)
         if parsed.match is None:
@@ -357,30 +358,53 @@ class ChunkQuerySet(models.QuerySet):
         )
         boosts = weights.boosts(parsed)
         scored = self.without_excluded(parsed).with_bm25(weights, boosts)
-        # Rarest first; phrase queries are already selective and match as a whole.
-        order = sorted(range(len(weights.terms)), key=lambda i: weights.frequencies[i])
-        budget = FULLTEXT_CANDIDATE_BUDGET
-        while True:
-            if parsed.phrases:
-                chosen, rest = weights.terms, []
-            else:
-                chosen, postings = [], 0
-                for i in order:
-                    if chosen and postings + weights.frequencies[i] > budget:
-                        break
-                    chosen.append(weights.terms[i])
-                    postings += weights.frequencies[i]
-                rest = [t for t in weights.terms if t not in chosen]
-            tsquery = parsed.match if parsed.phrases else quote_terms(chosen)
-            hits = list(
-                scored.matching(tsquery)
+        if parsed.phrases:  # already selective, and they match as a whole
+            return list(
+                scored.matching(parsed.match)
                 .order_by("-fulltext_score", "pk")
                 .values_list("pk", "fulltext_score")[:limit]
             )
-            bound = weights.upper_bound(rest, boosts)
-            if not rest or (len(hits) == limit and hits[-1][1] >= bound):
+        # Candidates come from a prefix of the terms, rarest first.
+        order = [
+            weights.terms[i]
+            for i in sorted(range(len(weights.terms)), key=lambda i: weights.frequencies[i])
+        ]
+        frequency = dict(zip(weights.terms, weights.frequencies, strict=True))
+        budget = FULLTEXT_CANDIDATE_BUDGET
+
+        def within(budget: int, at_least: int) -> int:
+            """The longest prefix within ``budget`` postings (at least ``at_least`` terms)."""
+            n, postings = 0, 0
+            while n < len(order) and (n < at_least or postings + frequency[order[n]] <= budget):
+                postings += frequency[order[n]]
+                n += 1
+            return n
+
+        n = within(budget, 1)
+        while True:
+            chosen, rest = order[:n], order[n:]
+            hits = list(
+                scored.matching(quote_terms(chosen))
+                .order_by("-fulltext_score", "pk")
+                .values_list("pk", "fulltext_score")[:limit]
+            )
+            # Strictly above: a chunk of the remaining terms scoring as much could tie and
+            # come first by pk.
+            if not rest or (len(hits) == limit and hits[-1][1] > weights.upper_bound(rest, boosts)):
                 return hits
+            # Widen: 8 times the postings, or, when fewer, just the terms after which the
+            # remaining ones cannot reach this round's last score (the next round's last score
+            # is at least as high, so that round is the last).
             budget *= 8
+            wider = within(budget, n + 1)
+            if len(hits) == limit:
+                needed = n + 1
+                while needed < len(order) and hits[-1][1] <= weights.upper_bound(
+                    order[needed:], boosts
+                ):
+                    needed += 1
+                wider = min(wider, needed)
+            n = wider
 
     # --- hybrid ------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from .documents import (
     save_pending,
     write_document,
 )
-from .statistics import compact_statistics, recount_statistics
+from .statistics import compact_statistics, recount_statistics, recount_term_bounds
 
 __all__ = [
     "ChunkRow",
@@ -26,6 +26,7 @@ __all__ = [
     "delete_documents",
     "mark_document",
     "recount_statistics",
+    "recount_term_bounds",
     "save_pending",
     "write_document",
 ]

@@ -18,6 +18,8 @@ from ..conf import get_setting
 from ..models.fulltext import LENGTH_SQL, STATISTICS_LOCK
 
 _COMPACT_LOCK = STATISTICS_LOCK
+# A chunk's frequency of the lexeme ``u`` (as BM25 counts it: a lexeme without positions once).
+_TF = "coalesce(array_length(u.positions, 1), 1)"
 
 
 def compact_statistics(using: str = "default") -> bool:
@@ -33,18 +35,27 @@ def compact_statistics(using: str = "default") -> bool:
         cursor.execute(
             """
             WITH moved AS (
-                DELETE FROM django_rag_term_delta RETURNING collection_id, term, delta
+                DELETE FROM django_rag_term_delta
+                RETURNING collection_id, term, delta, max_tf, min_length
             ),
             sums AS (
-                SELECT collection_id, term, sum(delta) AS n FROM moved
-                GROUP BY collection_id, term HAVING sum(delta) <> 0
+                SELECT collection_id, term, sum(delta) AS n,
+                       max(max_tf) AS max_tf, min(min_length) AS min_length
+                FROM moved GROUP BY collection_id, term
+                -- A chunk inserted and another deleted: the count is unchanged, the bounds
+                -- may widen.
+                HAVING sum(delta) <> 0 OR max(max_tf) IS NOT NULL
             ),
             folded AS (
-                INSERT INTO django_rag_term (term, collection_id, document_frequency)
-                SELECT term, collection_id, n FROM sums ORDER BY term, collection_id
+                INSERT INTO django_rag_term
+                    (term, collection_id, document_frequency, max_tf, min_length)
+                SELECT term, collection_id, n, max_tf, min_length FROM sums
+                ORDER BY term, collection_id
                 ON CONFLICT (term, collection_id) DO UPDATE
                 SET document_frequency =
-                    django_rag_term.document_frequency + EXCLUDED.document_frequency
+                    django_rag_term.document_frequency + EXCLUDED.document_frequency,
+                    max_tf = greatest(django_rag_term.max_tf, EXCLUDED.max_tf),
+                    min_length = least(django_rag_term.min_length, EXCLUDED.min_length)
                 RETURNING term, collection_id, document_frequency
             )
             SELECT term, collection_id FROM folded WHERE document_frequency = 0
@@ -80,9 +91,13 @@ def compact_statistics(using: str = "default") -> bool:
 
 def recount_statistics(using: str = "default") -> dict:
     """The statistics recounted from the chunk table and as stored (base rows plus deltas):
-    ``{"recount": {...}, "stored": {...}}`` with ``chunks``, ``length`` and ``terms``
-    (term -> document frequency) over the whole database, and ``collections``: the same three
-    per collection id. They are equal unless something bypassed the triggers."""
+    ``{"recount": {...}, "stored": {...}, "bounds": {...}}``. ``recount`` and ``stored`` hold
+    ``chunks``, ``length`` and ``terms`` (term -> document frequency) over the whole database,
+    and ``collections``: the same three per collection id. They are equal unless something
+    bypassed the triggers. ``bounds`` has ``recount`` and ``stored``, each
+    ``{(collection id, term): (max tf, min length)}``: the stored ones may be looser after
+    deletes (max tf >= the recount's, min length <= it), never tighter;
+    :func:`recount_term_bounds` makes them equal."""
     with connections[using].cursor() as cursor:
         cursor.execute(
             "SELECT collection_id, count(*), coalesce(sum(fts_length), 0) FROM django_rag_chunk "
@@ -90,7 +105,8 @@ def recount_statistics(using: str = "default") -> dict:
         )
         recount_corpus = cursor.fetchall()
         cursor.execute(
-            "SELECT c.collection_id, u.lexeme, count(*) "
+            "SELECT c.collection_id, u.lexeme, count(*), "
+            f"max({_TF}), min(coalesce(c.fts_length, 0)) "
             "FROM django_rag_chunk c, unnest(c.search_vector) u GROUP BY 1, 2"
         )
         recount_terms = cursor.fetchall()
@@ -103,16 +119,50 @@ def recount_statistics(using: str = "default") -> dict:
         )
         stored_corpus = cursor.fetchall()
         cursor.execute(
-            "SELECT collection_id, term, sum(n) FROM ("
-            "SELECT collection_id, term, document_frequency AS n FROM django_rag_term "
-            "UNION ALL SELECT collection_id, term, delta FROM django_rag_term_delta) s "
+            "SELECT collection_id, term, sum(n), max(max_tf), min(min_length) FROM ("
+            "SELECT collection_id, term, document_frequency AS n, max_tf, min_length "
+            "FROM django_rag_term "
+            "UNION ALL SELECT collection_id, term, delta, max_tf, min_length "
+            "FROM django_rag_term_delta) s "
             "GROUP BY 1, 2 HAVING sum(n) <> 0"
         )
         stored_terms = cursor.fetchall()
     return {
-        "recount": _statistics(recount_corpus, recount_terms),
-        "stored": _statistics(stored_corpus, stored_terms),
+        "recount": _statistics(recount_corpus, [row[:3] for row in recount_terms]),
+        "stored": _statistics(stored_corpus, [row[:3] for row in stored_terms]),
+        "bounds": {
+            "recount": {(pk, term): (tf, length) for pk, term, _, tf, length in recount_terms},
+            "stored": {(pk, term): (tf, length) for pk, term, _, tf, length in stored_terms},
+        },
     }
+
+
+def recount_term_bounds(using: str = "default") -> int:
+    """Fold the pending deltas, then set every term's stored bounds (max tf, min length) to
+    what the chunks hold now, tightening those that deletes left loose. One compactor at a
+    time: waits for a running one. Returns the number of base rows changed.
+
+    Safe beside writers: a chunk committed after the recount's snapshot has its delta pending,
+    folded later with greatest() / least()."""
+    with transaction.atomic(using=using):
+        with connections[using].cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", [_COMPACT_LOCK])
+        compact_statistics(using)  # re-takes the lock this transaction holds
+        with connections[using].cursor() as cursor:
+            cursor.execute(
+                f"""
+                UPDATE django_rag_term t SET max_tf = r.max_tf, min_length = r.min_length
+                FROM (
+                    SELECT c.collection_id, u.lexeme AS term, max({_TF}) AS max_tf,
+                           min(coalesce(c.fts_length, 0)) AS min_length
+                    FROM django_rag_chunk c, unnest(c.search_vector) u GROUP BY 1, 2
+                ) r
+                WHERE t.term = r.term AND t.collection_id = r.collection_id
+                  AND (t.max_tf IS DISTINCT FROM r.max_tf
+                       OR t.min_length IS DISTINCT FROM r.min_length)
+                """
+            )
+            return cursor.rowcount
 
 
 def _statistics(corpus, terms) -> dict:
