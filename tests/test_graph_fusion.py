@@ -113,9 +113,7 @@ def spans():
 
 
 def plain(query):
-    return [
-        (r.chunk_id, r.score, r.graph_score) for r in rag.search(query, graph=False, **OPTIONS)
-    ]
+    return [(r.chunk_id, r.score, r.graph_score) for r in rag.search(query, graph=False, **OPTIONS)]
 
 
 OPTIONS = {"collection": "kb", "mode": "fulltext", "limit": 10}
