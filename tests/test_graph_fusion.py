@@ -161,16 +161,27 @@ def test_weight_zero_keeps_the_ranking_without_the_graph(corpus, spans):
 
 
 def test_the_gate_does_not_change_the_answer_context(corpus):
-    """ask(graph=True) still shows the matched entities when the gate drops the list."""
-    with graph_on(MIN_MATCH_SCORE=0.9):
-        answer = rag.ask(
-            "What is Globex?",
-            collection="kb",
-            graph=True,
-            entity_matcher=lambda q, c: {corpus: 0.5},
-            llm=ScriptedLLM("Globex is in Paris [1]."),
+    """ask(graph=True) shows the same entities and relationships whether or not the gate
+    drops the graph list from the ranking (the neighbours are then expanded for the prompt)."""
+
+    def context(gate):
+        with graph_on(MIN_MATCH_SCORE=gate):
+            answer = rag.ask(
+                "What is Globex?",
+                collection="kb",
+                graph=True,
+                graph_depth=1,
+                entity_matcher=lambda q, c: {corpus: 0.5},
+                llm=ScriptedLLM("Globex is in Paris [1]."),
+            )
+        graph = answer.graph
+        return (
+            [e.name for e in graph["entities"]],
+            sorted((r.source.name, r.target.name, r.type) for r in graph["relationships"]),
         )
-    assert [e.name for e in answer.graph["entities"]] == ["Globex"]
+
+    gated, fused = context(0.9), context(0.0)
+    assert gated == fused == (["Globex"], [("Globex", "Paris", "LOCATED_IN")])
 
 
 @pytest.mark.parametrize(

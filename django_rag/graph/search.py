@@ -35,6 +35,9 @@ class GraphMatch:
     # Why the graph list was left out of the search, or "" when it was fused: "weak match"
     # (no entity scored MIN_MATCH_SCORE), "no match", "no chunks", "weight 0".
     skipped: str = ""
+    # How to expand later (graph_context) when the gate skipped the expansion.
+    depth: int = 0
+    collection_ids: list[int] | None = field(default=None, repr=False)
 
     @property
     def strength(self) -> float:
@@ -151,21 +154,20 @@ def graph_results(
         "graph.search", depth=depth, matcher=str(matcher or graph_setting("ENTITY_MATCHER"))
     ) as s:
         seeds = match_entities(query, vector, collection_ids, matcher=matcher, using=using)
-        # Expanded even when the gate skips the list: ask(graph=True) shows the matched
-        # entities and their relationships whatever the gate decides for the ranking.
+        match = GraphMatch(
+            seeds, scope=chunks, database=using, depth=depth, collection_ids=collection_ids
+        )
+        s.set(entities_found=len(seeds), match_score=match.strength)
+        if not seeds or match.strength < min_match_score:
+            # Not expanded here: graph_context does it if an answer needs the neighbours.
+            match.skipped = "no match" if not seeds else "weak match"
+            s.set(expanded_entity_count=0, result_count=0, skipped=match.skipped)
+            return [], match
         expanded, hops = expand(
             seeds, depth, graph_setting("DEPTH_DECAY"), collection_ids, using=using
         )
-        match = GraphMatch(seeds, expanded, hops, scope=chunks, database=using)
-        s.set(
-            entities_found=len(seeds),
-            expanded_entity_count=len(expanded),
-            match_score=match.strength,
-        )
-        if not seeds or match.strength < min_match_score:
-            match.skipped = "no match" if not seeds else "weak match"
-            s.set(result_count=0, skipped=match.skipped)
-            return [], match
+        match.expanded, match.hops = expanded, hops
+        s.set(expanded_entity_count=len(expanded))
         totals: dict[int, float] = defaultdict(float)
         for chunk_id, entity_id in (
             EntityMention.objects.using(using)
@@ -212,6 +214,14 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
         return empty
     scope = match.scope
     using = match.database or (scope.db if scope is not None else None)
+    if not match.expanded:  # the gate left the graph list out of the search: expand now
+        match.expanded, match.hops = expand(
+            match.entities,
+            match.depth,
+            graph_setting("DEPTH_DECAY"),
+            match.collection_ids,
+            using=using,
+        )
     mentions = EntityMention.objects.using(using)
     candidates = list(match.expanded or match.entities)
     if scope is None:
