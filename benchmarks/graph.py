@@ -306,7 +306,15 @@ def sweep(captured, relevant, rrf_k) -> None:
 def evaluate(captured, queries, relevant, collection, rrf_k) -> None:
     hybrid = [ndcg(entry[0], rel) for entry, rel in zip(captured[0], relevant, strict=True)]
     mean, low, high = bootstrap_interval(hybrid)
-    print(f"hybrid: nDCG@10 {mean:.4f} (95% CI {low:.4f} .. {high:.4f}) over {len(hybrid)} queries")
+    timings = []
+    for text in queries.values():
+        begin = time.perf_counter()
+        rag.search(text, collection=collection, mode="hybrid", limit=100)
+        timings.append(time.perf_counter() - begin)
+    print(
+        f"hybrid: nDCG@10 {mean:.4f} (95% CI {low:.4f} .. {high:.4f}) over {len(hybrid)} "
+        f"queries, p50 {1000 * statistics.median(timings):.1f} ms"
+    )
     weight, gate = graph_number("WEIGHT"), graph_number("MIN_MATCH_SCORE")
     for depth in DEPTHS:
         before = per_query(captured[depth], relevant, 1.0, 0.0, rrf_k)

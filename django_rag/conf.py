@@ -124,8 +124,8 @@ DEFAULTS: dict[str, Any] = {
         # query whose best matched entity scores below MIN_MATCH_SCORE (the matcher's score:
         # cosine similarity for "embedding") gets no graph list. Chosen on the SciFact train
         # queries (docs/graphrag.md, docs/benchmarks.md#graphrag).
-        "WEIGHT": 1.0,
-        "MIN_MATCH_SCORE": 0.0,
+        "WEIGHT": 0.75,
+        "MIN_MATCH_SCORE": 0.8,
         # Communities (hierarchical Leiden) and their summaries.
         "RESOLUTION": 1.0,
         "LEVELS": 1,

@@ -142,7 +142,9 @@ def search(
     ``graph=True`` (default ``GRAPH["ENABLED"]``) also finds the query's entities
     (``entity_matcher``), follows their relationships ``graph_depth`` hops, scores the chunks
     that mention them (within the same collection, source and metadata scope) and fuses them
-    with the results above by reciprocal rank fusion (``graph_score`` is set on them).
+    with the results above by reciprocal rank fusion, the graph list weighing
+    ``GRAPH["WEIGHT"]`` (``graph_score`` is set on them). When no entity matched with a score
+    of at least ``GRAPH["MIN_MATCH_SCORE"]``, the graph list is left out.
 
     ``database`` is the ``DATABASES`` alias searched (default ``SEARCH["DATABASE"]``, else the
     routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
