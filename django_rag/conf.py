@@ -11,6 +11,7 @@ import copy
 import functools
 import importlib
 import inspect
+import math
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -119,6 +120,12 @@ DEFAULTS: dict[str, Any] = {
         "DEPTH": 0,
         "DEPTH_DECAY": 0.5,
         "RRF_K": 60,
+        # The graph list's weight in the fusion (the other results weigh 1), and the gate: a
+        # query whose best matched entity scores below MIN_MATCH_SCORE (the matcher's score:
+        # cosine similarity for "embedding") gets no graph list. Chosen on the SciFact train
+        # queries (docs/graphrag.md, docs/benchmarks.md#graphrag).
+        "WEIGHT": 0.75,
+        "MIN_MATCH_SCORE": 0.8,
         # Communities (hierarchical Leiden) and their summaries.
         "RESOLUTION": 1.0,
         "LEVELS": 1,
@@ -194,6 +201,42 @@ def search_setting(name: str) -> Any:
 
 def graph_setting(name: str) -> Any:
     return get_settings()["GRAPH"][name]
+
+
+# GRAPH numbers read when a search fuses the graph list: (minimum, maximum or None).
+_GRAPH_NUMBERS = {
+    "WEIGHT": (0.0, None),
+    "MIN_MATCH_SCORE": (0.0, 1.0),
+    "RRF_K": (0.0, None),
+}
+
+
+def graph_number(name: str) -> float:
+    """A numeric ``GRAPH`` setting of the graph fusion, checked against its bounds: a bad value
+    raises :class:`ConfigurationError` (system check E005 reports it at startup)."""
+    value = graph_setting(name)
+    low, high = _GRAPH_NUMBERS[name]
+    number = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except OverflowError:  # an int too large for a float
+            number = None
+    if (
+        number is None
+        or not math.isfinite(number)
+        or number < low
+        or (high is not None and number > high)
+    ):
+        bounds = f"from {low:g} to {high:g}" if high is not None else f">= {low:g}"
+        raise ConfigurationError(f"GRAPH.{name}", value, f"must be a finite number {bounds}")
+    return number
+
+
+def check_graph_settings() -> None:
+    """Raise :class:`ConfigurationError` for the first invalid graph fusion setting."""
+    for name in _GRAPH_NUMBERS:
+        graph_number(name)
 
 
 def embedding_dimensions() -> int:

@@ -116,19 +116,43 @@ def _adaptive(items: list[Any], semantic_weight: float, fulltext_weight: float, 
         item.score = share * s + (1 - share) * f
 
 
-def rrf_merge(rankings: Sequence[Sequence[Any]], *, rrf_k: int = 60) -> list[Any]:
+def rrf_merge(
+    rankings: Sequence[Sequence[Any]],
+    *,
+    rrf_k: int = 60,
+    weights: Sequence[float] | None = None,
+) -> list[Any]:
     """Merge several ranked lists of results into one by reciprocal rank fusion.
 
     Results are identified by ``chunk_id``; the first occurrence of a chunk is kept, with
-    ``score`` set to ``sum(1 / (rrf_k + rank))`` over the lists that contain it.
+    ``score`` set to ``sum(weight / (rrf_k + rank))`` over the lists that contain it.
+    ``weights`` (one finite number >= 0 per list; default 1 each) say how much each list
+    counts. A list of weight 0 takes no part: its results appear only if another list has
+    them, so ``rrf_merge([a, b], weights=[1, 0])`` is ``rrf_merge([a])``.
     """
     clean_number("rrf_k", rrf_k, minimum=0)
+    if weights is None:
+        weights = [1.0] * len(rankings)
+    else:
+        if isinstance(weights, str | bytes) or not isinstance(weights, Sequence):
+            raise InvalidOption(
+                f"weights must be a list of numbers, one per ranking, got {weights!r}"
+            )
+        if len(weights) != len(rankings):
+            raise InvalidOption(
+                f"weights must have one number per ranking: {len(rankings)} rankings, "
+                f"{len(weights)} weights"
+            )
+        for weight in weights:
+            clean_number("weights", weight, minimum=0)
     merged: dict[Any, Any] = {}
     totals: dict[Any, float] = {}
-    for ranking in rankings:
+    for ranking, weight in zip(rankings, weights, strict=True):
+        if weight == 0:
+            continue
         for rank, result in enumerate(ranking, start=1):
             merged.setdefault(result.chunk_id, result)
-            totals[result.chunk_id] = totals.get(result.chunk_id, 0.0) + 1.0 / (rrf_k + rank)
+            totals[result.chunk_id] = totals.get(result.chunk_id, 0.0) + weight / (rrf_k + rank)
     for chunk_id, result in merged.items():
         result.score = totals[chunk_id]
     return sorted(merged.values(), key=lambda result: -result.score)

@@ -361,8 +361,8 @@ def test_graph_search_finds_chunks_through_relationships_within_scope(graph_corp
     assert {h.collection for h in hits} == {"kb"}
     jane = hits[0]
     assert jane.graph_score == pytest.approx(1.5)  # Jane Doe (1) + Acme Corp one hop away (0.5)
-    # Fusion: rank 1 on both lists -> 2 / (60 + 1).
-    assert jane.score == pytest.approx(2 / 61)
+    # Fusion: rank 1 on both lists, the graph list weighing GRAPH["WEIGHT"] (0.75).
+    assert jane.score == pytest.approx((1 + 0.75) / 61)
     acme = next(h for h in hits if h.source_id == "acme")
     assert acme.graph_score == pytest.approx(0.5)  # one hop, decay 0.5
     with graph_settings():

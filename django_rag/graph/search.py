@@ -32,6 +32,17 @@ class GraphMatch:
     scope: QuerySet | None = field(default=None, repr=False)
     # The database the search read (a replica, perhaps): the graph context reads it too.
     database: str | None = None
+    # Why the graph list was left out of the search, or "" when it was fused: "weak match"
+    # (no entity scored MIN_MATCH_SCORE), "no match", "no chunks", "weight 0".
+    skipped: str = ""
+    # How to expand later (graph_context) when the gate skipped the expansion.
+    depth: int = 0
+    collection_ids: list[int] | None = field(default=None, repr=False)
+
+    @property
+    def strength(self) -> float:
+        """How strongly the query matched the graph: its best matched entity's score."""
+        return max(self.entities.values(), default=0.0)
 
 
 def match_entities(
@@ -128,10 +139,14 @@ def graph_results(
     limit: int,
     matcher: Any = None,
     using: str | None = None,
+    min_match_score: float = 0.0,
 ) -> tuple[list[SearchResult], GraphMatch]:
     """Chunks (within ``chunks``, the request's scope) that mention the query's entities or
     their neighbours, scored by the sum of those entities' scores. Everything is read on the
-    database ``using`` (None: the one ``chunks`` reads)."""
+    database ``using`` (None: the one ``chunks`` reads).
+
+    When no entity matched with a score of at least ``min_match_score`` (the gate), no chunk
+    is scored: the results are empty and ``GraphMatch.skipped`` says why."""
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
         raise InvalidOption(f"graph_depth must be a non-negative integer, got {depth!r}")
     using = using or chunks.db
@@ -139,9 +154,20 @@ def graph_results(
         "graph.search", depth=depth, matcher=str(matcher or graph_setting("ENTITY_MATCHER"))
     ) as s:
         seeds = match_entities(query, vector, collection_ids, matcher=matcher, using=using)
+        match = GraphMatch(
+            seeds, scope=chunks, database=using, depth=depth, collection_ids=collection_ids
+        )
+        s.set(entities_found=len(seeds), match_score=match.strength)
+        if not seeds or match.strength < min_match_score:
+            # Not expanded here: graph_context does it if an answer needs the neighbours.
+            match.skipped = "no match" if not seeds else "weak match"
+            s.set(expanded_entity_count=0, result_count=0, skipped=match.skipped)
+            return [], match
         expanded, hops = expand(
             seeds, depth, graph_setting("DEPTH_DECAY"), collection_ids, using=using
         )
+        match.expanded, match.hops = expanded, hops
+        s.set(expanded_entity_count=len(expanded))
         totals: dict[int, float] = defaultdict(float)
         for chunk_id, entity_id in (
             EntityMention.objects.using(using)
@@ -161,12 +187,11 @@ def graph_results(
             result = SearchResult.from_chunk(chunk)
             result.graph_score = totals[pk]
             results.append(result)
-        s.set(
-            entities_found=len(seeds),
-            expanded_entity_count=len(expanded),
-            result_count=len(results),
-        )
-    return results, GraphMatch(seeds, expanded, hops, scope=chunks, database=using)
+        if not results:
+            match.skipped = "no chunks"
+            s.set(skipped=match.skipped)
+        s.set(result_count=len(results))
+    return results, match
 
 
 def graph_context(match: GraphMatch) -> dict[str, list]:
@@ -189,6 +214,14 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
         return empty
     scope = match.scope
     using = match.database or (scope.db if scope is not None else None)
+    if not match.expanded:  # the gate left the graph list out of the search: expand now
+        match.expanded, match.hops = expand(
+            match.entities,
+            match.depth,
+            graph_setting("DEPTH_DECAY"),
+            match.collection_ids,
+            using=using,
+        )
     mentions = EntityMention.objects.using(using)
     candidates = list(match.expanded or match.entities)
     if scope is None:

@@ -6,10 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..conf import graph_setting, scrub_text, search_setting
+from ..conf import graph_number, graph_setting, scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
 from ..exceptions import EmbeddingFailed, InvalidOption, InvalidSearchMode, RagError
-from ..graph.search import collection_ids, graph_results
+from ..graph.search import GraphMatch, collection_ids, graph_results
 from ..models.databases import search_db
 from ..models.fulltext import SYNTAXES
 from ..rerankers import get_reranker
@@ -142,7 +142,9 @@ def search(
     ``graph=True`` (default ``GRAPH["ENABLED"]``) also finds the query's entities
     (``entity_matcher``), follows their relationships ``graph_depth`` hops, scores the chunks
     that mention them (within the same collection, source and metadata scope) and fuses them
-    with the results above by reciprocal rank fusion (``graph_score`` is set on them).
+    with the results above by reciprocal rank fusion, the graph list weighing
+    ``GRAPH["WEIGHT"]`` (``graph_score`` is set on them). When no entity matched with a score
+    of at least ``GRAPH["MIN_MATCH_SCORE"]``, the graph list is left out.
 
     ``database`` is the ``DATABASES`` alias searched (default ``SEARCH["DATABASE"]``, else the
     routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
@@ -252,7 +254,13 @@ def run_search(
             results, match = _with_graph(
                 query_text, results, request, store, graph_depth, entity_matcher, embedder
             )
-            s.set(graph_enhanced=True, entities_found=len(match.entities))
+            s.set(
+                graph_enhanced=not match.skipped,
+                entities_found=len(match.entities),
+                graph_match_score=match.strength,
+            )
+            if match.skipped:
+                s.set(graph_skipped=match.skipped)
         if ranker is not None:
             results = _rerank(ranker, query_text, results, limit, s)
         results = results[:limit]
@@ -264,6 +272,8 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
 
     if not isinstance(store, PgVectorStore):
         raise InvalidOption("graph=True needs the pgvector store (the graph lives in PostgreSQL)")
+    weight = graph_number("WEIGHT")
+    rrf_k = graph_number("RRF_K")
     vector = request.vector
     if vector is None and (matcher or graph_setting("ENTITY_MATCHER")) == "embedding":
         vector = embed_query(embedder, query, store, using=request.database)
@@ -276,14 +286,32 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
         limit=request.limit,
         matcher=matcher,
         using=request.database,
+        min_match_score=graph_number("MIN_MATCH_SCORE"),
     )
-    if not found:
-        return results, match
+    return fuse_graph(results, found, match, weight=weight, rrf_k=rrf_k), match
+
+
+def fuse_graph(
+    results: list[SearchResult],
+    found: list[SearchResult],
+    match: GraphMatch,
+    *,
+    weight: float,
+    rrf_k: float,
+) -> list[SearchResult]:
+    """``results`` with the graph list ``found`` fused in by weighted reciprocal rank fusion
+    (``results`` weigh 1, ``found`` weighs ``weight``), ``graph_score`` set on every result.
+    ``results`` come back unchanged (the same order and scores, ``graph_score`` None) when
+    the graph list is empty or ``weight`` is 0; ``match.skipped`` then says why."""
+    if found and weight == 0:
+        match.skipped = "weight 0"
+    if match.skipped or not found:
+        return results
     scores = {r.chunk_id: r.graph_score for r in found}
-    fused = rrf_merge([results, found], rrf_k=graph_setting("RRF_K"))
+    fused = rrf_merge([results, found], rrf_k=rrf_k, weights=[1.0, weight])
     for result in fused:
         result.graph_score = scores.get(result.chunk_id)
-    return fused, match
+    return fused
 
 
 def embed_query(

@@ -84,6 +84,7 @@ DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
     "graph.search": lambda m: (
         f"{_plural(m.get('entities_found'), 'entity')} matched, "
         f"{_plural(m.get('result_count'), 'chunk')}"
+        + (f" (skipped: {m['skipped']})" if m.get("skipped") else "")
     ),
     "graph.community_detection": lambda m: _plural(m.get("community_count"), "community"),
     "graph.community_summary": lambda m: f"{m.get('summary_length', '?')} chars",
