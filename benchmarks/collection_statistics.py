@@ -9,10 +9,10 @@ the statistics tables, on a corpus split across ``--collections`` collections.
     python benchmarks/collection_statistics.py --migrate-to 0006_statistics_deltas  # and stop
     python benchmarks/collection_statistics.py --database stats_scale --read-scale 20,200,1000
 
-It runs in its own embedded PostgreSQL (data in ``DJANGO_RAG_BENCH_DIR``, default
+It runs in its own embedded PostgreSQL (data in ``DJANGO_RAG_BENCHMARK_DB``, default
 ``<tmp>/django_rag_collection_stats``; ``DATABASE_URL`` selects a server instead) and database
 (``--database``), with the offline hashing embedder: the figures are the store's, not a
-model's. Run it on two checkouts (same ``DJANGO_RAG_BENCH_DIR``, another ``--database``) to
+model's. Run it on two checkouts (same ``DJANGO_RAG_BENCHMARK_DB``, another ``--database``) to
 compare before and after.
 """
 
@@ -37,7 +37,7 @@ import django  # noqa: E402
 from django.conf import settings  # noqa: E402
 
 DATA_DIR = Path(
-    os.environ.get("DJANGO_RAG_BENCH_DIR")
+    os.environ.get("DJANGO_RAG_BENCHMARK_DB")
     or Path(tempfile.gettempdir()) / "django_rag_collection_stats"
 )
 
