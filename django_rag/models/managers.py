@@ -15,6 +15,7 @@ from pgvector.django import CosineDistance
 
 from ..conf import search_setting
 from ..fusion import fuse
+from ..results import SearchResult
 from .fulltext import bm25_sql, parse_query, quote_terms, term_weights
 
 try:
@@ -152,8 +153,6 @@ class ChunkQuerySet(models.QuerySet):
         ranking query itself: an unfiltered search is one round trip to the database (the
         ``hnsw.ef_search`` setting travels with it), a filtered one adds the count that picks
         the exact scan. Same rows, order and completeness as :meth:`semantic_hits`."""
-        from ..results import SearchResult
-
         results = []
         for row in self._nearest(vector, limit, columns=True):
             (pk, distance, text, document_id, chunk_index, collection, source_id, title,
