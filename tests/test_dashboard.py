@@ -102,7 +102,11 @@ def test_ingest_upload_and_delete(staff):
         url("ingest_text"), {"collection": "new", "text": "   ", "format": "text"}, follow=True
     )
     assert empty.status_code == 200 and "messages" in empty.content.decode()
-    staff.post(url("delete_document", doc.pk))
+    # Deleting asks first: the first POST shows a confirmation page and deletes nothing.
+    confirm = staff.post(url("delete_document", doc.pk))
+    assert confirm.status_code == 200 and Document.objects.filter(pk=doc.pk).exists()
+    assert 'name="confirmed" value="yes"' in confirm.content.decode()
+    staff.post(url("delete_document", doc.pk), {"confirmed": "yes"})
     assert not Document.objects.filter(pk=doc.pk).exists()
 
 
@@ -110,12 +114,23 @@ def test_collections_create_edit_and_refuse_to_delete_non_empty(staff, corpus):
     staff.post(url("save_collection"), {"name": "empty", "description": "Nothing yet"})
     empty = Collection.objects.get(name="empty")
     assert empty.description == "Nothing yet"
-    staff.post(url("save_collection"), {"name": "a", "description": "Policies"})
+    # Creating a collection whose name is taken is an error on the form, not an overwrite.
+    Collection.objects.filter(name="a").update(description="Kept")
+    page = staff.post(url("save_collection"), {"name": "a", "description": "Policies"})
+    assert page.status_code == 400
+    assert "already exists" in page.content.decode()
+    assert 'value="a"' in page.content.decode()  # the form keeps what was typed
+    assert Collection.objects.get(name="a").description == "Kept"
+    # Editing a description is its own form.
+    staff.post(url("save_collection"), {"name": "a", "description": "Policies", "existing": "1"})
     assert Collection.objects.get(name="a").description == "Policies"
     page = staff.post(url("delete_collection", Collection.objects.get(name="a").pk), follow=True)
     assert "still has 1 document" in page.content.decode()
     assert Collection.objects.filter(name="a").exists()
-    staff.post(url("delete_collection", empty.pk))
+    confirm = staff.post(url("delete_collection", empty.pk))
+    assert "Delete the collection" in confirm.content.decode()
+    assert Collection.objects.filter(name="empty").exists()
+    staff.post(url("delete_collection", empty.pk), {"confirmed": "yes"})
     assert not Collection.objects.filter(name="empty").exists()
 
 
@@ -254,7 +269,14 @@ def test_maintenance_starts_jobs_and_shows_progress(staff, corpus):
     from django_rag.testing import HashingEmbedder
 
     rag.ingest("legacy text", collection="a", embedder=HashingEmbedder(model_name="old"))
-    page = staff.post(url("maintenance"), {"action": "reembed", "collection": "a"}, follow=True)
+    confirm = staff.post(url("maintenance"), {"action": "reembed", "collection": "a"})
+    assert "Re-embed the chunks of the collection “a”?" in confirm.content.decode()
+    assert not Job.objects.filter(kind="reembed").exists()
+    page = staff.post(
+        url("maintenance"),
+        {"action": "reembed", "collection": "a", "confirmed": "yes"},
+        follow=True,
+    )
     body = page.content.decode()
     assert "Reembed finished" in body
     job = Job.objects.get(kind="reembed")
@@ -263,9 +285,11 @@ def test_maintenance_starts_jobs_and_shows_progress(staff, corpus):
     fragment = staff.get(url("maintenance"), HTTP_HX_REQUEST="true").content.decode()
     assert fragment.startswith('<div id="jobs"') and "<html" not in fragment
     page = staff.post(url("maintenance"), {"action": "orphans"}, follow=True)
-    assert "Orphans removed" in page.content.decode()
+    assert "No orphans: nothing to clean." in page.content.decode()
     # A failing job is shown as a message, not a 500.
-    page = staff.post(url("maintenance"), {"action": "summarize_communities"}, follow=True)
+    page = staff.post(
+        url("maintenance"), {"action": "summarize_communities", "confirmed": "yes"}, follow=True
+    )
     assert page.status_code == 200 and "needs an LLM" in page.content.decode()
     pending = Job.objects.create(kind="reembed", status="running", total=10, done=3)
     polling = staff.get(url("maintenance")).content.decode()
@@ -294,12 +318,14 @@ def test_evaluation_page_runs_generates_and_charts(staff, corpus):
             url("evaluation"), {"action": "run", "mode": mode, "collection": "a"}, follow=True
         )
     body = page.content.decode()
-    assert Run.objects.count() == 2 and "<polyline" in body and "recall_at_5" in body
+    assert Run.objects.count() == 2 and "<polyline" in body and "Recall@5" in body
     with llm_settings(ScriptedLLM(default='{"question": "How long are refunds?"}')):
         staff.post(url("evaluation"), {"action": "generate", "sample_size": 1, "collection": "a"})
     assert TestCase.objects.filter(origin="generated").count() == 1
     case = TestCase.objects.filter(origin="generated").get()
     staff.post(url("evaluation"), {"action": "delete_case", "case": case.pk})
+    assert TestCase.objects.filter(pk=case.pk).exists()  # asked first
+    staff.post(url("evaluation"), {"action": "delete_case", "case": case.pk, "confirmed": "yes"})
     assert not TestCase.objects.filter(pk=case.pk).exists()
     with override_settings(DJANGO_RAG=SCOPED):
         other = create_test_case("salaries", chunks=list(corpus[1].chunks.all()), collection="b")
