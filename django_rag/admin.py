@@ -8,9 +8,9 @@ admin shows them.
 
 from django import forms
 from django.contrib import admin, messages
-from django.forms.models import BaseInlineFormSet
 from django.db import transaction
 from django.db.models import Count
+from django.forms.models import BaseInlineFormSet
 from django.utils.text import Truncator
 
 from .background import start
