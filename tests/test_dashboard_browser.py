@@ -68,7 +68,25 @@ def browser(live_server, client, tmp_path):
 
 
 def shot(driver, name):
-    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+    """A screenshot of the whole page (up to 3000 px tall) at the window's width."""
+    import base64
+
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    image = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {
+                "x": 0,
+                "y": 0,
+                "width": size["width"],
+                "height": min(size["height"], 3000),
+                "scale": 1,
+            },
+        },
+    )
+    (ARTIFACTS / f"{name}.png").write_bytes(base64.b64decode(image["data"]))
 
 
 def wait_for(driver, condition, timeout=60):
@@ -137,6 +155,8 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
     ).find_element(By.CSS_SELECTOR, "button").click()
     wait_for(driver, lambda d: "Run evaluation finished" in d.page_source)
     assert "Completed" in driver.page_source
+    driver.find_element(By.CSS_SELECTOR, "#run-form button").click()  # a second run: a chart
+    wait_for(driver, lambda d: d.find_elements(By.ID, "metrics-chart"))
     shot(driver, "evaluation")
     driver.find_element(By.CSS_SELECTOR, "a[href*='/evaluation/runs/']").click()
     wait_for(driver, lambda d: d.find_elements(By.ID, "cases"))
@@ -161,6 +181,33 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
         driver.get(driver.base + f"{page}/")
         assert "django_rag" in driver.title
         shot(driver, page)
+
+    # The graph of a small corpus (local extractors: no LLM), and an entity's neighbourhood.
+    from django_rag.graph import build_graph
+    from django_rag.models import Entity
+
+    for text in (
+        "Ada Lovelace worked with Charles Babbage on the Analytical Engine in London.",
+        "Charles Babbage designed the Difference Engine; Ada Lovelace wrote its first program.",
+        "Mary Somerville introduced Ada Lovelace to Charles Babbage at a London party.",
+    ):
+        rag.ingest(text, collection="history")
+    settings = {
+        "EMBEDDER": "hashing",
+        "GRAPH": {
+            "EXTRACTOR": None,
+            "ENTITY_EXTRACTOR": "capitalized",
+            "RELATIONSHIP_EXTRACTOR": "cooccurrence",
+        },
+    }
+    with override_settings(DJANGO_RAG=settings):
+        result = build_graph("history")
+    hub = Entity.objects.filter(collection__name="history", normalized_name__contains="babbage")
+    driver.get(driver.base + f"graph/?collection=history&entity={hub.first().pk}")
+    counts = driver.find_element(By.ID, "graph-counts").text
+    assert counts.startswith(f"{result['entities']} entities · {result['relationships']} rel")
+    assert driver.find_elements(By.CSS_SELECTOR, "#neighbourhood text.label")
+    shot(driver, "graph")
 
 
 def _free_port() -> int:
