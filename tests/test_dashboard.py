@@ -387,7 +387,9 @@ def test_header_shows_the_user_a_logout_form_and_the_admin(staff):
     assert '<span class="user" title="Logged in as">staff</span>' in body
     assert '<a href="/admin/">Admin</a>' in body
     assert '<form method="post" action="/admin/logout/"' in body  # POST: Django 5 refuses GET
-    staff.post("/admin/logout/", {"next": url("documents")})
+    assert f'name="next" value="{url("home")}"' in body  # back to the dashboard, then login
+    response = staff.post("/admin/logout/", {"next": url("home")})
+    assert response.status_code == 302 and response["Location"] == url("home")
     assert staff.get(url("documents")).status_code == 302  # logged out
 
 
@@ -423,6 +425,15 @@ def test_every_destructive_button_asks_first(staff, corpus):
         # The confirmation re-posts the same fields.
         assert f'name="action" value="{action}"' in body and 'name="collection" value="a"' in body
     assert not Job.objects.exists()
+    # Cancel goes back to the page the form was on, never to another site.
+    page = staff.post(
+        url("maintenance"), {"action": "reembed"}, HTTP_REFERER="http://testserver/tools/rag/x/"
+    )
+    assert 'href="http://testserver/tools/rag/x/">Cancel' in page.content.decode()
+    page = staff.post(
+        url("maintenance"), {"action": "reembed"}, HTTP_REFERER="https://evil.example/"
+    )
+    assert f'href="{url("home")}">Cancel' in page.content.decode()
 
 
 @pytest.fixture

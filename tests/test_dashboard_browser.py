@@ -122,7 +122,17 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
     wait_for(driver, lambda d: "/documents/" in d.current_url and "Press the red" in d.page_source)
     assert "Press the red button" in driver.page_source and "pages 1" in driver.page_source
     shot(driver, "document")
+    # Long unbroken titles and source ids wrap: the table fits the 1280 px window.
+    rag.ingest("Untitled notes about the X200 drill's battery.", collection="manuals")
+    rag.ingest(
+        "A long one.",
+        collection="manuals",
+        title="Specification_" * 12,
+        source_id="https://intranet.example/" + "very-long-path/" * 12,
+    )
     driver.get(driver.base + "documents/")
+    assert "Untitled notes about the X200" in driver.page_source
+    assert driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
     shot(driver, "documents")
 
     # Search.
@@ -315,6 +325,11 @@ def test_a_new_project_configured_from_getting_started_reaches_every_page(tmp_pa
             assert "/rag/" in driver.current_url, page  # not sent to a login page
             assert driver.find_element(By.TAG_NAME, "h1").text, page
             assert "Traceback" not in body and "Server Error" not in body, page
+            # Nothing wider than the 1280 px window (no horizontal scrolling).
+            overflow = driver.execute_script(
+                "return document.documentElement.scrollWidth - window.innerWidth"
+            )
+            assert overflow <= 0, f"{page} overflows by {overflow}px"
         driver.get(base + "/rag/search/?q=refunds")
         assert "Refunds take five business days." in driver.page_source
 

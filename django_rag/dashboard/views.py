@@ -118,6 +118,18 @@ def document(request, pk: int):
 CHUNKS_PER_PAGE = 50
 
 
+def _cancel_url(request) -> str:
+    """Back to the page the form was on (same site only), else the dashboard's home."""
+    from django.utils.http import url_has_allowed_host_and_scheme
+
+    referer = request.META.get("HTTP_REFERER", "")
+    if referer and url_has_allowed_host_and_scheme(
+        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return referer
+    return reverse("django_rag_dashboard:home")
+
+
 def _confirm(request, *, title: str, message: str, button: str, details=None):
     """The confirmation page of a destructive POST, or None once it is confirmed.
 
@@ -142,7 +154,7 @@ def _confirm(request, *, title: str, message: str, button: str, details=None):
             details=details or [],
             fields=fields,
             action=request.get_full_path(),
-            cancel=request.META.get("HTTP_REFERER") or reverse("django_rag_dashboard:home"),
+            cancel=_cancel_url(request),
         ),
     )
 
