@@ -219,6 +219,32 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
     assert driver.find_elements(By.CSS_SELECTOR, "#neighbourhood text.label")
     shot(driver, "graph")
 
+    # Both themes, as the browser renders them: every button's text on its background is AA.
+    for scheme in ("light", "dark"):
+        driver.execute_cdp_cmd(
+            "Emulation.setEmulatedMedia",
+            {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
+        )
+        driver.get(driver.base + "collections/")
+        ratios = driver.execute_script(CONTRAST_JS)
+        assert ratios and min(ratios) >= 4.5, (scheme, ratios)
+        if scheme == "dark":
+            shot(driver, "collections-dark")
+
+
+CONTRAST_JS = """
+function lum(rgb) {
+  const c = rgb.match(/\\d+(\\.\\d+)?/g).slice(0, 3).map(Number).map(v => v / 255)
+    .map(v => v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4));
+  return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+}
+return [...document.querySelectorAll("button:not(.link):not(:disabled)")].map(b => {
+  const s = getComputedStyle(b);
+  const [hi, lo] = [lum(s.color), lum(s.backgroundColor)].sort((x, y) => y - x);
+  return (hi + 0.05) / (lo + 0.05);
+});
+"""
+
 
 def _free_port() -> int:
     with socket.socket() as sock:
