@@ -271,6 +271,9 @@ def test_maintenance_starts_jobs_and_shows_progress(staff, corpus):
     rag.ingest("legacy text", collection="a", embedder=HashingEmbedder(model_name="old"))
     confirm = staff.post(url("maintenance"), {"action": "reembed", "collection": "a"})
     assert "Re-embed the chunks of the collection “a”?" in confirm.content.decode()
+    assert "1 of 2 chunks were embedded by another model than hashing-bow" in (
+        confirm.content.decode()
+    )
     assert not Job.objects.filter(kind="reembed").exists()
     page = staff.post(
         url("maintenance"),

@@ -542,6 +542,7 @@ def maintenance(request):
                 title=CONFIRM_ACTIONS[action][0].format(target=target),
                 message=CONFIRM_ACTIONS[action][1],
                 button=CONFIRM_ACTIONS[action][2],
+                details=_scope_figures(request, action, collection),
             )
         ):
             return page
@@ -601,6 +602,24 @@ CONFIRM_ACTIONS = {
         "Summarise",
     ),
 }
+
+
+def _scope_figures(request, action: str, collection: str | None) -> list[str]:
+    """What an action would touch, for its confirmation page (cheap counts, no model load)."""
+    if request.POST.get("confirmed") == "yes":
+        return []
+    chunks = scope(Chunk.objects.all(), request)
+    if collection:
+        chunks = chunks.filter(collection__name=collection)
+    if action == "reembed":
+        from ..embeddings import get_embedder
+
+        model = get_embedder().model_name
+        stale = chunks.exclude(embedding_model=model).count()
+        return [f"{stale} of {chunks.count()} chunks were embedded by another model than {model}"]
+    if action == "build_graph":
+        return [f"{chunks.count()} chunks in scope"]
+    return []
 
 
 def _clean_orphans(request):
