@@ -629,3 +629,23 @@ def test_colours_meet_wcag_aa_in_both_themes():
         for fg, bg in pairs:
             ratio = _contrast(theme[fg], theme[bg])
             assert ratio >= 4.5, f"{name}: --{fg} on --{bg} is {ratio:.2f}:1"
+
+
+def test_a_project_brands_the_dashboard_through_base_html_blocks(staff, tmp_path, settings):
+    """As docs/dashboard.md says: a project template of the same name extends the app's."""
+    template = tmp_path / "django_rag" / "dashboard" / "base.html"
+    template.parent.mkdir(parents=True)
+    template.write_text(
+        '{% extends "django_rag/dashboard/base.html" %}'
+        "{% block site_title %}Acme Knowledge{% endblock %}"
+        '{% block logo %}<img src="/static/acme.svg" alt="Acme" class="logo">{% endblock %}'
+        "{% block site_name %}Acme{% endblock %}"
+        "{% block extra_head %}<style>:root { --accent: #0a5; }</style>{% endblock %}"
+        '{% block nav_extra %}<a href="/reports/">Reports</a>{% endblock %}'
+    )
+    settings.TEMPLATES = [{**settings.TEMPLATES[0], "DIRS": [str(tmp_path)]}]
+    body = staff.get(url("collections")).content.decode()
+    assert "<title>Collections · Acme Knowledge</title>" in body
+    assert '<img src="/static/acme.svg" alt="Acme" class="logo"><strong>Acme</strong>' in body
+    assert "<style>:root { --accent: #0a5; }</style>" in body
+    assert '<a href="/reports/">Reports</a>' in body and ">Info</a>" in body
