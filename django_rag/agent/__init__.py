@@ -32,6 +32,7 @@ from .components import (
     get_rewriter,
 )
 from .context import Context, Retrieval
+from .loop import Loop, LoopResult, Tool, ToolError, ToolStep, run_loop
 
 
 class Agent:
@@ -129,12 +130,18 @@ __all__ = [
     "Expander",
     "Gatekeeper",
     "KeywordExtractor",
+    "Loop",
+    "LoopResult",
     "Retrieval",
     "Rewriter",
     "Searcher",
     "Selector",
+    "Tool",
+    "ToolError",
+    "ToolStep",
     "ask",
     "get_rewriter",
     "parse_citations",
+    "run_loop",
     "steps",
 ]
