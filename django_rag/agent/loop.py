@@ -458,6 +458,11 @@ class _Run:
         self.tools = {tool.name: tool for tool in loop.tools}
         self.schemas = loop._schemas()
         self.parameters = {s["function"]["name"]: s["function"]["parameters"] for s in self.schemas}
+        # The collection scope is enforced by search() itself (with a message naming the
+        # collections allowed), not only by the schema's enum, which a model may ignore.
+        search_parameters = json.loads(json.dumps(self.parameters["search"]))
+        search_parameters["properties"]["collection"].pop("enum", None)
+        self.parameters["search"] = search_parameters
         self.result = LoopResult(
             question=loop.question,
             text="",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -257,6 +258,8 @@ class LiteLLM(LLM):
         if tools:
             kwargs["tools"] = tools
             kwargs.setdefault("tool_choice", "auto")
+            if _mcp_missing():
+                kwargs["_skip_mcp_handler"] = True
         response = self._call(kwargs)
         choices = getattr(response, "choices", None) or []
         if not choices:
@@ -338,6 +341,18 @@ class LiteLLM(LLM):
     def __repr__(self) -> str:
         api_base = scrub_text(self.api_base, self._secrets()) if self.api_base else None
         return f"<LiteLLM model={self.model_name!r} api_base={api_base!r}>"
+
+
+@functools.cache
+def _mcp_missing() -> bool:
+    """Whether litellm's MCP bridge cannot load. litellm (1.106) imports it for every call
+    with ``tools``, and it needs the ``mcp`` package, which only its proxy extra installs; the
+    bridge is for MCP tools, which we never send, so we tell litellm to skip it then."""
+    try:
+        import litellm.responses.mcp.chat_completions_handler  # noqa: F401
+    except ImportError as exc:
+        return (exc.name or "").split(".")[0] == "mcp"
+    return False
 
 
 def _field(value: Any, name: str) -> Any:
