@@ -6,7 +6,13 @@ import pytest
 
 import django_rag as rag
 from django_rag.agent import LoopResult, Tool, ToolError
-from django_rag.exceptions import InvalidInput, InvalidOption, LLMError, LLMNotConfigured
+from django_rag.exceptions import (
+    InvalidInput,
+    InvalidOption,
+    LLMError,
+    LLMNotConfigured,
+    UnknownCollection,
+)
 from django_rag.llm import CallableLLM, ToolCall, ToolCompletion, get_llm, tool_message
 from django_rag.results import SearchResult
 from django_rag.testing import ScriptedLLM
@@ -392,6 +398,8 @@ def test_loop_option_validation(corpus):
         rag.Loop("q", llm=llm, tools=["search"])
     with pytest.raises(InvalidOption, match="collection"):
         rag.Loop("q", llm=llm, collection=[])
+    with pytest.raises(UnknownCollection, match="'nope'"):
+        rag.Loop("q", llm=llm, collection=["policies", "nope"])
     with pytest.raises(LLMNotConfigured):
         rag.Loop("q")
 

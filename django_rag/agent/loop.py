@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import deadline_setting, scrub_text
-from ..exceptions import AgentTimeout, InvalidInput, InvalidOption, LLMError
+from ..exceptions import AgentTimeout, InvalidInput, InvalidOption, LLMError, UnknownCollection
 from ..llm import (
     LLM,
     ToolCall,
@@ -265,8 +265,9 @@ class Loop:
     ``Loop(question, ...)`` checks and holds the options; :meth:`run` runs the loop and returns
     a :class:`LoopResult` (also kept as ``loop.result``). Options:
 
-    - ``collection``: a name or list of names the model may search (None: every collection).
-      A search naming any other collection gets an error result; nothing outside is searched.
+    - ``collection``: a name or list of names the model may search (None: every collection;
+      an unknown name raises :class:`~django_rag.exceptions.UnknownCollection`). A search
+      naming any other collection gets an error result; nothing outside is searched.
     - ``llm``: the controller (it must call tools; backends without native tool calling use a
       prompted JSON protocol); ``answer_llm``: when given, it writes the final answer from the
       sources found (the controller only searches), with :func:`~django_rag.ask`'s prompt.
@@ -323,6 +324,16 @@ class Loop:
         elif isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0:
             raise InvalidOption(f"deadline must be a positive number of seconds, got {deadline!r}")
         self.scope = scope
+        self.descriptions: dict[str, str] = {}
+        if scope is not None:
+            self.descriptions = dict(
+                Collection.objects.using(search_db())
+                .filter(name__in=scope)
+                .values_list("name", "description")
+            )
+            missing = [name for name in scope if name not in self.descriptions]
+            if missing:
+                raise UnknownCollection(missing[0])
         self.llm: LLM = get_llm(llm, feature="Loop")
         self.answer_llm: LLM | None = (
             None if answer_llm is None else get_llm(answer_llm, feature="Loop's answer_llm")
@@ -398,12 +409,7 @@ class Loop:
     def _system(self) -> str:
         described = None
         if self.scope is not None:
-            descriptions = dict(
-                Collection.objects.using(search_db())
-                .filter(name__in=self.scope)
-                .values_list("name", "description")
-            )
-            described = [(name, descriptions.get(name, "")) for name in self.scope]
+            described = [(name, self.descriptions.get(name, "")) for name in self.scope]
         return prompts.loop_system(
             described, self.max_iterations, [tool.name for tool in self.tools]
         )
