@@ -10,6 +10,7 @@ from django_rag.exceptions import (
     AgentTimeout,
     InvalidInput,
     InvalidOption,
+    InvalidSearchMode,
     LLMError,
     LLMNotConfigured,
     UnknownCollection,
@@ -399,6 +400,8 @@ def test_loop_option_validation(corpus):
         rag.Loop("q", llm=llm, tools=["search"])
     with pytest.raises(InvalidOption, match="collection"):
         rag.Loop("q", llm=llm, collection=[])
+    with pytest.raises(InvalidSearchMode):
+        rag.Loop("q", llm=llm, mode="psychic")
     with pytest.raises(UnknownCollection, match="'nope'"):
         rag.Loop("q", llm=llm, collection=["policies", "nope"])
     with pytest.raises(LLMNotConfigured):

@@ -37,7 +37,7 @@ from ..llm import (
 from ..models import Collection
 from ..models.databases import search_db
 from ..results import Answer, SearchResult
-from ..retrieval.service import search
+from ..retrieval.service import normalize_mode, search
 from ..signals import span
 from ..validation import clean_query
 from . import prompts
@@ -354,6 +354,8 @@ class Loop:
         self.max_chunks = max_chunks
         self.threshold = threshold
         self.deadline = deadline
+        if search_options.get("mode") is not None:
+            normalize_mode(search_options["mode"])  # a bad mode fails here, not in every search
         self.search_options = search_options
         self.result: LoopResult | None = None
 
