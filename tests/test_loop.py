@@ -13,6 +13,7 @@ from django_rag.exceptions import (
     InvalidSearchMode,
     LLMError,
     LLMNotConfigured,
+    LLMTimeout,
     UnknownCollection,
 )
 from django_rag.llm import CallableLLM, ToolCall, ToolCompletion, get_llm, tool_message
@@ -418,6 +419,16 @@ def test_the_loop_stops_at_its_deadline(corpus):
     result = rag.Loop("refunds?", llm=ScriptedLLM(default=slow), deadline=0.1).run()
     assert result.stop_reason == "deadline" and isinstance(result.error, AgentTimeout)
     assert result.iterations == 1 and len(result.tool_calls) == 1 and result.text == ""
+
+    def cut_short(messages):
+        time.sleep(0.15)
+        raise LLMTimeout("the call ran out of time", model="scripted")
+
+    result = rag.Loop("refunds?", llm=ScriptedLLM(default=cut_short), deadline=0.1).run()
+    assert result.stop_reason == "deadline" and isinstance(result.error, LLMTimeout)
+    quick_failure = ScriptedLLM(LLMTimeout("provider timed out", model="scripted"))
+    result = rag.Loop("refunds?", llm=quick_failure, deadline=30).run()
+    assert result.stop_reason == "error"  # a provider timeout well inside the deadline
 
 
 # --- the whole loop over HTTP through litellm ----------------------------------------------------

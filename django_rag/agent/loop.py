@@ -24,7 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import deadline_setting, scrub_text
-from ..exceptions import AgentTimeout, InvalidInput, InvalidOption, LLMError, UnknownCollection
+from ..exceptions import (
+    AgentTimeout,
+    InvalidInput,
+    InvalidOption,
+    LLMError,
+    LLMTimeout,
+    UnknownCollection,
+)
 from ..llm import (
     LLM,
     ToolCall,
@@ -526,7 +533,9 @@ class _Run:
                 result.messages.append(tool_message(call.id, step.result))
 
     def fail(self, exc: Exception) -> None:
-        self.result.stop_reason = "error"
+        passed = self.deadline_at is not None and time.monotonic() >= self.deadline_at
+        # A call cut short by the loop's own deadline is the deadline, not a provider failure.
+        self.result.stop_reason = "deadline" if isinstance(exc, LLMTimeout) and passed else "error"
         self.result.error = exc
         logger.warning(
             "django_rag loop stopped on an LLM error: %s: %s",
