@@ -109,6 +109,30 @@ def test_backends_without_native_tools_use_the_prompted_json_protocol():
     assert "Assistant called search" in seen[1] and "<tool_result>\n14 days" in seen[1]
 
 
+def test_a_callable_llm_may_call_tools_natively():
+    def chat(messages, tools):
+        if messages[-1]["role"] == "tool":
+            return "Done."
+        return [("search", {"query": messages[-1]["content"]})]
+
+    llm = CallableLLM(lambda prompt: "unused", chat=chat, model_name="mine")
+    tools = [{"type": "function", "function": {"name": "search", "parameters": {}}}]
+    reply = llm.chat([{"role": "user", "content": "refunds"}], tools=tools)
+    assert [(c.name, c.arguments) for c in reply.tool_calls] == [("search", {"query": "refunds"})]
+    messages = [
+        {"role": "user", "content": "refunds"},
+        reply.message(),
+        tool_message(reply.tool_calls[0].id, "14 days"),
+    ]
+    assert llm.chat(messages, tools=tools).text == "Done."
+    broken = CallableLLM(lambda prompt: "", chat=lambda messages, tools: 42)
+    with pytest.raises(LLMError, match="returned int"):
+        broken.chat([{"role": "user", "content": "x"}], tools=tools)
+    failing = CallableLLM(lambda prompt: "", chat=lambda m, t: 1 / 0)
+    with pytest.raises(LLMError, match="ZeroDivisionError"):
+        failing.chat([{"role": "user", "content": "x"}], tools=tools)
+
+
 def test_litellm_tool_calls_over_http_with_a_429(stub_llm_server):
     stub_llm_server.chat = [
         Failure(429, "slow down", retry_after=0),
