@@ -100,7 +100,7 @@ def main() -> None:
 
     delta, low, high = paired_difference(search_ndcg, loop_ndcg)
     print(f"## Loop harness on {args.data.name} ({time.strftime('%Y-%m-%d', time.gmtime())})\n")
-    print(f"- Command: `python benchmarks/loop.py {' '.join(sys.argv[1:])}`".rstrip())
+    print(f"- Command: `{' '.join(['python benchmarks/loop.py', *sys.argv[1:]])}`")
     print(
         f"- {len(queries)} {args.split} queries; {len(corpus)} documents stored; controller: "
         f"scripted (search the question, limit {LIMIT}, then answer); embedder "
