@@ -11,6 +11,10 @@ Functional::
 
     from django_rag.agent import Context, steps
     ctx = steps.answer(steps.search(steps.gate(Context("...", llm=my_llm))))
+
+Tool calling (the model decides what to search and when to stop)::
+
+    result = rag.Loop("Compare plan A and plan B", collection="plans", llm=...).run()
 """
 
 from __future__ import annotations
