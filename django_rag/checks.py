@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.core import checks
 from django.db import DatabaseError, connections, router
 
-from .conf import check_graph_settings, embedding_dimensions, get_settings
+from .agent.grounding import get_grounder
+from .conf import check_graph_settings, embedding_dimensions, get_setting, get_settings
 from .embeddings import get_embedder
 from .exceptions import ConfigurationError
 from .ingestion.chunkers import get_chunker
@@ -18,6 +19,10 @@ from .store.vector_stores import writes_supported
 def _chunk_db() -> str:
 
     return router.db_for_write(Chunk)
+
+
+def _default_grounder():
+    return None if get_setting("GROUNDER") is None else get_grounder()
 
 
 @checks.register()
@@ -43,6 +48,7 @@ def check_settings(app_configs=None, **kwargs):
         ("EMBEDDER", get_embedder),
         ("CHUNKER", get_chunker),
         ("VECTOR_STORE", get_vector_store),
+        ("GROUNDER", _default_grounder),
     ):
         try:
             component = build()
