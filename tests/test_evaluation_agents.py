@@ -7,6 +7,7 @@ from io import StringIO
 
 import pytest
 from django.core.management import call_command
+from django.test import override_settings
 
 import django_rag as rag
 from django_rag.evaluation import create_test_case, run_evaluation
@@ -232,3 +233,74 @@ def scripted_llm(prompt):
     if "tool_calls" in prompt:  # the Loop's prompted tool protocol
         return '{"tool_calls": [{"name": "give_up", "arguments": {"reason": "nothing"}}]}'
     return "From the sources [1]."
+
+
+# --- the dashboard ------------------------------------------------------------------------------
+
+
+def test_dashboard_runs_an_agent_evaluation_and_shows_each_case(staff, cases):
+    from tests.test_dashboard import SCOPED, llm_settings, url
+
+    page = staff.get(url("evaluation")).content.decode()
+    for needle in (
+        'name="retriever"',
+        '<option value="loop">',
+        'name="steps"',
+        'name="evaluate_answers"',
+        '<option value="cross-encoder">',
+    ):
+        assert needle in page
+    llm = ScriptedLLM(
+        rules={
+            "Check an answer against its sources": judge((1, "supported"), (2, "contradicted")),
+            "You answer the user's question": "From the kb [1]. The moon is cheese.",
+            "same facts as the reference": '{"score": 5, "reasoning": "half"}',
+        }
+    )
+    with llm_settings(llm):
+        staff.post(
+            url("evaluation"),
+            {
+                "action": "run",
+                "mode": "fulltext",
+                "collection": "kb",
+                "retriever": "agent",
+                "steps": "search, answer",
+                "evaluate_answers": "1",
+                "grounder": "llm",
+            },
+            follow=True,
+        )
+    run = Run.objects.get()
+    assert run.status == "completed", run.error
+    assert run.config["retriever"] == ["search", "answer"]
+    assert run.config["grounder"] == "LLMGrounder" and run.config["evaluate_answers"]
+    body = staff.get(url("evaluation_run", run.pk)).content.decode()
+    assert "agent: search, answer" in body and '<th class="num">Faithfulness</th>' in body
+    assert '<mark class="grounding-supported" title="supported: chunks' in body
+    assert '<mark class="grounding-contradicted"' in body and "The moon is cheese." in body
+    assert "(the retriever's)" in body and "1 of 2 sentences supported" in body
+
+    # Bad steps are refused with a message; no run starts.
+    with llm_settings(llm):
+        page = staff.post(
+            url("evaluation"),
+            {"action": "run", "collection": "kb", "retriever": "agent", "steps": "fly"},
+            follow=True,
+        ).content.decode()
+    assert "unknown agent step" in page and Run.objects.count() == 1
+    page = staff.post(
+        url("evaluation"), {"action": "run", "collection": "kb", "retriever": "hack"}, follow=True
+    ).content.decode()
+    assert "Unknown retriever" in page and Run.objects.count() == 1
+
+    # A retriever error shows on the run page.
+    Run.objects.filter(pk=run.pk).update(
+        results=[{**run.results[0], "error": "RuntimeError: index down", "retrieved": []}]
+    )
+    body = staff.get(url("evaluation_run", run.pk)).content.decode()
+    assert "Retriever error: RuntimeError: index down" in body and 'id="case-errors"' in body
+    # A scoped user cannot evaluate a collection outside their scope.
+    with override_settings(DJANGO_RAG=SCOPED):
+        staff.post(url("evaluation"), {"action": "run", "collection": "kb", "retriever": "loop"})
+    assert Run.objects.count() == 1
