@@ -419,3 +419,29 @@ def test_a_grounder_subclass_is_a_grounder():
             return Grounding(1.0, [GroundedSpan(0, len(text), text, "supported", [])], "all")
 
     assert get_grounder(Everything).ground("x", []).score == 1.0
+
+
+def test_rag_ask_ground_prints_the_unsupported_sentences(corpus, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    settings.DJANGO_RAG = {
+        **settings.DJANGO_RAG,
+        "LLM": ScriptedLLM(
+            "Refunds take 14 days [1]. Refunds are instant.",
+            judge(
+                {"sentence": 1, "verdict": "supported", "sources": [1]},
+                {"sentence": 2, "verdict": "contradicted", "sources": [1]},
+            ),
+        ),
+    }
+    out = StringIO()
+    call_command(
+        "rag_ask", "refunds", "--collection", "policies", "--mode", "fulltext", "--limit", "1",
+        "--ground", stdout=out,
+    )  # fmt: skip
+    text = out.getvalue()
+    assert "Grounding (LLMGrounder): " in text and "% of the answer supported" in text
+    assert "  contradicted: Refunds are instant. (chunks " in text
+    assert "Refunds take 14 days [1]." not in text.split("Grounding")[1]
