@@ -445,3 +445,42 @@ def test_rag_ask_ground_prints_the_unsupported_sentences(corpus, settings):
     assert "Grounding (LLMGrounder): " in text and "% of the answer supported" in text
     assert "  contradicted: Refunds are instant. (chunks " in text
     assert "Refunds take 14 days [1]." not in text.split("Grounding")[1]
+
+
+def test_embedding_grounder_with_the_real_minilm(minilm):
+    grounder = EmbeddingGrounder(embedder=minilm, threshold=0.7)
+    grounding = grounder.ground(
+        "Refunds are paid within 14 days of the return. Penguins live in Antarctica.", CHUNKS
+    )
+    close, far = grounding.spans
+    assert close.verdict == "supported" and close.chunk_ids == [11] and close.score > 0.7
+    assert far.verdict == "unsupported" and far.score < 0.3
+    assert grounding.grounder == "EmbeddingGrounder(all-MiniLM-L6-v2)"
+
+
+@pytest.mark.django_db
+def test_evaluation_scores_faithfulness_with_the_local_grounder(corpus, nli_path):
+    from django_rag.evaluation import create_test_case, run_evaluation
+    from django_rag.models import Chunk
+
+    chunk_ = Chunk.objects.get(document__source_id="refunds")
+    create_test_case("refunds", chunks=[chunk_], collection="policies")
+
+    def retriever(question, *, collection, limit):
+        hit = SearchResult(chunk_id=chunk_.pk, text=chunk_.text, score=1.0)
+        return [hit], "The drill has power [1]. Fruit is a banana."
+
+    everything = CrossEncoderGrounder(model=nli_path, threshold=-1.0)
+    run = run_evaluation(
+        retriever=retriever, evaluate_answers=True, grounder=everything, llm=ScriptedLLM()
+    )
+    record = run.results[0]
+    assert record["faithfulness"] == 10.0 and record["answer_source"] == "retriever"
+    assert [s["verdict"] for s in record["grounding"]["spans"]] == ["supported", "supported"]
+    assert record["grounding"]["spans"][0]["chunk_ids"] == [chunk_.pk]
+    nothing = CrossEncoderGrounder(model=nli_path, threshold=1.01, contradiction_threshold=1.01)
+    run = run_evaluation(
+        retriever=retriever, evaluate_answers=True, grounder=nothing, llm=ScriptedLLM()
+    )
+    assert run.results[0]["faithfulness"] == 0.0 and run.metrics["faithfulness"] == 0.0
+    assert run.config["grounder"] == "CrossEncoderGrounder"
