@@ -417,7 +417,11 @@ class CrossEncoderGrounder(Grounder):
             contradiction: list[float | None] = [None] * len(rows)
         else:
             entail, contra = self._label_indices(model, width)
-            probabilities = [_softmax(row) for row in rows]
+            # Logits are softmaxed; a model whose head already gives probabilities is not.
+            probabilities = [
+                row if all(0 <= v <= 1 for v in row) and abs(sum(row) - 1) < 1e-4 else _softmax(row)
+                for row in rows
+            ]
             support = [p[entail] for p in probabilities]
             contradiction = [None if contra is None else p[contra] for p in probabilities]
         spans = []
