@@ -29,6 +29,7 @@ from ..exceptions import (
     NoTextLayer,
     UnsupportedFileType,
 )
+from .pdftext import hyphenated_words, page_blocks, page_text, reading_order, restore_hyphens
 
 
 @dataclass
@@ -302,6 +303,10 @@ class _PageCost:
 class PdfParser(Parser):
     """Extracts the text layer of a PDF with pymupdf, one page after another.
 
+    Each page's text is cleaned into prose (see :mod:`django_rag.ingestion.pdftext`): columns
+    read in order, wrapped lines joined, words hyphenated at a line end made whole again. Page
+    spans are the offsets of each cleaned page, so chunks' page ranges stay exact.
+
     Encrypted PDFs (unless the empty password opens them), damaged files and PDFs without a text
     layer (scans) raise typed errors. Budgets are enforced while reading, so a hostile file is
     refused early with :class:`DocumentTooLarge`: ``MAX_PDF_PAGES`` (checked first),
@@ -359,6 +364,11 @@ class PdfParser(Parser):
                     limit=max_pages,
                 )
             page_cost = _PageCost(document, max_page_bytes) if max_page_bytes else None
+            # Ligatures ("ﬁ") are expanded: PostgreSQL's text search would not match "fine" in
+            # "ﬁne". Images are not needed (they would cost memory).
+            flags = pymupdf.TEXTFLAGS_TEXT & ~pymupdf.TEXT_PRESERVE_LIGATURES
+            compounds: set[str] = set()  # hyphenated words printed inside a line
+            joins: list[tuple[int, str]] = []  # hyphens removed at line ends
             parts: list[str] = []
             pages: list[Page] = []
             offset = 0
@@ -393,15 +403,20 @@ class PdfParser(Parser):
                         limit=max_page_bytes,
                     )
                 try:
-                    text = page.get_text("text").replace("\x00", "").strip()
+                    blocks = page_blocks(page, flags)
                 except Exception as exc:
                     raise CorruptFile(
                         f"{filename} is damaged: reading page {number} failed ({exc}).",
                         filename=filename,
                     ) from exc
+                blocks = reading_order(blocks)
+                hyphenated_words(blocks, compounds)
+                cleaned = page_text(blocks)
+                text = cleaned.text
                 if parts:
                     parts.append("\n\n")
                     offset += 2
+                joins.extend((offset + at, key) for at, key in cleaned.joins)
                 pages.append(Page(number=number, start=offset, end=offset + len(text)))
                 parts.append(text)
                 offset += len(text)
@@ -411,7 +426,13 @@ class PdfParser(Parser):
                     )
                     error.details["page"] = number
                     raise error
-            text = "".join(parts)
+            # A hyphen removed at a line end goes back where the document prints the same
+            # word hyphenated elsewhere ("dual-" / "encoder" and "dual-encoder" on a later page).
+            text, restored = restore_hyphens("".join(parts), joins, compounds)
+            if restored:
+                for page in pages:
+                    page.start += bisect.bisect_left(restored, page.start)
+                    page.end += bisect.bisect_left(restored, page.end)
             if not text.strip():
                 raise NoTextLayer(
                     f"{filename} has no text layer (it looks scanned or image-only). Run OCR "
