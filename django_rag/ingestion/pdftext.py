@@ -39,9 +39,10 @@ _SENTENCE_END = frozenset(".!?:;")
 _PUNCTUATION = ".,;:!?()[]\"'“”‘’"
 _BINS = 1024  # resolution of the column search across the text's width
 _MIN_GUTTER = 4.0  # points: the narrowest gap taken for a column gutter (a 3-column register: 7)
-_GUTTER_COVERAGE = 0.2  # a gutter is crossed by at most this share of the busiest x-position
+_GUTTER_COVERAGE = 0.3  # a gutter is crossed by at most this share of the busiest x-position
 _MIN_COLUMN_SHARE = 0.12  # each column holds at least this share of the page's text height
 _MIN_COLUMN_LINE = 15  # characters per line on average: shorter columns are table cells
+_MAX_GUTTERS = 8  # more gutter candidates than this is no column layout (and bounds the work)
 
 
 @dataclass(slots=True)
@@ -91,10 +92,10 @@ def page_blocks(page, flags: int) -> list[Block]:
 # --- reading order ---------------------------------------------------------------------------
 
 
-def _gutters(blocks: list[Block]) -> list[tuple[float, float]]:
-    """Column gutters: x-intervals few blocks cross, with enough prose on each side."""
-    left = min(block.x0 for block in blocks)
-    right = max(block.x1 for block in blocks)
+def _gutters(lines: list[Line]) -> list[tuple[float, float]]:
+    """Column gutters: x-intervals few lines cross, with enough prose on each side."""
+    left = min(line.x0 for line in lines)
+    right = max(line.x1 for line in lines)
     width = right - left
     if width <= 2 * _MIN_GUTTER:
         return []
@@ -103,12 +104,12 @@ def _gutters(blocks: list[Block]) -> list[tuple[float, float]]:
     def to_bin(x: float) -> int:
         return min(_BINS - 1, max(0, int((x - left) / step)))
 
-    # Height of text covering each x-position: a difference array, O(blocks + bins).
+    # Height of text covering each x-position: a difference array, O(lines + bins).
     delta = [0.0] * (_BINS + 1)
-    for block in blocks:
-        height = max(block.y1 - block.y0, 1.0)
-        delta[to_bin(block.x0)] += height
-        delta[to_bin(block.x1) + 1] -= height
+    for line in lines:
+        height = max(line.y1 - line.y0, 1.0)
+        delta[to_bin(line.x0)] += height
+        delta[to_bin(line.x1) + 1] -= height
     coverage, running = [], 0.0
     for value in delta[:_BINS]:
         running += value
@@ -116,23 +117,25 @@ def _gutters(blocks: list[Block]) -> list[tuple[float, float]]:
     threshold = _GUTTER_COVERAGE * max(coverage)
     runs: list[tuple[float, float]] = []
     start = None
-    for index, value in enumerate(coverage + [threshold + 1]):
+    for index, value in enumerate([*coverage, threshold + 1]):
         if value <= threshold and start is None:
             start = index
         elif value > threshold and start is not None:
-            # Bins touching a block edge are partly covered: keep only whole bins inside.
+            # Bins touching a line's edge are partly covered: keep only whole bins inside.
             low, high = left + (start + 1) * step, left + index * step
             if start > 0 and index < _BINS and high - low >= _MIN_GUTTER:
                 runs.append((low, high))
             start = None
+    if len(runs) > _MAX_GUTTERS:
+        return []  # scattered text (a chart, a table of narrow cells), not columns of prose
     # Drop gutters that leave a column without prose (a margin note, a table's cell columns).
     while runs:
-        columns = _columns(blocks, runs)
+        columns = _columns(lines, runs)
         total = sum(mass for mass, _, _ in columns) or 1.0
         weak = [
             index
-            for index, (mass, chars, lines) in enumerate(columns)
-            if mass < _MIN_COLUMN_SHARE * total or chars < _MIN_COLUMN_LINE * max(lines, 1)
+            for index, (mass, chars, count) in enumerate(columns)
+            if mass < _MIN_COLUMN_SHARE * total or chars < _MIN_COLUMN_LINE * max(count, 1)
         ]
         if not weak:
             return runs
@@ -147,25 +150,25 @@ def _gutters(blocks: list[Block]) -> list[tuple[float, float]]:
     return []
 
 
-def _crosses(block: Block, gutters: list[tuple[float, float]]) -> bool:
-    return any(block.x0 < low and block.x1 > high for low, high in gutters)
+def _crosses(box: Line | Block, gutters: list[tuple[float, float]]) -> bool:
+    return any(box.x0 < low and box.x1 > high for low, high in gutters)
 
 
-def _column_of(block: Block, lows: list[float]) -> int:
-    return bisect.bisect_right(lows, (block.x0 + block.x1) / 2)
+def _column_of(box: Line | Block, lows: list[float]) -> int:
+    return bisect.bisect_right(lows, (box.x0 + box.x1) / 2)
 
 
-def _columns(blocks: list[Block], gutters: list[tuple[float, float]]):
-    """(text height, characters, lines) per column, blocks crossing a gutter left out."""
+def _columns(lines: list[Line], gutters: list[tuple[float, float]]):
+    """(text height, characters, lines) per column, lines crossing a gutter left out."""
     lows = [low for low, _ in gutters]
     columns = [[0.0, 0, 0] for _ in range(len(gutters) + 1)]
-    for block in blocks:
-        if _crosses(block, gutters):
+    for line in lines:
+        if _crosses(line, gutters):
             continue
-        column = columns[_column_of(block, lows)]
-        column[0] += block.y1 - block.y0
-        column[1] += block.chars
-        column[2] += len(block.lines)
+        column = columns[_column_of(line, lows)]
+        column[0] += line.y1 - line.y0
+        column[1] += len(line.text)
+        column[2] += 1
     return columns
 
 
@@ -189,21 +192,32 @@ def reading_order(blocks: list[Block]) -> list[Block]:
     each band is read column by column (right to left for right-to-left scripts), each column
     top to bottom. Without gutters MuPDF's own order (the producer's) is kept.
     """
-    if len(blocks) < 2:
+    lines = [line for block in blocks for line in block.lines]
+    if len(lines) < 2:
         return list(blocks)
-    gutters = _gutters(blocks)
+    gutters = _gutters(lines)
     if not gutters:
         return list(blocks)
     lows = [low for low, _ in gutters]
-    spanning = sorted((b for b in blocks if _crosses(b, gutters)), key=lambda b: (b.y0, b.x0))
+    spanning: list[Block] = []
+    columnar: list[Block] = []
+    for block in blocks:
+        if any(_crosses(line, gutters) for line in block.lines):
+            spanning.append(block)
+            continue
+        # MuPDF may put lines of two columns in one block (a page drawn row by row): split it.
+        parts: dict[int, list[Line]] = {}
+        for line in block.lines:
+            parts.setdefault(_column_of(line, lows), []).append(line)
+        columnar.extend([block] if len(parts) == 1 else [Block(part) for part in parts.values()])
+    spanning.sort(key=lambda b: (b.y0, b.x0))
     cuts = [(block.y0 + block.y1) / 2 for block in spanning]
     bands: list[list[list[Block]]] = [
         [[] for _ in range(len(gutters) + 1)] for _ in range(len(spanning) + 1)
     ]
-    for block in blocks:
-        if not _crosses(block, gutters):
-            band = bisect.bisect_right(cuts, (block.y0 + block.y1) / 2)
-            bands[band][_column_of(block, lows)].append(block)
+    for block in columnar:
+        band = bisect.bisect_right(cuts, (block.y0 + block.y1) / 2)
+        bands[band][_column_of(block, lows)].append(block)
     rtl = _right_to_left(blocks)
     ordered: list[Block] = []
     for index, band in enumerate(bands):
@@ -240,7 +254,7 @@ def _same_baseline(line: Line, following: Line) -> bool:
 
 def _is_list_item(text: str) -> bool:
     first = text[0]
-    if first in BULLETS:
+    if first in BULLETS or text.startswith("- "):
         return True
     # "1." "12)" "a)" "(iv)": a short marker followed by a space
     marker = _first_word(text)
