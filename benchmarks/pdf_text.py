@@ -43,6 +43,9 @@ if str(ROOT) not in sys.path:
 
 HYPHENS = "-\u2010\u00ad"
 PROSE_CHARS = 40
+LIGATURES = str.maketrans(
+    {"\ufb00": "ff", "\ufb01": "fi", "\ufb02": "fl", "\ufb03": "ffi", "\ufb04": "ffl"}
+)
 WORD = re.compile(r"[^\W\d_]+(?:-[^\W\d_]+)*")
 
 
@@ -158,13 +161,16 @@ def measure(path: Path) -> dict | None:
             offset += len(text)
     before = "\n\n".join(before_parts)
 
-    # De-hyphenation checked against the document's own words.
+    # De-hyphenation checked against the document's own words (ligatures expanded in the before
+    # text too, so "efﬁ-" / "ciently" compares with "efficiently").
+    checked = before.translate(LIGATURES)
+    before_lines = [line.translate(LIGATURES) for line in before_lines]
     whole = Counter(word.lower() for line in before_lines for word in WORD.findall(line))
     after_words = Counter(word.lower() for word in WORD.findall(parsed.text))
     checks = Counter()
-    for at in broken_words(before):
-        head = WORD.findall(before[max(0, at - 60) : at])
-        tail_match = WORD.match(before, len(before) - len(before[at + 1 :].lstrip()))
+    for at in broken_words(checked):
+        head = WORD.findall(checked[max(0, at - 60) : at])
+        tail_match = WORD.match(checked, len(checked) - len(checked[at + 1 :].lstrip()))
         if not head or not tail_match:
             continue
         head, tail = head[-1].split("-")[-1].lower(), tail_match.group().split("-")[0].lower()
