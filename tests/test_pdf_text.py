@@ -122,6 +122,28 @@ def test_wrapped_lines_become_one_paragraph_and_short_lines_stay():
     assert "Shopping list:\n- apples\n* pears\n1. first step\n2. second step" in text
 
 
+def test_a_paragraph_running_into_the_next_column_stays_one_paragraph():
+    lines = textwrap.wrap(LEFT_STORY, 40)
+    half = len(lines) // 2
+    items = column(LEFT, 100, lines[:half]) + column(RIGHT, 100, lines[half:])
+    items.append((LEFT, 700, "Footer text that also runs across the whole width of the page"))
+    text = parse([items])
+    assert LEFT_STORY in text  # one space where the column turned, no paragraph break
+    assert lines[half - 1] + " " + lines[half] in text
+
+
+def test_wrapped_chinese_lines_join_without_a_space():
+    blocks = [
+        Block(
+            [
+                Line("数据检索的质量取决于文本如何被切分成", 50, 100, 290, 110),
+                Line("段落以及每个段落的长度。", 50, 112, 200, 122),
+            ]
+        )
+    ]
+    assert page_text(blocks).text == "数据检索的质量取决于文本如何被切分成段落以及每个段落的长度。"
+
+
 def test_table_rows_stay_on_their_own_lines():
     rows = [["Country", "Capital"], ["France", "Paris"], ["Japan", "Tokyo"]]
     items = []

@@ -322,8 +322,13 @@ def _layout_separator(line: Line, following: Line, right: float, row: bool):
     if indent > 0.8 * (following.y1 - following.y0) and line.text[-1] in _SENTENCE_END:
         return line.text, "\n"  # an indented first line: a new paragraph
     if _wrapped(line, following, right):
-        return line.text, " "
+        return line.text, "" if _wide(line.text[-1]) and _wide(following.text[0]) else " "
     return line.text, "\n"
+
+
+def _wide(char: str) -> bool:
+    """Chinese, Japanese and Korean characters: their lines wrap without a space."""
+    return unicodedata.east_asian_width(char) in ("W", "F")
 
 
 def _continues(block: Block, following: Block) -> bool:
