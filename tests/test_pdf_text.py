@@ -376,3 +376,32 @@ def test_reading_order_work_is_bounded_on_many_scattered_blocks():
     small = count_lines(reading_order, blocks_at(2_000))
     large = count_lines(reading_order, blocks_at(8_000))
     assert large <= 4.4 * small, (small, large)
+
+
+def test_lines_with_infinite_or_nan_boxes_keep_their_text():
+    """A damaged font can make MuPDF report such boxes; the column search must not fail."""
+
+    class Page:  # what page.get_text("dict") returns, with broken boxes
+        def get_text(self, kind, flags):
+            def line(text, box):
+                return {"bbox": box, "spans": [{"text": text}]}
+
+            column = [line("x" * 40, (50, 100 + i * 12, 290, 110 + i * 12)) for i in range(30)]
+            other = [line("y" * 40, (320, 100 + i * 12, 560, 110 + i * 12)) for i in range(30)]
+            broken = [
+                line("infinite box", (float("-inf"), 0, float("inf"), 10)),
+                line("nan box", (float("nan"),) * 4),
+            ]
+            return {
+                "blocks": [
+                    {"type": 0, "lines": broken},
+                    {"type": 0, "lines": column},
+                    {"type": 0, "lines": other},
+                    {"type": 1},  # an image block
+                ]
+            }
+
+    blocks = reading_order(pdftext.page_blocks(Page(), 0))
+    text = page_text(blocks).text
+    assert "infinite box" in text and "nan box" in text
+    assert text.index("x" * 40) < text.index("y" * 40)

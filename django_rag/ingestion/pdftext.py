@@ -33,6 +33,7 @@ and it could not tell "COVID-" / "19" from "asso-" / "ciated" anyway.
 from __future__ import annotations
 
 import bisect
+import math
 import unicodedata
 from dataclasses import dataclass, field
 
@@ -86,8 +87,10 @@ def page_blocks(page, flags: int) -> list[Block]:
         for raw_line in raw.get("lines", ()):
             text = "".join(span["text"] for span in raw_line["spans"]).replace("\x00", "").strip()
             if text:
-                x0, y0, x1, y1 = raw_line["bbox"]
-                lines.append(Line(text, x0, y0, x1, y1))
+                # A damaged or hostile font can give infinite or NaN boxes: such a line keeps
+                # its text and gets an empty box (it then joins no column).
+                box = [value if math.isfinite(value) else 0.0 for value in raw_line["bbox"]]
+                lines.append(Line(text, *box))
         if lines:
             blocks.append(Block(lines))
     return blocks
