@@ -300,6 +300,16 @@ def test_fulltext_search_finds_words_split_across_lines():
         )
 
 
+def test_pages_over_the_layout_limit_keep_mupdf_plain_text(monkeypatch):
+    from django_rag.ingestion import parsers
+
+    lines = ["The measured effects were strongly asso-", "ciated with the dose."]
+    monkeypatch.setattr(parsers, "MAX_LAYOUT_CHARS", 20)
+    assert parse([column(LEFT, 72, lines)]) == "\n".join(lines)
+    monkeypatch.setattr(parsers, "MAX_LAYOUT_CHARS", 10_000)
+    assert "associated" in parse([column(LEFT, 72, lines)])
+
+
 # --- linear work on hostile layouts --------------------------------------------------------------
 
 

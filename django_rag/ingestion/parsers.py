@@ -29,7 +29,14 @@ from ..exceptions import (
     NoTextLayer,
     UnsupportedFileType,
 )
-from .pdftext import hyphenated_words, page_blocks, page_text, reading_order, restore_hyphens
+from .pdftext import (
+    MAX_LAYOUT_CHARS,
+    blocks_from_dict,
+    hyphenated_words,
+    page_text,
+    reading_order,
+    restore_hyphens,
+)
 
 
 @dataclass
@@ -403,20 +410,32 @@ class PdfParser(Parser):
                         limit=max_page_bytes,
                     )
                 try:
-                    blocks = page_blocks(page, flags)
+                    textpage = page.get_textpage(flags=flags)
+                    plain = textpage.extractText()
+                    # The layout is read only for pages of a bounded size (MAX_LAYOUT_CHARS):
+                    # its Python objects cost far more memory than the plain text.
+                    layout = (
+                        blocks_from_dict(textpage.extractDICT())
+                        if len(plain) <= MAX_LAYOUT_CHARS
+                        else None
+                    )
                 except Exception as exc:
                     raise CorruptFile(
                         f"{filename} is damaged: reading page {number} failed ({exc}).",
                         filename=filename,
                     ) from exc
-                blocks = reading_order(blocks)
-                hyphenated_words(blocks, compounds)
-                cleaned = page_text(blocks)
-                text = cleaned.text
                 if parts:
                     parts.append("\n\n")
                     offset += 2
-                joins.extend((offset + at, key) for at, key in cleaned.joins)
+                if layout is None:
+                    text = plain.replace("\x00", "").strip()
+                else:
+                    blocks = reading_order(layout)
+                    hyphenated_words(blocks, compounds)
+                    cleaned = page_text(blocks)
+                    text = cleaned.text
+                    joins.extend((offset + at, key) for at, key in cleaned.joins)
+                del textpage, plain, layout
                 pages.append(Page(number=number, start=offset, end=offset + len(text)))
                 parts.append(text)
                 offset += len(text)

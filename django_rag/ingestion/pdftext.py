@@ -47,6 +47,9 @@ _MIN_GUTTER = 4.0  # points: the narrowest gap taken for a column gutter (a 3-co
 _GUTTER_COVERAGE = 0.3  # a gutter is crossed by at most this share of the busiest x-position
 _MIN_COLUMN_SHARE = 0.12  # each column holds at least this share of the page's text height
 _MIN_COLUMN_LINE = 15  # characters per line on average: shorter columns are table cells
+# Pages with more characters than this keep MuPDF's plain text: the layout ("dict") output costs
+# about 1 KB of Python objects per span, and a hostile page can make every character a span.
+MAX_LAYOUT_CHARS = 50_000
 _MAX_GUTTERS = 8  # more gutter candidates than this is no column layout (and bounds the work)
 
 
@@ -79,8 +82,13 @@ class Block:
 
 def page_blocks(page, flags: int) -> list[Block]:
     """The text blocks of a pymupdf page in MuPDF's order, empty lines and blocks left out."""
+    return blocks_from_dict(page.get_text("dict", flags=flags))
+
+
+def blocks_from_dict(data: dict) -> list[Block]:
+    """:func:`page_blocks` from MuPDF's ``"dict"`` output."""
     blocks = []
-    for raw in page.get_text("dict", flags=flags)["blocks"]:
+    for raw in data["blocks"]:
         if raw.get("type", 0) != 0:
             continue
         lines = []
