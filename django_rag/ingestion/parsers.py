@@ -449,9 +449,9 @@ class PdfParser(Parser):
             # word hyphenated elsewhere ("dual-" / "encoder" and "dual-encoder" on a later page).
             text, restored = restore_hyphens("".join(parts), joins, compounds)
             if restored:
-                for page in pages:
-                    page.start += bisect.bisect_left(restored, page.start)
-                    page.end += bisect.bisect_left(restored, page.end)
+                for span in pages:  # each hyphen put back shifts the pages after it
+                    span.start += bisect.bisect_left(restored, span.start)
+                    span.end += bisect.bisect_left(restored, span.end)
             if not text.strip():
                 raise NoTextLayer(
                     f"{filename} has no text layer (it looks scanned or image-only). Run OCR "
