@@ -276,6 +276,9 @@ def test_rerank_with_the_llm_keeps_scores_at_or_above_the_threshold(corpus):
     assert [c.source_id for c in ctx.chunks] == ["x200"]
     assert list(ctx.rerank_scores.values()) == [9.0]
     assert ctx.results[0].collection == "reranked"
+    # What the threshold dropped is recorded with its score (the Ask page shows it).
+    assert ctx.rerank_dropped and all(c.rerank_score == 2.0 for c in ctx.rerank_dropped)
+    assert all(c.source_id != "x200" for c in ctx.rerank_dropped)
 
 
 @pytest.mark.parametrize("failure", FAILURES)
@@ -291,6 +294,10 @@ def test_rerank_with_a_scoring_function_and_top_k(corpus):
     steps.rerank(ctx, reranker=lambda q, results: [len(r.text) for r in results], top_k=1)
     longest = max(DOCS["products"].values(), key=len)
     assert [c.text for c in ctx.chunks] == [longest]
+    # top_k drops the others, scores kept, best first.
+    assert len(ctx.rerank_dropped) == 2
+    dropped = [c.rerank_score for c in ctx.rerank_dropped]
+    assert dropped == sorted(dropped, reverse=True) and max(dropped) <= len(longest)
 
 
 # --- answer ----------------------------------------------------------------------------------------
