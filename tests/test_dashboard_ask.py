@@ -5,6 +5,7 @@ import json
 import re
 import threading
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 from django.test import override_settings
@@ -51,9 +52,10 @@ def post(client, **data):
     return response.content.decode()
 
 
-def text_of(body: str, element_id: str) -> str:
-    """The text inside the element with this id (tags removed, whitespace collapsed)."""
-    match = re.search(rf'id="{element_id}"[^>]*>(.*?)</(dd|table|p|section|div)>', body, re.S)
+def text_of(body: str, element_id: str, end: str = "dd|table|p|section|div") -> str:
+    """The text inside the element with this id (tags removed, whitespace collapsed) up to
+    the first closing tag of the ``end`` names."""
+    match = re.search(rf'id="{element_id}"[^>]*>(.*?)</({end})>', body, re.S)
     assert match, f"no #{element_id} on the page"
     return " ".join(re.sub(r"<[^>]+>", " ", match.group(1)).split())
 
@@ -240,6 +242,13 @@ def test_grounding_highlights_render_in_the_answer(staff, corpus, monkeypatch): 
             grounder="judge",
             warnings=["one claim could not be parsed"],
         )
+        drill = SimpleNamespace(name="X200", type="product", description="")
+        maker = SimpleNamespace(name="Acme", type="company", description="")
+        answer.graph = {
+            "entities": [drill, maker],
+            "relationships": [SimpleNamespace(source=maker, type="MAKES", target=drill)],
+            "summaries": ["Acme makes <drills>."],
+        }
         return answer
 
     monkeypatch.setattr(views, "ask", grounded_ask)
@@ -256,6 +265,10 @@ def test_grounding_highlights_render_in_the_answer(staff, corpus, monkeypatch): 
     assert "<b>!</b>" not in body  # the answer is escaped, highlighted or not
     assert "Grounding (judge): score 0.50" in text_of(body, "grounding")
     assert "one claim could not be parsed" in body
+    # The graph context given to the LLM is shown, escaped.
+    graph = text_of(body, "graph-given", end="div")
+    assert "X200 (product)" in graph and "Acme —MAKES→ X200" in graph
+    assert "Acme makes &lt;drills&gt;." in graph
 
 
 def test_the_ground_step_is_offered_and_run_when_the_agent_has_it(staff, corpus, monkeypatch):  # noqa: F811

@@ -573,7 +573,7 @@ def ask_page(request):
     work = outcome.get("work")
     if work is not None:
         work["timeline"] = timeline(spans)
-        work["graph"] = _graph_context(work["chunks"], spans)
+        work["graph"] = _graph_context(work["chunks"], spans, getattr(answer, "graph", None))
         if work.get("error"):
             messages.error(request, work["error"])
         work["answer_segments"] = grounded_segments(
@@ -593,15 +593,19 @@ def ask_page(request):
     )
 
 
-def _graph_context(chunks: list[dict], spans: list[dict]) -> dict | None:
-    """What the knowledge graph added: the searches it took part in and its chunks."""
+def _graph_context(chunks: list[dict], spans: list[dict], given: dict | None) -> dict | None:
+    """What the knowledge graph added: the searches it took part in, its chunks, and the
+    entities, relationships and summaries given to the LLM (``Answer.graph``)."""
     searches = [
         s["metadata"] for s in spans if s["event"] == "search" and "graph_enhanced" in s["metadata"]
     ]
     graphed = [row for row in chunks if row["result"].graph_score is not None]
-    if not searches and not graphed:
+    if not searches and not graphed and not given:
         return None
     return {
+        "entities": list((given or {}).get("entities") or []),
+        "relationships": list((given or {}).get("relationships") or []),
+        "summaries": list((given or {}).get("summaries") or []),
         "searches": len(searches),
         "enhanced": sum(1 for m in searches if m.get("graph_enhanced")),
         "match_scores": [m.get("graph_match_score") for m in searches],
