@@ -110,7 +110,8 @@ def test_pipeline_mode_shows_every_step(staff, corpus):  # noqa: F811
     assert text_of(body, "step-expand") == "X200 drill warranty guarantee"
     assert text_of(body, "step-decompose") == "X200 warranty X200 guarantee length"
     search = text_of(body, "step-search")
-    assert search.startswith("In products:") and "“X200 warranty” in products" in search
+    assert search.startswith("In products: queries: “X200 warranty”, “X200 guarantee length”")
+    assert "“X200 warranty” in products" in search
     assert text_of(body, "step-reason") == "1 iteration(s): “X100 motor power”"
     rerank = text_of(body, "step-rerank")
     assert rerank == "kept 1, dropped 1 kept x200 (9.00) dropped x100 (2.00)"
