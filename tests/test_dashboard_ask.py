@@ -133,7 +133,7 @@ def test_pipeline_mode_shows_every_step(staff, corpus):  # noqa: F811
     assert "agent.self_correct" in events
 
 
-def test_pipeline_search_failure_shows_the_failed_step(staff, corpus):  # noqa: F811
+def test_pipeline_shows_a_skipped_search_and_a_failed_step(staff, corpus):  # noqa: F811
     with settings(ScriptedLLM(default="{}")):
         body = post(staff, kind="pipeline", steps=["gate"], mode="nonsense-mode")
     assert "Select a valid choice" in body  # a bad form is refused before anything runs
@@ -144,6 +144,15 @@ def test_pipeline_search_failure_shows_the_failed_step(staff, corpus):  # noqa: 
     assert text_of(body, "step-gate") == "Answer without retrieval : Chit-chat."
     assert text_of(body, "step-search").startswith("Skipped")
     assert "No chunk." in body
+    # The answer step fails (the provider is down): the work up to it is still shown.
+    llm = ScriptedLLM(rules={REWRITE: "X200 warranty", ANSWER: RuntimeError("provider down")})
+    with settings(llm):
+        body = post(staff, kind="pipeline", steps=["rewrite"])
+    assert text_of(body, "failed-step").startswith("The answer step failed: ")
+    assert "provider down" in text_of(body, "failed-step")
+    assert 'class="messages"' in body and text_of(body, "step-rewrite") == "X200 warranty"
+    assert 'class="kept" data-chunk=' in body  # the chunks found are still listed
+    assert 'id="answer-card" hidden' in body  # no answer to show
 
 
 def test_loop_mode_shows_the_tool_trace_and_stop_reason(staff, corpus):  # noqa: F811
