@@ -427,7 +427,7 @@ def rerank(
             s.set(original=0, kept=0)
             return
         # Score everything once, then cut here, so what is dropped keeps its score.
-        scored = component.rerank(ctx.question, chunks, top_k=None, threshold=float("-inf"))
+        scored = component.rerank(ctx.question, chunks, top_k=len(chunks), threshold=float("-inf"))
         threshold = component.threshold if threshold is None else threshold
         top_k = component.top_k if top_k is None else top_k
         kept = [
