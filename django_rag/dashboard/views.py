@@ -420,21 +420,19 @@ def _run_pipeline(request, data, visible: list[str]) -> dict:
         {"question": r.question, "collection": r.collection, "count": len(r.chunks)}
         for r in ctx.results
     ]
-    retrieved = list(ctx.chunks)
     if "reason" in steps:
         agent.reason()
     if "rerank" in steps:
         agent.rerank()
     agent.answer(self_correct="self_correct" in steps)
-    ground = "ground" in steps and hasattr(agent, "ground")
+    # The grounding step exists only in versions of the agent that have it.
+    ground = "ground" in steps and hasattr(Agent, "ground")
     if ground:
         agent.ground()
     answer = agent.result
     kept = {c.chunk_id for c in ctx.chunks}
     chunks = _chunk_rows(ctx.chunks, kept=kept)
     chunks += _chunk_rows(ctx.rerank_dropped, kept=set())
-    if "rerank" not in steps:
-        chunks += _chunk_rows([c for c in retrieved if c.chunk_id not in kept], kept=set())
     work = {
         "kind": "pipeline",
         "steps": [name for name, _ in STEP_ORDER if name in steps or name in ("search", "answer")]
