@@ -158,7 +158,7 @@ def test_pipeline_shows_a_skipped_search_and_a_failed_step(staff, corpus):  # no
 def test_loop_mode_shows_the_tool_trace_and_stop_reason(staff, corpus):  # noqa: F811
     llm = ScriptedLLM(
         ("search", {"query": "X200 warranty", "limit": 2}),
-        ("search", {"query": "X200 warranty", "limit": 2, "collection": "nope"}),
+        ("search", {"query": "<script>alert(1)</script>", "collection": "nope"}),
         ("answer", {"text": "Two years [1]."}),
     )
     with settings(llm):
@@ -168,6 +168,7 @@ def test_loop_mode_shows_the_tool_trace_and_stop_reason(staff, corpus):  # noqa:
     trace = text_of(body, "tool-calls")
     assert "search query=X200 warranty; limit=2" in trace and "answer text=Two years [1]." in trace
     assert "nope" in trace
+    assert "<script>alert(1)" not in body and "&lt;script&gt;alert(1)" in body  # escaped
     assert body.count('class="case-failed"') == 1  # the unknown collection: an error result
     assert 'class="kept" data-chunk=' in body
     assert "agent.loop" in body and "agent.loop.tool" in body
