@@ -348,7 +348,9 @@ def _continues(block: Block, following: Block) -> bool:
     if not first.text[0].islower():
         return False
     height = max(last.y1 - last.y0, 1.0)
-    below = -0.2 * height <= first.y0 - last.y1 <= 0.8 * height
+    # The next line starts lower, at most a line's gap below (a formula in a line makes its box
+    # taller than the text, so the next line may start a little above the box's bottom).
+    below = first.y0 > last.y0 and -0.5 * height <= first.y0 - last.y1 <= 0.8 * height
     overlap = min(block.x1, following.x1) - max(block.x0, following.x0)
     aligned = overlap > 0.5 * min(block.x1 - block.x0, following.x1 - following.x0)
     # The top of the next column: a paragraph running on from the bottom of the last one.
