@@ -21,5 +21,7 @@ urlpatterns = [
     path("maintenance/", views.maintenance, name="maintenance"),
     path("evaluation/", views.evaluation, name="evaluation"),
     path("evaluation/jobs/", views.evaluation_jobs, name="evaluation_jobs"),
+    path("jobs/", views.jobs, name="jobs"),
+    path("jobs/<int:pk>/retry/", views.retry_job, name="retry_job"),
     path("info/", views.info, name="info"),
 ]

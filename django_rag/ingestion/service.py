@@ -479,6 +479,9 @@ def _enqueue(pending: _Pending, options: dict[str, Any]) -> Document:
         kind=Job.Kind.INGEST,
         params={
             "document_id": document.pk,
+            # For the jobs page: which collection (its access scope) and which document.
+            "collection": pending.collection,
+            "title": document.title or document.original_filename or "",
             "replace": pending.replace,
             "format": pending.parsed.format,
             "pages": [[p.number, p.start, p.end] for p in pending.parsed.pages],
