@@ -106,8 +106,14 @@ def describe() -> dict[str, Any]:
 # module, which every layer may use to queue work, never imports the tasks themselves.
 _TASKS: dict[str, Callable[..., Any]] = {}
 
-# Kinds whose task name is not the kind with underscores.
-_TASK_FOR_KIND = {Job.Kind.INGEST: "ingest_document", Job.Kind.REEMBED_TASK: "reembed"}
+# Kinds whose task name is not the kind with underscores; None: a command's own job (a
+# foreground re-embed or model switch), which no task runs again (rag_reembed --resume does).
+_TASK_FOR_KIND: dict[str, str | None] = {
+    Job.Kind.INGEST: "ingest_document",
+    Job.Kind.REEMBED_TASK: "reembed",
+    Job.Kind.REEMBED: None,
+    Job.Kind.SWITCH: None,
+}
 
 
 def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -123,7 +129,7 @@ def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 def task_for(job: Job) -> str | None:
     """The name of the task that runs ``job``, or None (a command's own foreground job)."""
     name = _TASK_FOR_KIND.get(job.kind, job.kind.replace("-", "_"))
-    return name if name in _TASKS else None
+    return name if name is not None and name in _TASKS else None
 
 
 def worker_name() -> str:
