@@ -106,13 +106,14 @@ def describe() -> dict[str, Any]:
 # module, which every layer may use to queue work, never imports the tasks themselves.
 _TASKS: dict[str, Callable[..., Any]] = {}
 
-# Kinds whose task name is not the kind with underscores; None: a command's own job (a
-# foreground re-embed or model switch), which no task runs again (rag_reembed --resume does).
-_TASK_FOR_KIND: dict[str, str | None] = {
+# Kinds whose task name is not the kind with underscores. The reembed task renames its job to
+# "reembed" or "embedding-switch" as it starts; the same kinds also name a command's own
+# foreground job (no runner), which no task runs again (rag_reembed --resume does).
+_TASK_FOR_KIND: dict[str, str] = {
     Job.Kind.INGEST: "ingest_document",
     Job.Kind.REEMBED_TASK: "reembed",
-    Job.Kind.REEMBED: None,
-    Job.Kind.SWITCH: None,
+    Job.Kind.REEMBED: "reembed",
+    Job.Kind.SWITCH: "reembed",
 }
 
 
@@ -128,8 +129,10 @@ def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
 
 def task_for(job: Job) -> str | None:
     """The name of the task that runs ``job``, or None (a command's own foreground job)."""
+    if job.kind in (Job.Kind.REEMBED, Job.Kind.SWITCH) and not job.runner:
+        return None
     name = _TASK_FOR_KIND.get(job.kind, job.kind.replace("-", "_"))
-    return name if name is not None and name in _TASKS else None
+    return name if name in _TASKS else None
 
 
 def worker_name() -> str:

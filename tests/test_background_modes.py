@@ -320,3 +320,23 @@ def test_rag_info_shows_the_mode():
             out = StringIO()
             call_command("rag_info", stdout=out)
             assert expected in out.getvalue()
+
+
+def test_a_failed_queued_reembed_is_retried(failing_embedder):
+    from django_rag.testing import HashingEmbedder
+
+    rag.ingest("legacy text", collection="a", embedder=HashingEmbedder(model_name="old-model"))
+    config = {"EMBEDDER": failing_embedder("legacy"), "BACKGROUND": "worker"}
+    with override_settings(DJANGO_RAG=config):
+        job = background.enqueue_reembed(batch_size=64)
+        assert background.work(burst=True) == [job.pk]
+    job.refresh_from_db()
+    # The task renamed it to the re-embed it ran, counted one attempt and recorded the error.
+    assert (job.kind, job.status, job.attempts) == ("reembed", "failed", 1)
+    assert "provider refused" in job.error and background.task_for(job) == "reembed"
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "worker"}):
+        background.retry(job)
+        assert background.work(burst=True) == [job.pk]
+    job.refresh_from_db()
+    assert (job.status, job.attempts, job.error) == ("completed", 2, "")
+    assert set(Chunk.objects.values_list("embedding_model", flat=True)) == {"hashing-bow"}

@@ -71,19 +71,17 @@ class Job(models.Model):
     # --- lifecycle: pending -> running -> completed | failed (the one place that moves it) ----
 
     def start(self) -> None:
-        """Mark the job running (again, for a retried or resumed job)."""
+        """Mark the job running (again, for a retried or resumed job); counts an attempt once
+        per run (a task and the service it calls may both start the same job)."""
         now = timezone.now()
         self.status = self.Status.RUNNING
         self.error = ""
         self.started_at = self.heartbeat_at = now
-        type(self).objects.filter(pk=self.pk).update(
-            status=self.status,
-            error="",
-            started_at=now,
-            heartbeat_at=now,
-            finished_at=None,
-            attempts=models.F("attempts") + 1,
-        )
+        changes = {"status": self.status, "error": "", "started_at": now, "heartbeat_at": now}
+        if not getattr(self, "_attempt_counted", False):
+            self._attempt_counted = True
+            changes["attempts"] = models.F("attempts") + 1
+        type(self).objects.filter(pk=self.pk).update(finished_at=None, **changes)
 
     def finish(self, result: dict | None = None) -> None:
         """Mark the job completed with its result (a job already completed stays as it is)."""
