@@ -29,7 +29,14 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
-from django.db import connections, router, transaction
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connections,
+    router,
+    transaction,
+)
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
@@ -393,7 +400,18 @@ def work(
     stop = stop or threading.Event()
     ran: list[int] = []
     while not stop.is_set():
-        job = claim(worker)
+        # Like a request: drop connections that broke or outlived CONN_MAX_AGE between jobs
+        # (not inside a caller's transaction, which closing would end).
+        if not connections[router.db_for_write(Job)].in_atomic_block:
+            close_old_connections()
+        try:
+            job = claim(worker)
+        except (OperationalError, InterfaceError):
+            # The database restarted or the network blinked: wait, reconnect, go on.
+            logger.warning("rag_worker could not reach the database", exc_info=True)
+            connections.close_all()
+            stop.wait(jobs_setting("POLL_SECONDS"))
+            continue
         if job is None:
             if burst:
                 break
