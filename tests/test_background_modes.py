@@ -96,6 +96,7 @@ def test_thread_mode_runs_the_upload_after_the_request_returns(staff_client):
     assert Chunk.objects.filter(document=document).count() == document.chunk_count
     assert job.result == {"document_id": document.pk, "chunk_count": document.chunk_count}
     assert job.started_at <= job.finished_at and job.attempts == 1
+    assert (job.done, job.total) == (document.chunk_count, document.chunk_count)  # progress
     page = staff_client.get(reverse("django_rag_dashboard:jobs")).content.decode()
     assert 'data-status="completed"' in page and "<th>Chunk count</th>" in page
     assert "{&#x27;" not in page and "hx-trigger" not in page  # no raw dict; polling stops

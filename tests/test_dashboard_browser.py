@@ -419,6 +419,8 @@ def test_an_upload_returns_at_once_and_its_progress_is_seen_to_complete(browser,
         assert driver.execute_script("return window.notReloaded === true;")  # htmx polling
         row = driver.find_element(By.ID, f"job-{job.pk}")
         assert "Chunk count" in row.text and "took" in row.text
+        chunks = Job.objects.get(pk=job.pk).result["chunk_count"]
+        assert f"{chunks}/{chunks}" in row.text  # the progress counted chunk by chunk
         shot(driver, "jobs")
         row.find_element(By.CSS_SELECTOR, "table.kv a").click()  # the document id, linked
         wait_for(driver, lambda d: "Prime the pump" in d.page_source)
