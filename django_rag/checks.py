@@ -5,7 +5,12 @@ from __future__ import annotations
 from django.core import checks
 from django.db import DatabaseError, connections, router
 
-from .conf import check_graph_settings, embedding_dimensions, get_settings
+from .conf import (
+    check_background_settings,
+    check_graph_settings,
+    embedding_dimensions,
+    get_settings,
+)
 from .embeddings import get_embedder
 from .exceptions import ConfigurationError
 from .ingestion.chunkers import get_chunker
@@ -29,6 +34,7 @@ def check_settings(app_configs=None, **kwargs):
         get_settings()
         dimensions = embedding_dimensions()
         check_graph_settings()
+        check_background_settings()
     except ConfigurationError as exc:
         return [
             checks.Error(

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import embeddings
+from . import background, embeddings
 from .conf import embedding_dimensions, get_setting, get_settings, redact
 from .embeddings import Embedder, configured_embedder, get_embedder
 from .exceptions import DimensionMismatch, InvalidInput, UnknownCollection
@@ -347,6 +347,7 @@ def info() -> dict[str, Any]:
         "pgvector": pgvector_version(),
         "collections": collections,
         "chunks_by_model": dict(_chunks_by_model()),
+        "background": {**background.describe(), "stalled_jobs": background.stalled().count()},
     }
 
 

@@ -1,8 +1,8 @@
 """Celery tasks. Each takes a Job id, is idempotent, acknowledges late (a killed worker's task
 is delivered again) and retries transient failures with exponential backoff.
 
-Without Celery installed (or with no broker: see :mod:`django_rag.background`) the same
-functions run inline.
+Without Celery (or with no broker: see :mod:`django_rag.background`) the same functions run
+in a thread pool, on rag_worker processes or inline.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import InterfaceError, OperationalError, router
 
 from . import maintenance
-from .background import register
+from .background import heartbeat, register
 from .evaluation import generate_test_cases as generate
 from .evaluation import run_evaluation as evaluate
 from .exceptions import EmbeddingFailed, LLMError
@@ -47,7 +47,8 @@ def _run(job_id: int, body) -> None:
         return
     job.start()
     try:
-        result = body(job)
+        with heartbeat(job):
+            result = body(job)
     except BaseException as exc:
         job.fail(exc)
         raise

@@ -17,3 +17,33 @@ class SlowFlakyEmbedder(HashingEmbedder):
             raise ConnectionError("transient embedding failure")
         time.sleep(float(os.environ.get("DJANGO_RAG_TEST_EMBED_DELAY", "0")))
         return super()._embed(texts)
+
+
+class FileGatedEmbedder(HashingEmbedder):
+    """Hashing vectors, but each batch waits until the file named by
+    ``DJANGO_RAG_TEST_GATE_FILE`` exists (a worker process the test can hold mid-job)."""
+
+    def _embed(self, texts):
+        gate = os.environ.get("DJANGO_RAG_TEST_GATE_FILE")
+        deadline = time.monotonic() + 120
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return super()._embed(texts)
+
+
+class GatedEmbedder(HashingEmbedder):
+    """Hashing vectors once ``gate`` (a threading.Event) is set; ``entered`` is set when a batch
+    starts waiting, so a test knows the job is inside its work. In-process only."""
+
+    def __init__(self, **kwargs):
+        import threading
+
+        super().__init__(**kwargs)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def _embed(self, texts):
+        self.entered.set()
+        if not self.gate.wait(120):
+            raise TimeoutError("the test never opened the gate")
+        return super()._embed(texts)

@@ -13,6 +13,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from .. import background
 from ..agent import Agent, ask
 from ..background import start
 from ..conf import get_setting, scrub_text
@@ -214,6 +215,11 @@ def upload(request):
     except RagError as exc:
         messages.error(request, f"{upload.name}: {exc}")
         return _back(request, "documents")
+    job = getattr(doc, "job", None)
+    if job is not None and doc.status != Document.Status.COMPLETED:
+        # Queued (thread pool, rag_worker or Celery): follow its progress on the jobs page.
+        messages.info(request, f"{upload.name}: queued as job {job.pk}.")
+        return HttpResponseRedirect(reverse("django_rag_dashboard:jobs") + f"?job={job.pk}")
     messages.success(
         request, f"{upload.name}: {doc.get_status_display().lower()}, {doc.chunk_count} chunks."
     )
@@ -745,16 +751,123 @@ def _start(request, task: str, **params):
     return job
 
 
-def _jobs(request, kinds):
-
-    jobs = Job.objects.filter(kind__in=kinds).order_by("-created_at", "-pk")
+def _scoped_jobs(request):
+    jobs = Job.objects.order_by("-created_at", "-pk")
     if request.rag_collections is not None:
         # A restricted user sees the jobs of their collections only.
         allowed = list(request.rag_collections)
         jobs = jobs.filter(
             Q(params__collection__in=allowed) | Q(params__options__collection__in=allowed)
         )
-    return list(jobs[:JOB_LIMIT])
+    return jobs
+
+
+def _jobs(request, kinds):
+    return _decorate(list(_scoped_jobs(request).filter(kind__in=kinds)[:JOB_LIMIT]))
+
+
+def _decorate(jobs):
+    """What the jobs table shows beyond the row: stalled, retryable, the result as rows."""
+    after = background.describe().get("stalled_after_seconds") or 0
+    for job in jobs:
+        job.stalled = bool(after) and job.is_stalled(after)
+        job.retryable = (job.stalled or job.status == Job.Status.FAILED) and bool(
+            background.task_for(job)
+        )
+        job.result_rows = _result_rows(job.result)
+        job.duration_text = _duration(job.duration)
+    return jobs
+
+
+def _duration(delta) -> str:
+    if delta is None:
+        return ""
+    seconds = delta.total_seconds()
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def _value(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "no", None: "—"}[value]
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".") if value else "0"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')}: {_value(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(_value(v) for v in value[:20]) + (" …" if len(value) > 20 else "")
+    return str(value)
+
+
+def _result_rows(result) -> list[dict]:
+    """A job's result as (label, value, link) rows: one per key, nested dicts flattened a
+    level, a document id linked to its page."""
+    if not isinstance(result, dict):
+        return [{"label": "result", "value": _value(result), "url": ""}] if result else []
+    rows = []
+    for key, value in result.items():
+        if isinstance(value, dict) and all(not isinstance(v, dict) for v in value.values()):
+            for inner, v in value.items():
+                rows.append(
+                    {"label": f"{key} · {inner}".replace("_", " "), "value": _value(v), "url": ""}
+                )
+            continue
+        url = ""
+        if key == "document_id" and isinstance(value, int):
+            url = reverse("django_rag_dashboard:document", args=[value])
+        rows.append({"label": key.replace("_", " "), "value": _value(value), "url": url})
+    return rows
+
+
+JOB_STATUSES = ["pending", "running", "stalled", "completed", "failed"]
+
+
+@dashboard_view
+def jobs(request):
+    """Every job the user may see, newest first, with progress, times, results and retries."""
+    items = _scoped_jobs(request)
+    status = param(request, "status")
+    if status == "stalled":
+        items = background.stalled(items)
+    elif status in JOB_STATUSES:
+        items = items.filter(status=status)
+    page = Paginator(items, get_setting("DASHBOARD")["PAGE_SIZE"]).get_page(request.GET.get("page"))
+    rows = _decorate(list(page.object_list))
+    highlight = request.GET.get("job", "")
+    query = request.GET.urlencode()
+    context = {
+        "jobs": rows,
+        "page": page,
+        "polling": _polling(rows),
+        "jobs_url": reverse("django_rag_dashboard:jobs") + (f"?{query}" if query else ""),
+        "highlight": int(highlight) if highlight.isdigit() else None,
+        "background": background.describe(),
+        "status": status,
+        "statuses": JOB_STATUSES,
+        "show_times": True,
+    }
+    if request.headers.get("HX-Request"):
+        return render(request, "django_rag/dashboard/_jobs.html", context)
+    return render(request, "django_rag/dashboard/jobs.html", _context(request, **context))
+
+
+@require_POST
+@dashboard_view
+def retry_job(request, pk: int):
+    """Queue a failed or stalled job again (the same work; the write path dedups it)."""
+    job = get_object_or_404(_scoped_jobs(request), pk=object_id(pk))
+    try:
+        background.retry(job)
+    except RagError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Job {job.pk} queued again.")
+    return HttpResponseRedirect(reverse("django_rag_dashboard:jobs") + f"?job={job.pk}")
 
 
 MAINTENANCE_JOBS = [

@@ -24,6 +24,16 @@ class Command(BaseCommand):
         self.stdout.write(f"Embedder: {embedder['model']} ({embedder['dimensions']} dimensions)")
         self.stdout.write(f"EMBEDDING_DIMENSIONS: {data['embedding_dimensions']}")
         self.stdout.write(f"pgvector: {data['pgvector']}")
+        work = data["background"]
+        self.stdout.write(
+            f"Background: {work['mode'] or 'unusable'} (BACKGROUND={work['setting']!r}): "
+            f"{work['description']}"
+        )
+        if work.get("stalled_jobs"):
+            self.stdout.write(
+                f"  {work['stalled_jobs']} stalled job(s): retry them on the dashboard's jobs "
+                "page or with manage.py rag_worker --requeue-stalled"
+            )
         self.stdout.write("Chunks by embedding model:")
         for model, count in data["chunks_by_model"].items():
             self.stdout.write(f"  {model}: {count}")
