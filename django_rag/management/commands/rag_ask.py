@@ -1,15 +1,16 @@
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_rag.agent import Agent, ask
 from django_rag.conf import scrub_text
 from django_rag.exceptions import RagError
+from django_rag.management.progress import RagCommand
 
 PIPELINE_FLAGS = ("gate", "rewrite", "select", "expand", "decompose", "reason", "rerank")
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = (
         "Answer a question from the ingested documents with an LLM. Any pipeline flag "
         "(--gate, --rewrite, --select, --expand, --decompose, --reason, --rerank, "
