@@ -151,6 +151,10 @@ DEFAULTS: dict[str, Any] = {
     # Where background work runs: "auto" (Celery when a broker is configured, else inline),
     # "celery" or "inline".
     "BACKGROUND": "auto",
+    # Load the local models (EMBEDDER, NEXT_EMBEDDER, RERANKER) when a web process or a Celery
+    # worker process starts instead of on the first call (docs/configuration.md). Management
+    # commands other than runserver never preload.
+    "PRELOAD_MODELS": False,
     "TELEMETRY": {
         # Put raw document, query and answer text in telemetry metadata.
         "INCLUDE_TEXT": False,

@@ -169,6 +169,10 @@ class SentenceTransformerEmbedder(Embedder):
     def model(self):
         return load_model(self.model_name, self.device, self.encoder)
 
+    def preload(self) -> None:
+        # One query end to end: the weights, the tokenizer and torch's first-call set-up.
+        self.embed_query("preload")
+
     @property
     def _lock(self) -> threading.Lock:
         # A Hugging Face fast tokenizer keeps its truncation and padding settings in shared

@@ -87,6 +87,9 @@ class ColBERTReranker(Reranker):
             kind="reranker",
         )
 
+    def preload(self) -> None:
+        self.encoder  # noqa: B018  (loads it)
+
     def _marker(self, tokenizer, token: str) -> int | None:
         token_id = tokenizer.convert_tokens_to_ids(token)
         return None if token_id in (None, tokenizer.unk_token_id) else token_id

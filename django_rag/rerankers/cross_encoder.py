@@ -49,6 +49,9 @@ class CrossEncoderReranker(Reranker):
             kind="reranker",
         )
 
+    def preload(self) -> None:
+        self.model  # noqa: B018  (loads it)
+
     def score(self, query: str, results: list[SearchResult]) -> list[float]:
         scores = self.model.predict(
             [(query, result.text) for result in results],
