@@ -82,6 +82,8 @@ if os.environ.get("DJANGO_RAG_TEST_DATABASE"):
     DATABASES["default"]["NAME"] = os.environ["DJANGO_RAG_TEST_DATABASE"]
 if os.environ.get("DJANGO_RAG_TEST_EMBEDDER"):
     DJANGO_RAG["EMBEDDER"] = os.environ["DJANGO_RAG_TEST_EMBEDDER"]
+if os.environ.get("DJANGO_RAG_TEST_PRELOAD"):  # tests/test_command_startup.py
+    DJANGO_RAG["PRELOAD_MODELS"] = True
 # A read replica for tests/test_replicas.py: the same server and database through a connection
 # whose every transaction is read-only, so any write a search attempted through it would fail.
 # A test mirror of default: Django points it at the test database and creates nothing for it.

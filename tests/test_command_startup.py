@@ -1,0 +1,194 @@
+"""Commands start fast: run as a user runs them (a fresh Python process), they import no
+model library they do not need, check their input before any model loads, and keep stdout
+for their output. Timings are in benchmarks/command_timing.py, not here."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+import django_rag as rag
+from django_rag.apps import management_command, preloads_here
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = {"torch", "transformers", "sentence_transformers", "litellm"}
+
+# manage.py, plus a report of the heavy top-level packages imported, written at exit (after
+# a CommandError too), to the file named by $MODULES_OUT.
+MANAGE = """
+import atexit, json, os, sys
+HEAVY = set(os.environ["HEAVY_MODULES"].split(","))
+def report():
+    loaded = sorted({name.split(".")[0] for name in sys.modules} & HEAVY)
+    with open(os.environ["MODULES_OUT"], "w") as out:
+        json.dump(loaded, out)
+atexit.register(report)
+sys.argv[0] = "manage.py"
+from django.core.management import execute_from_command_line
+execute_from_command_line(sys.argv)
+"""
+
+
+@pytest.fixture
+def manage(tmp_path):
+    """Run ``manage.py ARGS`` in a new process on the test database with the real MiniLM;
+    returns (exit status, stdout, stderr, heavy packages imported)."""
+
+    def run(*args, **env):
+        modules = tmp_path / "modules.json"
+        done = subprocess.run(
+            [sys.executable, "-c", MANAGE, *args],
+            cwd=ROOT,
+            env={
+                **os.environ,
+                "DJANGO_SETTINGS_MODULE": "tests.settings",
+                "DJANGO_RAG_TEST_DATABASE": connection.settings_dict["NAME"],
+                "DJANGO_RAG_TEST_EMBEDDER": "local",
+                "MODULES_OUT": str(modules),
+                "HEAVY_MODULES": ",".join(sorted(HEAVY)),
+                **env,
+            },
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        return done.returncode, done.stdout, done.stderr, set(json.loads(modules.read_text()))
+
+    return run
+
+
+@pytest.fixture
+def corpus(transactional_db):
+    # Committed (transactional_db), so the command's own connection sees it.
+    rag.ingest("Refunds are processed within five business days.", collection="kb")
+    rag.ingest("Shipping is free above fifty euros.", collection="kb")
+
+
+@pytest.mark.slow
+def test_fulltext_search_imports_no_model_library(manage, corpus):
+    status, out, err, heavy = manage("rag_search", "refunds", "--mode", "fulltext")
+    assert status == 0, err
+    assert "Refunds are processed" in out
+    assert heavy == set(), heavy
+    assert "loading model" not in err
+
+
+@pytest.mark.slow
+def test_unknown_collection_fails_before_any_model_loads(manage, corpus):
+    for command in (
+        ["rag_search", "refunds", "--collection", "missing"],
+        ["rag_search", "refunds", "--mode", "hybrid", "--collection", "kb", "--collection", "x"],
+        ["rag_ask", "why?", "--collection", "missing", "--llm", "openai/never-called"],
+    ):
+        status, out, err, heavy = manage(*command)
+        assert status == 1, (command, err)
+        assert "No collection named" in err
+        assert "loading model" not in err
+        assert not heavy & {"torch", "transformers", "sentence_transformers"}, (command, heavy)
+        assert out == ""
+
+
+@pytest.mark.slow
+def test_semantic_json_is_pure_json_and_the_model_load_is_one_stderr_line(manage, corpus):
+    status, out, err, heavy = manage("rag_search", "refund policy", "--json", "--limit", "2")
+    assert status == 0, err
+    data = json.loads(out)  # nothing else on stdout
+    assert len(data) == 2 and {"chunk_id", "score", "text"} <= set(data[0])
+    assert err.splitlines() == ["loading model all-MiniLM-L6-v2 ..."]
+    # The bundled model runs on torch alone: transformers and sentence-transformers stay out.
+    assert heavy == {"torch"}, heavy
+
+    status, out, err, _ = manage("rag_search", "refund policy", "--json", "-v", "0")
+    assert status == 0 and json.loads(out) and err == ""
+
+
+@pytest.mark.slow
+def test_preload_models_in_a_served_process_not_in_commands(manage, tmp_path, db):
+    modules = tmp_path / "served.json"
+    # A WSGI server imports the project's WSGI module: django.setup() outside manage.py.
+    served = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django, json, os, sys; django.setup(); "
+            "json.dump(sorted(m for m in sys.modules if m in ('torch', 'transformers')), "
+            "open(os.environ['MODULES_OUT'], 'w'))",
+        ],
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DJANGO_SETTINGS_MODULE": "tests.settings",
+            "DJANGO_RAG_TEST_EMBEDDER": "local",
+            "DJANGO_RAG_TEST_PRELOAD": "1",
+            "MODULES_OUT": str(modules),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert served.returncode == 0, served.stderr
+    assert json.loads(modules.read_text()) == ["torch"]
+    status, _, err, heavy = manage("rag_info", DJANGO_RAG_TEST_PRELOAD="1")
+    assert status == 0, err
+    assert "torch" not in heavy
+
+
+@pytest.mark.parametrize(
+    "argv,environ,expected",
+    [
+        (["gunicorn", "project.wsgi"], {}, True),
+        (["/venv/bin/uvicorn", "project.asgi:application"], {}, True),
+        (["manage.py", "runserver"], {}, False),  # the autoreloader's parent
+        (["manage.py", "runserver"], {"RUN_MAIN": "true"}, True),
+        (["manage.py", "runserver", "--noreload"], {}, True),
+        (["manage.py", "rag_search", "x"], {}, False),
+        (["/usr/bin/django-admin", "migrate"], {}, False),
+        (["/venv/lib/python3.11/site-packages/django/__main__.py", "shell"], {}, False),
+        (["/venv/bin/celery", "-A", "project", "worker"], {}, False),
+    ],
+)
+def test_which_processes_preload(argv, environ, expected):
+    assert preloads_here(argv, environ) is expected
+
+
+def test_management_command_name():
+    assert management_command(["manage.py"]) == "help"
+    assert management_command(["manage.py", "rag_ingest", "x"]) == "rag_ingest"
+    assert management_command(["gunicorn"]) is None
+    assert management_command([]) is None
+
+
+def test_worker_preload_follows_the_setting_and_the_pool(settings):
+    from django_rag.tasks import preload_in_worker
+
+    loaded = []
+
+    class Recording:
+        model_name = "recording"
+
+        def preload(self):
+            loaded.append(self.model_name)
+
+    class Controller:
+        def __init__(self, pool):
+            self.pool_cls = pool
+
+    import django_rag.embeddings as embeddings
+
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "PRELOAD_MODELS": False}
+    embeddings._default["EMBEDDER"] = Recording()
+    preload_in_worker(sender="worker1@host")
+    assert loaded == []
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "PRELOAD_MODELS": True}
+    embeddings._default["EMBEDDER"] = Recording()  # after the settings change cleared it
+    preload_in_worker(sender="worker1@host")  # worker_process_init: prefork child, solo
+    assert loaded == ["recording"]
+    preload_in_worker(sender=Controller("prefork"))  # worker_init in a prefork parent
+    preload_in_worker(sender=Controller("solo"))
+    assert loaded == ["recording"]
+    preload_in_worker(sender=Controller("threads"))  # no process signal: preloads here
+    assert loaded == ["recording", "recording"]
