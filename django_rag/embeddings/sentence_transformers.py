@@ -102,6 +102,14 @@ def load_model(model: str, device: str | None = None, encoder: str = "auto"):
         def load_light():
             from .bert import BertSentenceEncoder
 
+            try:
+                import safetensors.torch  # noqa: F401
+                import tokenizers  # noqa: F401
+                import torch  # noqa: F401
+            except ImportError as exc:  # all three come with sentence-transformers
+                raise MissingDependency(
+                    "sentence-transformers", "local", "The local embedder"
+                ) from exc
             return BertSentenceEncoder(light, device=device)
 
         return load_model_once(
