@@ -192,3 +192,28 @@ def test_worker_preload_follows_the_setting_and_the_pool(settings):
     assert loaded == ["recording"]
     preload_in_worker(sender=Controller("threads"))  # no process signal: preloads here
     assert loaded == ["recording", "recording"]
+
+
+@pytest.mark.django_db
+def test_search_checks_collections_before_an_unloaded_model_embeds(hashing):
+    from django_rag.exceptions import UnknownCollection
+    from django_rag.testing import HashingEmbedder
+
+    calls = []
+
+    class Cold(HashingEmbedder):
+        """Pretends its model is not loaded yet: embedding would take seconds."""
+
+        is_loaded = False
+
+        def _embed(self, texts):
+            calls.append(texts)
+            return super()._embed(texts)
+
+    rag.ingest("Refunds take five days.", collection="kb", embedder=hashing)
+    for mode in ("semantic", "hybrid"):
+        with pytest.raises(UnknownCollection):
+            rag.search("refunds", mode=mode, collection=["kb", "missing"], embedder=Cold())
+    assert calls == []
+    assert rag.search("refunds", mode="semantic", collection="kb", embedder=Cold())
+    assert len(calls) == 1

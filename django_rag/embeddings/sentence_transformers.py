@@ -7,11 +7,12 @@ instance that names the same model and device.
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Sequence
 
 from ..exceptions import InvalidOption, MissingDependency
-from ..utils import load_once
+from ..utils import is_loaded, load_once
 from .base import Embedder
 from .loading import load_model as load_model_once
 
@@ -79,6 +80,7 @@ def _resolve_path(model: str) -> str:
 ENCODERS = ("auto", "sentence-transformers")
 
 
+@functools.lru_cache(maxsize=64)
 def _light_path(model: str, device: str | None, encoder: str) -> str | None:
     """The bundled model's directory when django_rag's own encoder serves it (see
     :mod:`django_rag.embeddings.bert`), else None (sentence-transformers loads the model)."""
@@ -90,6 +92,14 @@ def _light_path(model: str, device: str | None, encoder: str) -> str | None:
     from .bert import supports
 
     return path if supports(path) else None
+
+
+def model_key(model: str, device: str | None = None, encoder: str = "auto") -> tuple:
+    """The key :func:`load_model` caches the model of these options under."""
+    light = _light_path(model, device, encoder)
+    if light is not None:
+        return ("bert-encoder", light, device)
+    return ("sentence-transformer", _resolve_path(model), device)
 
 
 def load_model(model: str, device: str | None = None, encoder: str = "auto"):
@@ -113,7 +123,7 @@ def load_model(model: str, device: str | None = None, encoder: str = "auto"):
             return BertSentenceEncoder(light, device=device)
 
         return load_model_once(
-            ("bert-encoder", light, device),
+            model_key(model, device, encoder),
             load_light,
             model=model,
             kind="embedder",
@@ -128,9 +138,7 @@ def load_model(model: str, device: str | None = None, encoder: str = "auto"):
             raise MissingDependency("sentence-transformers", "local", "The local embedder") from exc
         return SentenceTransformer(path, device=device)
 
-    return load_model_once(
-        ("sentence-transformer", path, device), load, model=model, kind="embedder"
-    )
+    return load_model_once(model_key(model, device, encoder), load, model=model, kind="embedder")
 
 
 class SentenceTransformerEmbedder(Embedder):
@@ -176,6 +184,10 @@ class SentenceTransformerEmbedder(Embedder):
     @property
     def model(self):
         return load_model(self.model_name, self.device, self.encoder)
+
+    @property
+    def is_loaded(self) -> bool:
+        return is_loaded(model_key(self.model_name, self.device, self.encoder))
 
     def preload(self) -> None:
         # One query end to end: the weights, the tokenizer and torch's first-call set-up.

@@ -237,9 +237,15 @@ def run_search(
         needs_vector = mode in ("semantic", "hybrid") or (
             use_graph and (entity_matcher or graph_setting("ENTITY_MATCHER")) == "embedding"
         )
-        if needs_vector and request.collections is not None and isinstance(store, PgVectorStore):
-            # Embedding the query may load a model (seconds): an unknown collection is
-            # reported before that. Other stores check their own collections when searched.
+        if (
+            needs_vector
+            and request.collections is not None
+            and isinstance(store, PgVectorStore)
+            and not get_embedder(embedder, using=request.database).is_loaded
+        ):
+            # Embedding the query would first load a model (seconds): an unknown collection
+            # is reported before that. Once it is loaded the store's own check suffices (one
+            # round trip less); other stores check their own collections when searched.
             collection_scope(request)
         queries = _rewrite(request.query, rewriter, s) if rewriter is not None else [request.query]
         if ranker is not None:
