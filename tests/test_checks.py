@@ -118,8 +118,8 @@ def test_missing_optional_dependency_names_the_extra(monkeypatch):
     monkeypatch.setattr(utils, "_loaded", {})
     with pytest.raises(MissingDependency, match=r"django-rag\[local\]"):
         st.SentenceTransformerEmbedder(encoder="sentence-transformers").embed_query("x")
-    # The bundled model's own encoder needs torch (which the same extra installs).
-    monkeypatch.setitem(sys.modules, "torch", None)
+    # The bundled model's own encoder needs tokenizers and torch (the same extra).
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
     with pytest.raises(MissingDependency, match=r"django-rag\[local\]"):
         st.SentenceTransformerEmbedder().embed_query("x")
     monkeypatch.setitem(sys.modules, "litellm", None)

@@ -198,8 +198,8 @@ def test_bundled_minilm_without_sentence_transformers_gives_the_same_vectors(min
 
     assert isinstance(minilm.model, BertSentenceEncoder)  # the default path for the bundle
     reference = SentenceTransformer(_resolve_path("all-MiniLM-L6-v2"), device="cpu")
-    for batch_size in (1, 4, 32):
-        ours = minilm.model.encode(EQUIVALENCE_TEXTS, batch_size=batch_size)
+    for batch_size, engine in ((1, "numpy"), (4, "numpy"), (4, "torch"), (32, None)):
+        ours = minilm.model.encode(EQUIVALENCE_TEXTS, batch_size=batch_size, engine=engine)
         theirs = reference.encode(
             EQUIVALENCE_TEXTS,
             batch_size=batch_size,
@@ -208,7 +208,7 @@ def test_bundled_minilm_without_sentence_transformers_gives_the_same_vectors(min
             show_progress_bar=False,
         )
         assert ours.shape == theirs.shape == (len(EQUIVALENCE_TEXTS), 384)
-        assert float(np.abs(ours - theirs).max()) < 1e-5
+        assert float(np.abs(ours - theirs).max()) < 1e-5, engine
     # The chunker sizes chunks with the tokenizer: the same ids, offsets and window.
     for text in EQUIVALENCE_TEXTS:
         for special in (False, True):

@@ -13,6 +13,7 @@ sentence-transformers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -92,28 +93,68 @@ class Tokenizer:
         return result
 
     def encode_batch(self, texts: list[str]):
-        """Token ids and attention mask of ``texts`` with special tokens, cut to the window and
-        padded to the longest (as sentence-transformers does)."""
-        import torch
+        """Token ids and attention mask (int64 arrays) of ``texts`` with special tokens, cut
+        to the window and padded to the longest (as sentence-transformers does)."""
+        import numpy as np
 
         encodings = self._batch.encode_batch(texts, add_special_tokens=True)
         width = max(len(e.ids) for e in encodings)
-        ids = torch.zeros((len(texts), width), dtype=torch.long)
-        mask = torch.zeros((len(texts), width), dtype=torch.long)
+        ids = np.zeros((len(texts), width), dtype=np.int64)
+        mask = np.zeros((len(texts), width), dtype=np.int64)
         for row, encoding in enumerate(encodings):
-            ids[row, : len(encoding.ids)] = torch.tensor(encoding.ids, dtype=torch.long)
+            ids[row, : len(encoding.ids)] = encoding.ids
             mask[row, : len(encoding.ids)] = 1
         return ids, mask
 
 
+# Batches up to this many token positions (a few queries) run in numpy: a search process then
+# never imports torch (about 1 s of CPU). Larger ones (documents) run in torch, which is faster
+# there. Both compute the same vectors (tests/test_embeddings.py).
+NUMPY_MAX_TOKENS = 256
+
+
+def _erf(x):
+    """erf in numpy (which has none), float64: Abramowitz & Stegun 7.1.26, absolute error
+    below 1.5e-7, far under float32 rounding of the activations it feeds."""
+    import numpy as np
+
+    sign = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (
+        0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429)))
+    )
+    return sign * (1.0 - poly * np.exp(-a * a))
+
+
+_blas = None
+
+
+def _one_blas_thread():
+    """A context limiting BLAS to one thread (threadpoolctl, which sentence-transformers'
+    dependencies install), or a no-op without it."""
+    global _blas
+    if _blas is None:
+        try:
+            from threadpoolctl import ThreadpoolController
+
+            _blas = ThreadpoolController()
+        except Exception:  # not installed, or it cannot inspect this process
+            _blas = False
+    if _blas is False:
+        return contextlib.nullcontext()
+    return _blas.limit(limits=1, user_api="blas")
+
+
 class BertSentenceEncoder:
     """BERT + mean pooling + L2 normalisation; ``encode`` mirrors the part of
-    ``SentenceTransformer.encode`` the embedder uses."""
+    ``SentenceTransformer.encode`` the embedder uses. CPU only."""
 
     def __init__(self, path: str | Path, device: str | None = None):
-        import torch
-        from safetensors.torch import load_file
+        from safetensors.numpy import load_file
 
+        if device not in (None, "cpu"):
+            raise ValueError(f"BertSentenceEncoder runs on the CPU, not {device!r}")
         path = Path(path)
         config = _read(path, "config.json")
         settings = (
@@ -121,7 +162,6 @@ class BertSentenceEncoder:
             if (path / "sentence_bert_config.json").is_file()
             else {}
         )
-        self.device = torch.device(device or "cpu")
         self.hidden = int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
         self.layers = int(config["num_hidden_layers"])
@@ -132,77 +172,141 @@ class BertSentenceEncoder:
         self.normalize = any(
             m.get("type", "").endswith("Normalize") for m in _read(path, "modules.json")
         )
-        weights = load_file(str(path / "model.safetensors"), device=str(self.device))
+        weights = load_file(str(path / "model.safetensors"))
         # Checkpoints saved from BertForX carry a "bert." prefix; the bundled one does not.
         self.w = {key.removeprefix("bert."): value for key, value in weights.items()}
+        self._torch_w = None  # the same arrays as torch tensors (shared memory), when needed
         self.tokenizer = Tokenizer(path, self.max_seq_length)
 
     def get_sentence_embedding_dimension(self) -> int:
         return self.hidden
 
-    def _layer_norm(self, x, name: str):
-        import torch.nn.functional as F
+    def forward_numpy(self, ids, mask):
+        """Sentence vectors of a padded batch (``ids``, ``mask``: int arrays [batch, tokens])."""
+        # One BLAS thread: these products are small, and OpenBLAS's threads spinning for
+        # work on a busy machine made a 500-token batch 15 times slower (measured, 2 cores).
+        with _one_blas_thread():
+            return self._forward_numpy(ids, mask)
 
-        return F.layer_norm(
-            x, (self.hidden,), self.w[name + ".weight"], self.w[name + ".bias"], self.eps
-        )
-
-    def _linear(self, x, name: str):
-        import torch.nn.functional as F
-
-        return F.linear(x, self.w[name + ".weight"], self.w[name + ".bias"])
-
-    def forward(self, ids, mask):
-        """Sentence vectors of a padded batch (``ids``, ``mask``: [batch, tokens])."""
-        import torch
-        import torch.nn.functional as F
+    def _forward_numpy(self, ids, mask):
+        import numpy as np
 
         w = self.w
         batch, tokens = ids.shape
-        head_size = self.hidden // self.heads
+        size = self.hidden // self.heads
+
+        def layer_norm(x, name):
+            mean = x.mean(-1, keepdims=True)
+            var = ((x - mean) ** 2).mean(-1, keepdims=True)
+            return (x - mean) / np.sqrt(var + self.eps) * w[name + ".weight"] + w[name + ".bias"]
+
+        def linear(x, name):
+            return x @ w[name + ".weight"].T + w[name + ".bias"]
+
+        def heads(t):
+            return t.reshape(batch, tokens, self.heads, size).transpose(0, 2, 1, 3)
+
         x = (
             w["embeddings.word_embeddings.weight"][ids]
             + w["embeddings.position_embeddings.weight"][:tokens]
             + w["embeddings.token_type_embeddings.weight"][0]
         )
-        x = self._layer_norm(x, "embeddings.LayerNorm")
-        # Padding positions get the lowest float as an additive attention bias, as BERT does.
-        bias = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
-
-        def heads(t):
-            return t.view(batch, tokens, self.heads, head_size).transpose(1, 2)
-
+        x = layer_norm(x, "embeddings.LayerNorm")
+        bias = (1.0 - mask[:, None, None, :].astype(np.float32)) * np.finfo(np.float32).min
+        scale = np.float32(1.0 / np.sqrt(size))
         for i in range(self.layers):
             p = f"encoder.layer.{i}."
-            q = heads(self._linear(x, p + "attention.self.query"))
-            k = heads(self._linear(x, p + "attention.self.key"))
-            v = heads(self._linear(x, p + "attention.self.value"))
-            context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
-            context = context.transpose(1, 2).reshape(batch, tokens, self.hidden)
-            x = self._layer_norm(
-                self._linear(context, p + "attention.output.dense") + x,
+            q = heads(linear(x, p + "attention.self.query"))
+            k = heads(linear(x, p + "attention.self.key"))
+            v = heads(linear(x, p + "attention.self.value"))
+            scores = (q @ k.transpose(0, 1, 3, 2)) * scale + bias
+            scores = np.exp(scores - scores.max(-1, keepdims=True))
+            scores /= scores.sum(-1, keepdims=True)
+            context = (scores @ v).transpose(0, 2, 1, 3).reshape(batch, tokens, self.hidden)
+            x = layer_norm(
+                linear(context, p + "attention.output.dense") + x,
                 p + "attention.output.LayerNorm",
             )
-            inner = F.gelu(self._linear(x, p + "intermediate.dense"))
-            x = self._layer_norm(
-                self._linear(inner, p + "output.dense") + x, p + "output.LayerNorm"
-            )
-        weights = mask.unsqueeze(-1).to(x.dtype)
-        pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
-        return F.normalize(pooled, p=2, dim=1) if self.normalize else pooled
+            inner = linear(x, p + "intermediate.dense")
+            inner = (0.5 * inner * (1.0 + _erf(inner / np.sqrt(2.0)))).astype(np.float32)
+            x = layer_norm(linear(inner, p + "output.dense") + x, p + "output.LayerNorm")
+        weights = mask[..., None].astype(np.float32)
+        pooled = (x * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)
+        if self.normalize:
+            pooled = pooled / np.maximum(np.linalg.norm(pooled, axis=1, keepdims=True), 1e-12)
+        return pooled.astype(np.float32)
 
-    def encode(self, texts: list[str], *, batch_size: int = 32, **_ignored: Any):
-        """Vectors of ``texts`` as a float32 numpy array, one row per text, in order."""
-        import numpy as np
+    def forward_torch(self, ids, mask):
+        """:meth:`forward_numpy` in torch (faster on document batches); numpy in and out."""
         import torch
+        import torch.nn.functional as F
+
+        if self._torch_w is None:
+            self._torch_w = {key: torch.from_numpy(value) for key, value in self.w.items()}
+        w = self._torch_w
+        ids, mask = torch.from_numpy(ids), torch.from_numpy(mask)
+        batch, tokens = ids.shape
+        size = self.hidden // self.heads
+
+        def layer_norm(x, name):
+            return F.layer_norm(x, (self.hidden,), w[name + ".weight"], w[name + ".bias"], self.eps)
+
+        def linear(x, name):
+            return F.linear(x, w[name + ".weight"], w[name + ".bias"])
+
+        def heads(t):
+            return t.view(batch, tokens, self.heads, size).transpose(1, 2)
+
+        with torch.inference_mode():
+            x = (
+                w["embeddings.word_embeddings.weight"][ids]
+                + w["embeddings.position_embeddings.weight"][:tokens]
+                + w["embeddings.token_type_embeddings.weight"][0]
+            )
+            x = layer_norm(x, "embeddings.LayerNorm")
+            # Padding positions get the lowest float as an additive attention bias, as BERT.
+            bias = (1.0 - mask[:, None, None, :].to(x.dtype)) * torch.finfo(x.dtype).min
+            for i in range(self.layers):
+                p = f"encoder.layer.{i}."
+                q = heads(linear(x, p + "attention.self.query"))
+                k = heads(linear(x, p + "attention.self.key"))
+                v = heads(linear(x, p + "attention.self.value"))
+                context = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+                context = context.transpose(1, 2).reshape(batch, tokens, self.hidden)
+                x = layer_norm(
+                    linear(context, p + "attention.output.dense") + x,
+                    p + "attention.output.LayerNorm",
+                )
+                inner = F.gelu(linear(x, p + "intermediate.dense"))
+                x = layer_norm(linear(inner, p + "output.dense") + x, p + "output.LayerNorm")
+            weights = mask.unsqueeze(-1).to(x.dtype)
+            pooled = (x * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1e-9)
+            if self.normalize:
+                pooled = F.normalize(pooled, p=2, dim=1)
+            return pooled.numpy()
+
+    def warm_torch(self) -> None:
+        """Import torch and run one batch through it (what preloading asks for: ingestion
+        batches run in torch)."""
+        ids, mask = self.tokenizer.encode_batch(["warm up"])
+        self.forward_torch(ids, mask)
+
+    def encode(
+        self, texts: list[str], *, batch_size: int = 32, engine: str | None = None, **_ignored
+    ):
+        """Vectors of ``texts`` as a float32 numpy array, one row per text, in order.
+
+        ``engine``: ``"numpy"`` or ``"torch"``; None picks numpy for batches of at most
+        :data:`NUMPY_MAX_TOKENS` token positions (queries), torch for larger ones."""
+        import numpy as np
 
         # Batches of similar lengths pad less (sentence-transformers sorts the same way).
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         out = np.zeros((len(texts), self.hidden), dtype=np.float32)
-        with torch.inference_mode():
-            for start in range(0, len(order), batch_size):
-                rows = order[start : start + batch_size]
-                ids, mask = self.tokenizer.encode_batch([texts[i] for i in rows])
-                vectors = self.forward(ids.to(self.device), mask.to(self.device))
-                out[rows] = vectors.float().cpu().numpy()
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            ids, mask = self.tokenizer.encode_batch([texts[i] for i in rows])
+            use = engine or ("numpy" if ids.size <= NUMPY_MAX_TOKENS else "torch")
+            forward = self.forward_numpy if use == "numpy" else self.forward_torch
+            out[rows] = forward(ids, mask)
         return out

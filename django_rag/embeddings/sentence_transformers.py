@@ -8,6 +8,7 @@ instance that names the same model and device.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import threading
 from collections.abc import Sequence
 
@@ -113,10 +114,13 @@ def load_model(model: str, device: str | None = None, encoder: str = "auto"):
             from .bert import BertSentenceEncoder
 
             try:
-                import safetensors.torch  # noqa: F401
+                import safetensors.numpy  # noqa: F401
                 import tokenizers  # noqa: F401
-                import torch  # noqa: F401
-            except ImportError as exc:  # all three come with sentence-transformers
+
+                # Found, not imported: queries run in numpy, only document batches need it.
+                if importlib.util.find_spec("torch") is None:
+                    raise ImportError("No module named 'torch'")
+            except (ImportError, ValueError) as exc:  # all come with sentence-transformers
                 raise MissingDependency(
                     "sentence-transformers", "local", "The local embedder"
                 ) from exc
@@ -190,8 +194,11 @@ class SentenceTransformerEmbedder(Embedder):
         return is_loaded(model_key(self.model_name, self.device, self.encoder))
 
     def preload(self) -> None:
-        # One query end to end: the weights, the tokenizer and torch's first-call set-up.
+        # One query end to end: the weights, the tokenizer and the first-call set-up.
         self.embed_query("preload")
+        warm = getattr(self.model, "warm_torch", None)
+        if warm is not None:  # the bundled model's document batches run in torch
+            warm()
 
     @property
     def _lock(self) -> threading.Lock:
