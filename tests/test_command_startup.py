@@ -221,3 +221,47 @@ def test_search_checks_collections_before_an_unloaded_model_embeds(hashing):
     assert calls == []
     assert rag.search("refunds", mode="semantic", collection="kb", embedder=Cold())
     assert len(calls) == 1
+
+
+def test_a_model_load_is_one_event_with_progress_bars_off(events, monkeypatch):
+    from huggingface_hub import utils as hub
+    from transformers.utils import logging as hf_logging
+
+    from django_rag import utils
+    from django_rag.embeddings.loading import load_model
+
+    monkeypatch.setattr(utils, "_loaded", {})
+    seen = []
+
+    def loader():
+        seen.append((hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()))
+        return object()
+
+    assert hf_logging.is_progress_bar_enabled()
+    first = load_model(("test", "m"), loader, model="some/model", kind="embedder")
+    assert load_model(("test", "m"), loader, model="some/model", kind="embedder") is first
+    assert seen == [(False, True)]  # bars off while loading...
+    assert hf_logging.is_progress_bar_enabled()  # ...and back on after
+    assert not hub.are_progress_bars_disabled()
+    loads = [(kind, m["model"], m["kind"]) for kind, name, m in events if name == "model.load"]
+    assert loads == [("start", "some/model", "embedder"), ("stop", "some/model", "embedder")]
+
+
+def test_commands_announce_model_loads_on_stderr_only():
+    from io import StringIO
+
+    from django_rag.management.progress import announce_model_loads
+    from django_rag.signals import span
+
+    err = StringIO()
+    with announce_model_loads(lambda: err):
+        with span("model.load", model="all-MiniLM-L6-v2", kind="embedder"):
+            pass
+        with span("embed", model="all-MiniLM-L6-v2", count=1):
+            pass
+    with span("model.load", model="after", kind="embedder"):  # disconnected
+        pass
+    with announce_model_loads(lambda: err, enabled=False):
+        with span("model.load", model="quiet", kind="embedder"):
+            pass
+    assert err.getvalue() == "loading model all-MiniLM-L6-v2 ...\n"

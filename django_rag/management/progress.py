@@ -60,7 +60,7 @@ def announce_model_loads(stream: Callable[[], Any], *, enabled: bool = True) -> 
     def receiver(sender, *, event, metadata, **kwargs):
         if event == "model.load":
             out = stream()
-            out.write(f"loading model {metadata.get('model') or '?'} ...")
+            out.write(f"loading model {metadata.get('model') or '?'} ...\n")
             out.flush()
 
     operation_started.connect(receiver, weak=False)
