@@ -3,6 +3,7 @@
 import os
 import time
 
+from django_rag.embeddings import SentenceTransformerEmbedder
 from django_rag.testing import HashingEmbedder
 
 
@@ -17,3 +18,11 @@ class SlowFlakyEmbedder(HashingEmbedder):
             raise ConnectionError("transient embedding failure")
         time.sleep(float(os.environ.get("DJANGO_RAG_TEST_EMBED_DELAY", "0")))
         return super()._embed(texts)
+
+
+class SentenceTransformersMiniLM(SentenceTransformerEmbedder):
+    """The bundled MiniLM loaded through sentence-transformers (tests/test_command_startup.py:
+    its progress bars must stay off the terminal)."""
+
+    def __init__(self, **options):
+        super().__init__(encoder="sentence-transformers", **options)

@@ -108,6 +108,21 @@ def test_semantic_json_is_pure_json_and_the_model_load_is_one_stderr_line(manage
 
 
 @pytest.mark.slow
+def test_sentence_transformers_loads_without_progress_bars(manage, corpus):
+    status, out, err, heavy = manage(
+        "rag_search",
+        "refund policy",
+        "--json",
+        DJANGO_RAG_TEST_EMBEDDER="tests.embedders.SentenceTransformersMiniLM",
+    )
+    assert status == 0, err
+    assert json.loads(out)
+    # No "Loading weights: 100%|...|" bar, no download bar: one line.
+    assert err.splitlines() == ["loading model all-MiniLM-L6-v2 ..."], err
+    assert {"torch", "transformers", "sentence_transformers"} <= heavy
+
+
+@pytest.mark.slow
 def test_preload_models_in_a_served_process_not_in_commands(manage, tmp_path, db):
     modules = tmp_path / "served.json"
     # A WSGI server imports the project's WSGI module: django.setup() outside manage.py.
