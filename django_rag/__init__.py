@@ -9,6 +9,7 @@ The public API is small::
     hits = rag.search("how do refunds work", limit=5, collection="docs")
     answer = rag.ask("How do refunds work?", collection="docs", llm="openai/gpt-4o-mini")
     ctx = rag.Agent("Compare plan A and B").gate().search().rerank().answer().context
+    result = rag.Loop("Compare plan A and B", collection="plans").run()   # tool-calling agent
     rag.delete(doc)
 
 Names are imported lazily so ``import django_rag`` works before Django is set up. The search
@@ -33,6 +34,7 @@ _EXPORTS = {
     "ask": "django_rag.agent.answer",
     "Answer": "django_rag.agent.answer",
     "Agent": "django_rag.agent",
+    "Loop": "django_rag.agent",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -10,6 +10,7 @@ from django import forms
 from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Count
+from django.forms.models import BaseInlineFormSet
 from django.utils.text import Truncator
 
 from .background import start
@@ -77,6 +78,21 @@ class CollectionAdmin(admin.ModelAdmin):
             self.delete_model(request, collection)
 
 
+class PagedInlineFormSet(BaseInlineFormSet):
+    """An inline formset showing one page of its rows (``page`` and ``per_page`` are set on
+    the class by :meth:`ChunkInline.get_formset`): a document of 446 chunks must not render
+    446 rows."""
+
+    page = 1
+    per_page = 50
+
+    def get_queryset(self):
+        if not hasattr(self, "_paged"):
+            start = (self.page - 1) * self.per_page
+            self._paged = super().get_queryset()[start : start + self.per_page]
+        return self._paged
+
+
 class ChunkInline(admin.TabularInline):
     model = Chunk
     fields = ["chunk_index", "preview", "token_count", "page_start", "page_end", "embedding_model"]
@@ -85,9 +101,26 @@ class ChunkInline(admin.TabularInline):
     can_delete = False
     show_change_link = True
     ordering = ["chunk_index"]
+    formset = PagedInlineFormSet
+    per_page = 50
+    template = "admin/django_rag/paged_tabular.html"
 
     def has_add_permission(self, request, obj=None):
         return False
+
+    def get_formset(self, request, obj=None, **kwargs):
+        formset = super().get_formset(request, obj, **kwargs)
+        total = obj.chunks.count() if obj is not None and obj.pk else 0
+        pages = max(1, -(-total // self.per_page))
+        try:
+            page = min(max(1, int(request.GET.get("chunks_page", 1))), pages)
+        except ValueError:
+            page = 1
+        return type(
+            "PagedChunkFormSet",
+            (formset,),
+            {"page": page, "per_page": self.per_page, "total": total, "pages": pages},
+        )
 
     @admin.display(description="text")
     def preview(self, obj):

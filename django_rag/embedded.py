@@ -366,6 +366,29 @@ def stop_embedded_server(path: str | Path) -> bool:
     return True
 
 
+def stop_data_directory(path: str | Path) -> bool:
+    """Stop the embedded server running on the data directory ``path``, from any process (the
+    one that started it may be gone: ``runserver`` and ``manage.py`` leave it running so the
+    next command starts at once). Returns False when no server runs there."""
+    pgdata = Path(path).resolve()
+    _drop_stale_pid_file(pgdata)
+    if not (pgdata / "postmaster.pid").exists():
+        return False
+    module = server_package()
+    bin_path = _binaries(module)[data_directory_version(pgdata) or _server_major(module)]
+    user = None
+    if os.geteuid() == 0:  # run as root, the packages run postgres as the data's owner
+        import pwd
+
+        owner = pwd.getpwuid(pgdata.stat().st_uid).pw_name
+        user = None if owner == "root" else owner
+    _run([bin_path / "pg_ctl", "-w", "-D", pgdata, "-m", "fast", "stop"], user=user)
+    handles = pgdata / ".handle_pids.json"
+    if handles.exists():
+        handles.write_text("[]")
+    return True
+
+
 # --- settings -----------------------------------------------------------------------------------
 
 
@@ -399,18 +422,22 @@ def database_settings(data_dir: str | Path, *, upgrade: bool = False) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m django_rag.embedded upgrade PATH`` | ``version PATH``."""
+    """``python -m django_rag.embedded upgrade PATH`` | ``version PATH`` | ``stop PATH``."""
     import argparse
 
     parser = argparse.ArgumentParser(
         prog="python -m django_rag.embedded",
-        description="Inspect or upgrade an embedded PostgreSQL data directory.",
+        description="Inspect, upgrade or stop an embedded PostgreSQL data directory.",
     )
-    parser.add_argument("action", choices=["upgrade", "version"])
+    parser.add_argument("action", choices=["upgrade", "version", "stop"])
     parser.add_argument("path", type=Path)
     args = parser.parse_args(argv)
     path = args.path.resolve()
     try:
+        if args.action == "stop":
+            stopped = stop_data_directory(path)
+            print(f"Stopped the server of {path}." if stopped else f"No server runs on {path}.")
+            return 0
         module = server_package()
         server, data = _server_major(module), data_directory_version(path)
         if args.action == "version":

@@ -36,6 +36,15 @@ class Raw:
         self.payload = payload
 
 
+class ToolCalls:
+    """A chat reply asking for tool calls: ``calls`` are ``(name, arguments)`` pairs, where
+    ``arguments`` is a dict (sent as JSON text) or a string sent as it is (broken JSON...)."""
+
+    def __init__(self, *calls, text=None):
+        self.calls = calls
+        self.text = text
+
+
 class StubOpenAI:
     """``/embeddings`` from a hashing embedder; ``/chat/completions`` from a script.
 
@@ -44,7 +53,8 @@ class StubOpenAI:
     :class:`Failure` at the head of ``chat`` is sent before any rule, then rules are checked,
     then ``chat``; ``default`` answers otherwise. Streaming requests get SSE chunks, one per word.
     A :class:`Drop` reply streams a few words and then cuts the connection; a :class:`Raw`
-    reply is sent as given (a reply with no choices, for example).
+    reply is sent as given (a reply with no choices, for example); a :class:`ToolCalls` reply
+    asks for tool calls (OpenAI ``tool_calls``, finish reason ``tool_calls``).
     """
 
     def __init__(self, dimensions: int = 384, chat=None, rules=None, default="OK"):
@@ -54,6 +64,7 @@ class StubOpenAI:
         self.rules = dict(rules or {})
         self.default = default
         self.embedding_failures: list[Failure] = []
+        self.tool_call_ids = 0
         self.lock = threading.Lock()
         stub = self
 
@@ -110,7 +121,10 @@ class StubOpenAI:
                 if isinstance(reply, Drop):
                     self._drop(body, reply)
                     return
-                prompt_tokens = sum(len(m["content"].split()) for m in body["messages"])
+                prompt_tokens = sum(len((m.get("content") or "").split()) for m in body["messages"])
+                if isinstance(reply, ToolCalls):
+                    self._tool_calls(body, reply, prompt_tokens)
+                    return
                 usage = {
                     "prompt_tokens": prompt_tokens,
                     "completion_tokens": len(reply.split()),
@@ -137,6 +151,40 @@ class StubOpenAI:
                 self._event({**chunk, "choices": [], "usage": usage})
                 self.wfile.write(b"data: [DONE]\n\n")
                 self.wfile.flush()
+
+            def _tool_calls(self, body, reply, prompt_tokens):
+                with stub.lock:
+                    first = stub.tool_call_ids + 1
+                    stub.tool_call_ids += len(reply.calls)
+                calls = [
+                    {
+                        "id": f"call_stub_{first + index}",
+                        "type": "function",
+                        "function": {
+                            "name": name,
+                            "arguments": args if isinstance(args, str) else json.dumps(args),
+                        },
+                    }
+                    for index, (name, args) in enumerate(reply.calls)
+                ]
+                message = {"role": "assistant", "content": reply.text, "tool_calls": calls}
+                choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+                completion_tokens = sum(len(c["function"]["arguments"].split()) for c in calls)
+                self._send(
+                    200,
+                    {
+                        "id": "chatcmpl-stub",
+                        "created": 1700000000,
+                        "model": body["model"],
+                        "object": "chat.completion",
+                        "choices": [choice],
+                        "usage": {
+                            "prompt_tokens": prompt_tokens,
+                            "completion_tokens": completion_tokens,
+                            "total_tokens": prompt_tokens + completion_tokens,
+                        },
+                    },
+                )
 
             def _drop(self, body, reply):
                 self.send_response(200)
@@ -178,7 +226,7 @@ class StubOpenAI:
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def next_reply(self, body):
-        prompt = body["messages"][-1]["content"]
+        prompt = body["messages"][-1].get("content") or ""
         with self.lock:
             # Scripted failures come first, so a rate limit can hit any call.
             if self.chat and isinstance(self.chat[0], Failure):

@@ -252,12 +252,21 @@ def test_a_model_load_is_one_event_with_progress_bars_off(events, monkeypatch):
         seen.append((hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()))
         return object()
 
-    assert hf_logging.is_progress_bar_enabled()
-    first = load_model(("test", "m"), loader, model="some/model", kind="embedder")
-    assert load_model(("test", "m"), loader, model="some/model", kind="embedder") is first
-    assert seen == [(False, True)]  # bars off while loading...
-    assert hf_logging.is_progress_bar_enabled()  # ...and back on after
-    assert not hub.are_progress_bars_disabled()
+    # Bars on, as in a fresh process (an earlier test or library may have turned them off).
+    was = hf_logging.is_progress_bar_enabled(), hub.are_progress_bars_disabled()
+    hf_logging.enable_progress_bar()
+    hub.enable_progress_bars()
+    try:
+        first = load_model(("test", "m"), loader, model="some/model", kind="embedder")
+        assert load_model(("test", "m"), loader, model="some/model", kind="embedder") is first
+        assert seen == [(False, True)]  # bars off while loading...
+        assert hf_logging.is_progress_bar_enabled()  # ...and back on after
+        assert not hub.are_progress_bars_disabled()
+    finally:
+        if not was[0]:
+            hf_logging.disable_progress_bar()
+        if was[1]:
+            hub.disable_progress_bars()
     loads = [(kind, m["model"], m["kind"]) for kind, name, m in events if name == "model.load"]
     assert loads == [("start", "some/model", "embedder"), ("stop", "some/model", "embedder")]
 

@@ -3,7 +3,11 @@ Selenium; never a downloaded browser). Screenshots of every page go to tests/art
 
 import os
 import shutil
+import socket
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +24,8 @@ CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 DRIVER = shutil.which("chromedriver") or "/usr/lib/chromium/chromedriver"
 
 
-@pytest.fixture
-def browser(live_server, client, tmp_path):
+def chromium(tmp_path):
+    """Headless Debian Chromium through its chromedriver (never a downloaded browser)."""
     if not CHROMIUM or not os.path.exists(DRIVER):
         pytest.skip(
             "chromium and chromium-driver are not installed (scripts/test.sh installs them)"
@@ -45,6 +49,12 @@ def browser(live_server, client, tmp_path):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
     driver.implicitly_wait(5)
+    return driver
+
+
+@pytest.fixture
+def browser(live_server, client, tmp_path):
+    driver = chromium(tmp_path)
     user = User.objects.create_user("e2e", password="pw", is_staff=True)
     client.force_login(user)
     driver.get(live_server.url + "/static-missing")  # a page on the domain, to set the cookie
@@ -58,7 +68,25 @@ def browser(live_server, client, tmp_path):
 
 
 def shot(driver, name):
-    driver.save_screenshot(str(ARTIFACTS / f"{name}.png"))
+    """A screenshot of the whole page (up to 3000 px tall) at the window's width."""
+    import base64
+
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    image = driver.execute_cdp_cmd(
+        "Page.captureScreenshot",
+        {
+            "format": "png",
+            "captureBeyondViewport": True,
+            "clip": {
+                "x": 0,
+                "y": 0,
+                "width": size["width"],
+                "height": min(size["height"], 3000),
+                "scale": 1,
+            },
+        },
+    )
+    (ARTIFACTS / f"{name}.png").write_bytes(base64.b64decode(image["data"]))
 
 
 def wait_for(driver, condition, timeout=60):
@@ -94,7 +122,17 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
     wait_for(driver, lambda d: "/documents/" in d.current_url and "Press the red" in d.page_source)
     assert "Press the red button" in driver.page_source and "pages 1" in driver.page_source
     shot(driver, "document")
+    # Long unbroken titles and source ids wrap: the table fits the 1280 px window.
+    rag.ingest("Untitled notes about the X200 drill's battery.", collection="manuals")
+    rag.ingest(
+        "A long one.",
+        collection="manuals",
+        title="Specification_" * 12,
+        source_id="https://intranet.example/" + "very-long-path/" * 12,
+    )
     driver.get(driver.base + "documents/")
+    assert "Untitled notes about the X200" in driver.page_source
+    assert driver.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")
     shot(driver, "documents")
 
     # Search.
@@ -127,7 +165,12 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
     ).find_element(By.CSS_SELECTOR, "button").click()
     wait_for(driver, lambda d: "Run evaluation finished" in d.page_source)
     assert "Completed" in driver.page_source
+    driver.find_element(By.CSS_SELECTOR, "#run-form button").click()  # a second run: a chart
+    wait_for(driver, lambda d: d.find_elements(By.ID, "metrics-chart"))
     shot(driver, "evaluation")
+    driver.find_element(By.CSS_SELECTOR, "a[href*='/evaluation/runs/']").click()
+    wait_for(driver, lambda d: d.find_elements(By.ID, "cases"))
+    shot(driver, "evaluation-run")
 
     # Start a re-embed and see it finish.
     from django_rag.testing import HashingEmbedder
@@ -137,6 +180,9 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
     driver.find_element(By.CSS_SELECTOR, "input[value=reembed]").find_element(
         By.XPATH, ".."
     ).find_element(By.CSS_SELECTOR, "button").click()
+    wait_for(driver, lambda d: d.find_elements(By.ID, "confirm-form"))  # asked first
+    shot(driver, "confirm")
+    driver.find_element(By.CSS_SELECTOR, "#confirm-form button").click()
     wait_for(driver, lambda d: "Reembed finished" in d.page_source)
     assert driver.find_elements(By.CSS_SELECTOR, "tr.job-completed")
     shot(driver, "maintenance")
@@ -145,3 +191,187 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
         driver.get(driver.base + f"{page}/")
         assert "django_rag" in driver.title
         shot(driver, page)
+
+    # The graph of a small corpus (local extractors: no LLM), and an entity's neighbourhood.
+    from django_rag.graph import build_graph
+    from django_rag.models import Entity
+
+    for text in (
+        "Ada Lovelace worked with Charles Babbage on the Analytical Engine in London.",
+        "Charles Babbage designed the Difference Engine; Ada Lovelace wrote its first program.",
+        "Mary Somerville introduced Ada Lovelace to Charles Babbage at a London party.",
+    ):
+        rag.ingest(text, collection="history")
+    settings = {
+        "EMBEDDER": "hashing",
+        "GRAPH": {
+            "EXTRACTOR": None,
+            "ENTITY_EXTRACTOR": "capitalized",
+            "RELATIONSHIP_EXTRACTOR": "cooccurrence",
+        },
+    }
+    with override_settings(DJANGO_RAG=settings):
+        result = build_graph("history")
+    hub = Entity.objects.filter(collection__name="history", normalized_name__contains="babbage")
+    driver.get(driver.base + f"graph/?collection=history&entity={hub.first().pk}")
+    counts = driver.find_element(By.ID, "graph-counts").text
+    assert counts.startswith(f"{result['entities']} entities · {result['relationships']} rel")
+    assert driver.find_elements(By.CSS_SELECTOR, "#neighbourhood text.label")
+    shot(driver, "graph")
+
+    # Both themes, as the browser renders them: every button's text on its background is AA.
+    for scheme in ("light", "dark"):
+        driver.execute_cdp_cmd(
+            "Emulation.setEmulatedMedia",
+            {"features": [{"name": "prefers-color-scheme", "value": scheme}]},
+        )
+        driver.get(driver.base + "collections/")
+        ratios = driver.execute_script(CONTRAST_JS)
+        assert ratios and min(ratios) >= 4.5, (scheme, ratios)
+        if scheme == "dark":
+            shot(driver, "collections-dark")
+
+
+CONTRAST_JS = """
+function lum(rgb) {
+  const c = rgb.match(/\\d+(\\.\\d+)?/g).slice(0, 3).map(Number).map(v => v / 255)
+    .map(v => v <= 0.03928 ? v / 12.92 : Math.pow((v + 0.055) / 1.055, 2.4));
+  return 0.2126 * c[0] + 0.7152 * c[1] + 0.0722 * c[2];
+}
+return [...document.querySelectorAll("button:not(.link):not(:disabled)")].map(b => {
+  const s = getComputedStyle(b);
+  const [hi, lo] = [lum(s.color), lum(s.backgroundColor)].sort((x, y) => y - x);
+  return (hi + 0.05) / (lo + 0.05);
+});
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _manage(project: Path, env: dict, *args: str, timeout: int = 300) -> str:
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, f"manage.py {' '.join(args)}:\n{result.stdout}{result.stderr}"
+    return result.stdout
+
+
+def test_a_new_project_configured_from_getting_started_reaches_every_page(tmp_path):
+    """django-admin startproject, then docs/getting-started.md's blocks appended as they are,
+    its own embedded PostgreSQL, createsuperuser, runserver: every page through the login."""
+    from selenium.webdriver.common.by import By
+
+    from tests.test_getting_started import blocks_for
+
+    driver = chromium(tmp_path)
+    project = tmp_path / "proj"
+    project.mkdir()
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DJANGO_SETTINGS_MODULE", "DATABASE_URL", "DJANGO_RAG_TEST_DB_NAME")
+    }
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent.parent)  # this checkout's django_rag
+    subprocess.run(
+        [sys.executable, "-m", "django", "startproject", "mysite", str(project)],
+        check=True,
+        env=env,
+    )
+    with open(project / "mysite" / "settings.py", "a") as settings:
+        settings.write("\n" + "\n".join(blocks_for("settings.py")))
+    with open(project / "mysite" / "urls.py", "a") as urls:
+        urls.write("\n" + "\n".join(blocks_for("urls.py")))
+    server = None
+    try:
+        _manage(project, env, "migrate", "--noinput")
+        _manage(project, env, "check", "--database", "default")
+        _manage(
+            project,
+            env | {"DJANGO_SUPERUSER_PASSWORD": "a-long-password-1"},
+            "createsuperuser",
+            "--noinput",
+            "--username",
+            "boss",
+            "--email",
+            "boss@example.com",
+        )
+        port = _free_port()
+        server = subprocess.Popen(
+            [sys.executable, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
+            cwd=project,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            with socket.socket() as sock:
+                if sock.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            assert time.monotonic() < deadline and server.poll() is None, "runserver did not start"
+            time.sleep(0.3)
+
+        # /rag/ with no login page of the project's own: the admin's login, then back.
+        driver.get(base + "/rag/")
+        assert "/admin/login/?next=/rag/" in driver.current_url
+        driver.find_element(By.ID, "id_username").send_keys("boss")
+        driver.find_element(By.ID, "id_password").send_keys("a-long-password-1")
+        driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+        wait_for(driver, lambda d: d.current_url.endswith("/rag/documents/"))
+        header = driver.find_element(By.TAG_NAME, "header").text
+        assert "boss" in header and "Admin" in header and "Log out" in header
+
+        # A document to open (embedded by the default MiniLM in the server process).
+        driver.find_element(By.NAME, "text").send_keys("Refunds take five business days.")
+        driver.find_element(By.CSS_SELECTOR, "form[action$='/ingest/'] button").click()
+        wait_for(driver, lambda d: "Refunds take five" in d.page_source and "/documents/" in (
+            d.current_url), timeout=180)  # fmt: skip
+        for page in (
+            "documents/",
+            "collections/",
+            "search/?q=refunds",
+            "ask/",
+            "graph/",
+            "evaluation/",
+            "maintenance/",
+            "info/",
+        ):
+            driver.get(base + "/rag/" + page)
+            body = driver.find_element(By.TAG_NAME, "body").text
+            assert "/rag/" in driver.current_url, page  # not sent to a login page
+            assert driver.find_element(By.TAG_NAME, "h1").text, page
+            assert "Traceback" not in body and "Server Error" not in body, page
+            # Nothing wider than the 1280 px window (no horizontal scrolling).
+            overflow = driver.execute_script(
+                "return document.documentElement.scrollWidth - window.innerWidth"
+            )
+            assert overflow <= 0, f"{page} overflows by {overflow}px"
+        driver.get(base + "/rag/search/?q=refunds")
+        assert "Refunds take five business days." in driver.page_source
+
+        # Log out (a POST), and the dashboard asks for the login again.
+        driver.find_element(By.CSS_SELECTOR, "#logout-form button").click()
+        driver.get(base + "/rag/")
+        assert "/admin/login/" in driver.current_url
+    finally:
+        driver.quit()
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+        # As getting-started says: the embedded server outlives manage.py until stopped.
+        subprocess.run(
+            [sys.executable, "-m", "django_rag.embedded", "stop", str(project / ".pgdata")],
+            env=env,
+            timeout=120,
+        )
+    assert not (project / ".pgdata" / "postmaster.pid").exists()

@@ -525,7 +525,12 @@ def test_rag_graph_command(graph_corpus):
             "rag_graph", "summarize-communities", "--levels", "0", stdout=out, stderr=StringIO()
         )
     text = out.getvalue()
-    assert "Processed 3 chunks: 6 entities" in text and "Detected" in text and "Summarised" in text
+    assert (
+        "Processed 3 chunks (0 skipped" in text
+        and "holds 6 entities" in text
+        and "Detected" in text
+        and "Summarised" in text
+    )
     with override_settings(DJANGO_RAG={"EMBEDDER": "hashing"}):
         with pytest.raises(CommandError, match=r"DJANGO_RAG\['LLM'\]"):
             call_command("rag_graph", "summarize-communities", stdout=StringIO(), stderr=StringIO())

@@ -11,6 +11,10 @@ Functional::
 
     from django_rag.agent import Context, steps
     ctx = steps.answer(steps.search(steps.gate(Context("...", llm=my_llm))))
+
+Tool calling (the model decides what to search and when to stop)::
+
+    result = rag.Loop("Compare plan A and plan B", collection="plans", llm=...).run()
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from .components import (
     get_rewriter,
 )
 from .context import Context, Retrieval
+from .loop import Loop, LoopResult, Tool, ToolError, ToolStep, run_loop
 
 
 class Agent:
@@ -129,12 +134,18 @@ __all__ = [
     "Expander",
     "Gatekeeper",
     "KeywordExtractor",
+    "Loop",
+    "LoopResult",
     "Retrieval",
     "Rewriter",
     "Searcher",
     "Selector",
+    "Tool",
+    "ToolError",
+    "ToolStep",
     "ask",
     "get_rewriter",
     "parse_citations",
+    "run_loop",
     "steps",
 ]

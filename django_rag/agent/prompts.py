@@ -190,3 +190,56 @@ def requery_prompt(question: str, tried: Sequence[str], missing: str | None) -> 
         "Write one different search query that is more likely to find the answer: other "
         "words, the key terms alone, or the names involved. Reply with the query only."
     )
+
+
+# --- the tool-calling loop ----------------------------------------------------------------------
+
+
+def loop_system(
+    collections: Sequence[tuple[str, str]] | None, max_iterations: int, extra_tools: Sequence[str]
+) -> str:
+    """The controller's system message of :class:`~django_rag.agent.loop.Loop`."""
+    parts = [
+        "You answer the user's question from a document collection that you search with "
+        "tools. Call `search` with a short, focused query; search again with other words, a "
+        "narrower query or another collection when the results do not settle the question. "
+        "Search results are numbered sources, and a source keeps its number for the whole "
+        "conversation. " + DATA_NOTICE,
+        "When the sources answer the question, call `answer` with the answer text: rely only "
+        "on what the sources state and cite the supporting sources after each statement by "
+        "number in square brackets, for example [1] or [2][3]. When, after searching, the "
+        "documents do not cover the question, call `give_up` with the reason. A tool that "
+        "fails answers with an error: read it and correct the call.",
+        f"You have at most {max_iterations} turns; each reply of yours is one turn.",
+    ]
+    if extra_tools:
+        parts.append("Other tools you may use: " + ", ".join(extra_tools) + ".")
+    if collections:
+        listed = "\n".join(
+            f'<collection name="{attr(name)}">{quote(description) if description else ""}'
+            "</collection>"
+            for name, description in collections
+        )
+        parts.append(
+            "You may search only these collections (leave `collection` out to search them "
+            f"all):\n<collections>\n{listed}\n</collections>"
+        )
+    return "\n\n".join(parts)
+
+
+def loop_sources(numbered: Sequence[tuple[int, SearchResult, bool]]) -> str:
+    """Search results for the controller: ``(number, chunk, already_seen)``; a chunk found
+    earlier is named by its number only."""
+    parts = []
+    for number, chunk, seen in numbered:
+        if seen:
+            parts.append(f'<source id="{number}" seen="earlier"/>')
+            continue
+        label = chunk.title or chunk.filename or chunk.source_id
+        title = f' title="{attr(label)}"' if label else ""
+        collection = f' collection="{attr(chunk.collection)}"' if chunk.collection else ""
+        parts.append(
+            f'<source id="{number}"{title}{collection}{_pages(chunk)}>\n{quote(chunk.text)}\n'
+            "</source>"
+        )
+    return "<sources>\n" + "\n".join(parts) + "\n</sources>"

@@ -99,6 +99,31 @@ def error_response(exc: RagError) -> HttpResponseBadRequest:
     )
 
 
+def login_url() -> str:
+    """Where anonymous users log in: ``settings.LOGIN_URL`` when it resolves to a view of this
+    project, else the Django admin's login (a fresh project has no ``/accounts/login/``)."""
+    from django.conf import settings
+    from django.shortcuts import resolve_url
+    from django.urls import NoReverseMatch, Resolver404, resolve, reverse
+
+    try:
+        url = resolve_url(settings.LOGIN_URL)
+    except NoReverseMatch:
+        url = None
+    if url:
+        if "://" in url or url.startswith("//"):
+            return url  # another site (single sign-on): trust the setting
+        try:
+            resolve(url.split("?", 1)[0])
+            return url
+        except Resolver404:
+            pass
+    try:
+        return reverse("admin:login")
+    except NoReverseMatch:
+        return url or settings.LOGIN_URL
+
+
 def dashboard_view(view: Callable[..., Any]) -> Callable[..., Any]:
     """Login required, then the dashboard permission; sets ``request.rag_collections``.
 
@@ -109,7 +134,7 @@ def dashboard_view(view: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(view)
     def wrapped(request, *args, **kwargs):
         if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
+            return redirect_to_login(request.get_full_path(), login_url())
         if not has_permission(request.user):
             raise PermissionDenied("You may not use the RAG dashboard.")
         request.rag_collections = allowed_collections(request)

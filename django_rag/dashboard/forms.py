@@ -10,23 +10,57 @@ MODES = [("semantic", "Semantic"), ("fulltext", "Full-text"), ("hybrid", "Hybrid
 UPLOAD_TYPES = (".txt", ".md", ".markdown", ".pdf")
 
 
+COLLECTION_HELP = "Created when it does not exist."
+SOURCE_HELP = (
+    "Your own identifier for this document (a path, a URL, a record id): it names the document "
+    "across versions. Empty: none."
+)
+
+
+def default_collection(form: forms.Form) -> None:
+    """The configured default collection as the field's initial value (read per form)."""
+    form.fields["collection"].initial = get_setting("DEFAULT_COLLECTION")
+
+
 class IngestTextForm(forms.Form):
-    collection = forms.CharField(max_length=255, initial="default")
-    title = forms.CharField(max_length=500, required=False)
-    source_id = forms.CharField(max_length=512, required=False)
-    format = forms.ChoiceField(choices=FORMATS, initial="text")
-    text = forms.CharField(widget=forms.Textarea(attrs={"rows": 8}))
+    collection = forms.CharField(max_length=255, help_text=COLLECTION_HELP)
+    title = forms.CharField(
+        max_length=500,
+        required=False,
+        help_text="Shown in lists and citations. Empty: the source id or the first words.",
+    )
+    source_id = forms.CharField(max_length=512, required=False, help_text=SOURCE_HELP)
+    format = forms.ChoiceField(
+        choices=FORMATS,
+        initial="text",
+        help_text="Markdown is chunked along its headings.",
+    )
+    text = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 8}),
+        help_text="Chunked and embedded at once; searchable when the page returns.",
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        default_collection(self)
 
 
 class UploadForm(forms.Form):
-    collection = forms.CharField(max_length=255, initial="default")
-    file = forms.FileField()
+    collection = forms.CharField(max_length=255, help_text=COLLECTION_HELP)
+    file = forms.FileField(help_text="A .txt, .md or .pdf file.")
     source_id = forms.CharField(
-        max_length=512, required=False, help_text="Identifies the document across versions."
+        max_length=512, required=False, help_text=SOURCE_HELP + " Default: the file name."
     )
     replace = forms.BooleanField(
-        required=False, help_text="Replace the stored documents with the same source id."
+        required=False,
+        help_text="Replace the stored documents with the same source id (off: keep both).",
     )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        default_collection(self)
+        limit = get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"] // (1024 * 1024)
+        self.fields["file"].help_text = f"A .txt, .md or .pdf file of at most {limit} MB."
 
     def clean_file(self):
         upload = self.cleaned_data["file"]
@@ -51,22 +85,79 @@ def limit_query(field: forms.CharField) -> None:
 
 
 class CollectionForm(forms.Form):
-    name = forms.CharField(max_length=255)
-    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 2}), required=False)
+    """A new collection: its name must not be taken (editing a description is another form)."""
+
+    name = forms.CharField(
+        max_length=255, help_text="Unique. Documents name their collection when ingested."
+    )
+    description = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 2}),
+        required=False,
+        help_text="What the collection holds: the agent's select step reads it to choose "
+        "collections for a question.",
+    )
+
+    def clean_name(self):
+        from ..models import Collection
+
+        name = self.cleaned_data["name"].strip()
+        if not name:
+            raise forms.ValidationError("A collection needs a name.")
+        if Collection.objects.filter(name=name).exists():
+            raise forms.ValidationError(
+                f"A collection named “{name}” already exists: edit its description in the "
+                "table above, or choose another name."
+            )
+        return name
+
+
+class DescriptionForm(forms.Form):
+    """The description of an existing collection."""
+
+    name = forms.CharField(max_length=255, widget=forms.HiddenInput)
+    description = forms.CharField(required=False)
 
 
 class SearchForm(forms.Form):
-    q = forms.CharField(label="Query", required=False)
-    mode = forms.ChoiceField(choices=MODES, initial="hybrid", required=False)
-    limit = forms.IntegerField(min_value=1, max_value=100, initial=10, required=False)
-    collection = forms.MultipleChoiceField(choices=[], required=False)
+    q = forms.CharField(
+        label="Query", required=False, help_text="A question or keywords, as a user would type."
+    )
+    mode = forms.ChoiceField(
+        choices=MODES,
+        required=False,
+        help_text="Semantic: meaning (embeddings). Full-text: the words (BM25). "
+        "Hybrid: both, fused.",
+    )
+    limit = forms.IntegerField(
+        min_value=1, max_value=100, required=False, help_text="Results per mode (1 to 100)."
+    )
+    collection = forms.MultipleChoiceField(
+        choices=[], required=False, help_text="None selected: every collection you can see."
+    )
     semantic_weight = forms.FloatField(min_value=0, required=False)
     fulltext_weight = forms.FloatField(min_value=0, required=False)
     compare = forms.BooleanField(required=False, label="Compare the three modes side by side")
 
     def __init__(self, *args, collections=(), **kwargs):
         super().__init__(*args, **kwargs)
+        search = get_setting("SEARCH")
         self.fields["collection"].choices = [(name, name) for name in collections]
+        mode = search["MODE"] if search["MODE"] in dict(MODES) else "hybrid"
+        self.fields["mode"].initial = mode
+        self.fields["limit"].initial = search["LIMIT"]
+        self.fields["limit"].widget.attrs["placeholder"] = str(search["LIMIT"])
+        for name, key, other in (
+            ("semantic_weight", "SEMANTIC_WEIGHT", "full-text"),
+            ("fulltext_weight", "FULLTEXT_WEIGHT", "semantic"),
+        ):
+            field = self.fields[name]
+            field.widget.attrs.update({"placeholder": str(search[key]), "step": "any"})
+            field.help_text = (
+                f"Hybrid mode only; relative to the {other} weight. Empty: the default, "
+                f"{search[key]} (DJANGO_RAG['SEARCH']['{key}']); with "
+                f"{search['FUSION']!r} fusion it is the starting point."
+            )
+        self.fields["compare"].help_text = "Runs semantic, full-text and hybrid on the query."
         limit_query(self.fields["q"])
 
 
@@ -82,13 +173,24 @@ STEPS = [
 
 
 class AskForm(forms.Form):
-    question = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
-    collection = forms.ChoiceField(choices=[], required=False)
-    mode = forms.ChoiceField(choices=MODES, initial="hybrid")
-    limit = forms.IntegerField(min_value=1, max_value=20, initial=5)
+    question = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3}),
+        help_text="Answered by the configured LLM (DJANGO_RAG['LLM']) from the chunks found.",
+    )
+    collection = forms.ChoiceField(
+        choices=[], required=False, help_text="Where to look for the context."
+    )
+    mode = forms.ChoiceField(
+        choices=MODES, initial="hybrid", help_text="How the context is searched."
+    )
+    limit = forms.IntegerField(
+        min_value=1, max_value=20, initial=5, help_text="Chunks given to the LLM (1 to 20)."
+    )
     steps = forms.MultipleChoiceField(
         choices=STEPS, required=False, widget=forms.CheckboxSelectMultiple,
         label="Agentic steps (none: a single ask)",
+        help_text="Each step adds LLM calls: gate skips retrieval when not needed, rewrite and "
+        "expand reformulate, decompose splits, reason and rerank filter, self-correct checks.",
     )  # fmt: skip
 
     def __init__(self, *args, collections=(), **kwargs):

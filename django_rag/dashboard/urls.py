@@ -20,6 +20,7 @@ urlpatterns = [
     path("graph/", views.graph, name="graph"),
     path("maintenance/", views.maintenance, name="maintenance"),
     path("evaluation/", views.evaluation, name="evaluation"),
+    path("evaluation/runs/<int:pk>/", views.evaluation_run, name="evaluation_run"),
     path("evaluation/jobs/", views.evaluation_jobs, name="evaluation_jobs"),
     path("info/", views.info, name="info"),
 ]

@@ -7,6 +7,7 @@ import json
 from django.contrib import messages
 from django.core.paginator import Paginator
 from django.db.models import Count, Q
+from django.db.models.functions import Substr
 from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -17,8 +18,8 @@ from ..background import start
 from ..conf import get_setting, scrub_text
 from ..exceptions import CollectionNotEmpty, RagError
 from ..ingestion.service import delete, ingest, ingest_bytes
+from ..maintenance import find_orphans, remove_orphans
 from ..maintenance import info as collect
-from ..maintenance import remove_orphans
 from ..models import (
     Chunk,
     Collection,
@@ -34,7 +35,14 @@ from ..models import (
 from ..retrieval.service import normalize_mode
 from ..retrieval.service import search as run
 from .access import check_collection, dashboard_view, object_id, param, scope
-from .forms import AskForm, CollectionForm, IngestTextForm, SearchForm, UploadForm
+from .forms import (
+    AskForm,
+    CollectionForm,
+    DescriptionForm,
+    IngestTextForm,
+    SearchForm,
+    UploadForm,
+)
 
 
 def _visible_collections(request):
@@ -58,8 +66,12 @@ def home(request):
 
 @dashboard_view
 def documents(request):
-    items = scope(Document.objects.select_related("collection"), request).order_by(
-        "-created_at", "-pk"
+    # The text can be megabytes: the list reads its first words only (untitled documents).
+    items = (
+        scope(Document.objects.select_related("collection"), request)
+        .defer("content")
+        .annotate(preview=Substr("content", 1, 200))
+        .order_by("-created_at", "-pk")
     )
     collection = param(request, "collection")
     status = param(request, "status")
@@ -91,10 +103,59 @@ def document(request, pk: int):
         scope(Document.objects.select_related("collection"), request), pk=object_id(pk)
     )
     chunks = doc.chunks.order_by("chunk_index")
+    number = request.GET.get("page")
+    if request.GET.get("chunk"):  # a link to one chunk (search, citations): the page holding it
+        chunk = get_object_or_404(chunks, pk=object_id(request.GET["chunk"]))
+        number = chunks.filter(chunk_index__lt=chunk.chunk_index).count() // CHUNKS_PER_PAGE + 1
+    page = Paginator(chunks, CHUNKS_PER_PAGE).get_page(number)
     return render(
         request,
         "django_rag/dashboard/document.html",
-        _context(request, document=doc, chunks=chunks),
+        _context(request, document=doc, chunks=page, page=page),
+    )
+
+
+CHUNKS_PER_PAGE = 50
+
+
+def _cancel_url(request) -> str:
+    """Back to the page the form was on (same site only), else the dashboard's home."""
+    from django.utils.http import url_has_allowed_host_and_scheme
+
+    referer = request.META.get("HTTP_REFERER", "")
+    if referer and url_has_allowed_host_and_scheme(
+        referer, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return referer
+    return reverse("django_rag_dashboard:home")
+
+
+def _confirm(request, *, title: str, message: str, button: str, details=None):
+    """The confirmation page of a destructive POST, or None once it is confirmed.
+
+    The page re-posts the same fields with ``confirmed=yes`` (plain HTML: no JavaScript).
+    """
+    if request.POST.get("confirmed") == "yes":
+        return None
+    fields = [
+        (name, value)
+        for name in request.POST
+        if name not in ("csrfmiddlewaretoken", "confirmed")
+        for value in request.POST.getlist(name)
+    ]
+    return render(
+        request,
+        "django_rag/dashboard/confirm.html",
+        _context(
+            request,
+            title=title,
+            message=message,
+            button=button,
+            details=details or [],
+            fields=fields,
+            action=request.get_full_path(),
+            cancel=_cancel_url(request),
+        ),
     )
 
 
@@ -164,13 +225,22 @@ def upload(request):
 def delete_document(request, pk: int):
 
     doc = get_object_or_404(scope(Document.objects.all(), request), pk=object_id(pk))
+    if page := _confirm(
+        request,
+        title=f"Delete “{doc}”?",
+        message="The document and its chunks are deleted; searches stop finding them. "
+        "This cannot be undone.",
+        details=[f"{doc.chunk_count} chunks", f"collection {doc.collection.name}"],
+        button="Delete document",
+    ):
+        return page
     delete(doc)
-    messages.success(request, f"Deleted document {pk}.")
+    messages.success(request, f"Deleted “{doc}”.")
     return _back(request, "documents")
 
 
 @dashboard_view
-def collections(request):
+def collections(request, form=None):
     rows = _visible_collections(request).annotate(document_count=Count("documents", distinct=True))
     chunk_counts = dict(
         scope(Chunk.objects.all(), request).values_list("collection__name").annotate(n=Count("pk"))
@@ -178,30 +248,58 @@ def collections(request):
     return render(
         request,
         "django_rag/dashboard/collections.html",
-        _context(request, rows=rows, chunk_counts=chunk_counts, form=CollectionForm()),
+        _context(
+            request,
+            rows=rows,
+            chunk_counts=chunk_counts,
+            form=form or CollectionForm(),
+        ),
+        status=200 if form is None else 400,
     )
 
 
 @require_POST
 @dashboard_view
 def save_collection(request):
-    form = CollectionForm(request.POST)
-    if not form.is_valid():
-        messages.error(request, "A collection needs a name.")
+    """Create a collection (its name must be new), or, with ``existing``, edit a description."""
+    if request.POST.get("existing"):
+        form = DescriptionForm(request.POST)
+        if not form.is_valid():
+            messages.error(request, "Check the description.")
+            return _back(request, "collections")
+        name = form.cleaned_data["name"]
+        check_collection(request, name)
+        collection = get_object_or_404(Collection, name=name)
+        collection.description = form.cleaned_data["description"]
+        collection.save(update_fields=["description", "updated_at"])
+        messages.success(request, f"Updated the description of “{name}”.")
         return _back(request, "collections")
-    name = form.cleaned_data["name"].strip()
-    check_collection(request, name)
-    collection, created = Collection.objects.get_or_create(name=name)
-    collection.description = form.cleaned_data["description"]
-    collection.save(update_fields=["description", "updated_at"])
-    messages.success(request, f"{'Created' if created else 'Updated'} collection “{name}”.")
-    return _back(request, "collections")
+    form = CollectionForm(request.POST)
+    if form.is_valid():
+        check_collection(request, form.cleaned_data["name"])
+        Collection.objects.create(
+            name=form.cleaned_data["name"], description=form.cleaned_data["description"]
+        )
+        messages.success(request, f"Created collection “{form.cleaned_data['name']}”.")
+        return _back(request, "collections")
+    return collections(request, form=form)
 
 
 @require_POST
 @dashboard_view
 def delete_collection(request, pk: int):
     collection = get_object_or_404(_visible_collections(request), pk=object_id(pk))
+    count = collection.documents.count()
+    if count:
+        messages.error(request, str(CollectionNotEmpty(collection.name, count)))
+        return _back(request, "collections")
+    if page := _confirm(
+        request,
+        title=f"Delete the collection “{collection.name}”?",
+        message="It holds no documents; its description, graph and test cases go with it.",
+        button="Delete collection",
+    ):
+        return page
     try:
         collection.delete()
     except CollectionNotEmpty as exc:
@@ -221,9 +319,11 @@ def search(request):
         data = form.cleaned_data
         chosen = data["collection"] or (visible if request.rag_collections is not None else None)
         modes = (
-            ["semantic", "fulltext", "hybrid"] if data["compare"] else [data["mode"] or "hybrid"]
+            ["semantic", "fulltext", "hybrid"]
+            if data["compare"]
+            else [data["mode"] or form.fields["mode"].initial]
         )
-        options = {"limit": data["limit"] or 10, "collection": chosen}
+        options = {"limit": data["limit"] or form.fields["limit"].initial, "collection": chosen}
         if data["semantic_weight"] is not None:
             options["semantic_weight"] = data["semantic_weight"]
         if data["fulltext_weight"] is not None:
@@ -433,8 +533,19 @@ def maintenance(request):
         restricted = request.rag_collections is not None
         if collection:
             check_collection(request, collection)
+        target = f"the collection “{collection}”" if collection else "every collection"
         if restricted and collection is None:
             messages.error(request, "Choose one of your collections.")
+        elif action in CONFIRM_ACTIONS and (
+            page := _confirm(
+                request,
+                title=CONFIRM_ACTIONS[action][0].format(target=target),
+                message=CONFIRM_ACTIONS[action][1],
+                button=CONFIRM_ACTIONS[action][2],
+                details=_scope_figures(request, action, collection),
+            )
+        ):
+            return page
         elif action == "reembed":
             _start(request, "reembed", options={"collection": collection, "batch_size": 64})
         elif action in ("build_graph", "detect_communities", "summarize_communities"):
@@ -443,12 +554,7 @@ def maintenance(request):
                 params["resume"] = request.POST.get("resume") == "on"
             _start(request, action, **params)
         elif action == "orphans" and not restricted:
-            removed = remove_orphans()
-            messages.success(
-                request,
-                "Orphans removed: "
-                + ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in removed.items()),
-            )
+            return _clean_orphans(request)
         else:
             messages.error(request, "Unknown or forbidden action.")
         return redirect("django_rag_dashboard:maintenance")
@@ -470,6 +576,78 @@ def maintenance(request):
     )
 
 
+# Actions that replace stored data: (title, what happens, button) for the confirmation page.
+CONFIRM_ACTIONS = {
+    "reembed": (
+        "Re-embed the chunks of {target}?",
+        "Chunks embedded by another model than the configured one get new vectors; searches "
+        "use them as each batch is stored. It reads every such chunk and calls the embedder.",
+        "Re-embed",
+    ),
+    "build_graph": (
+        "Rebuild the graph of {target}?",
+        "Without “only new chunks”, the graph (entities, relationships, communities) is "
+        "deleted and extracted again from every chunk: one extractor call (an LLM call with "
+        "the default extractor) per chunk.",
+        "Rebuild the graph",
+    ),
+    "detect_communities": (
+        "Detect the communities of {target} again?",
+        "The stored communities and their summaries are replaced.",
+        "Detect communities",
+    ),
+    "summarize_communities": (
+        "Summarise the communities of {target}?",
+        "Every community's summary is written again by the LLM (one call per community).",
+        "Summarise",
+    ),
+}
+
+
+def _scope_figures(request, action: str, collection: str | None) -> list[str]:
+    """What an action would touch, for its confirmation page (cheap counts, no model load)."""
+    if request.POST.get("confirmed") == "yes":
+        return []
+    chunks = scope(Chunk.objects.all(), request)
+    if collection:
+        chunks = chunks.filter(collection__name=collection)
+    if action == "reembed":
+        from ..embeddings import get_embedder
+
+        model = get_embedder().model_name
+        stale = chunks.exclude(embedding_model=model).count()
+        return [f"{stale} of {chunks.count()} chunks were embedded by another model than {model}"]
+    if action == "build_graph":
+        return [f"{chunks.count()} chunks in scope"]
+    return []
+
+
+def _clean_orphans(request):
+    """Preview what the clean-up would remove; remove it once confirmed (like
+    ``rag_maintenance orphans --apply``)."""
+    found = find_orphans()
+    labels = [f"{count} {name.replace('_', ' ')}" for name, count in found.items() if count]
+    if not labels:
+        messages.success(request, "No orphans: nothing to clean.")
+        return redirect("django_rag_dashboard:maintenance")
+    if page := _confirm(
+        request,
+        title="Remove these orphans?",
+        message="Rows without a consistent parent, and a shadow column left by an abandoned "
+        "model switch. They are deleted in one transaction; this cannot be undone.",
+        details=labels,
+        button="Remove orphans",
+    ):
+        return page
+    removed = remove_orphans()
+    messages.success(
+        request,
+        "Orphans removed: "
+        + ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in removed.items()),
+    )
+    return redirect("django_rag_dashboard:maintenance")
+
+
 def _polling(jobs) -> bool:
     return any(job.status in ("pending", "running") for job in jobs)
 
@@ -478,21 +656,21 @@ def _polling(jobs) -> bool:
 def evaluation(request):
 
     cases = scope(TestCase.objects.select_related("collection"), request)
-    runs = Run.objects.order_by("-started_at", "-pk")
-    if request.rag_collections is not None:
-        allowed = request.rag_collections
-        runs = [
-            r
-            for r in runs[:200]
-            if r.config.get("collections") and set(r.config["collections"]) <= allowed
-        ]
-    else:
-        runs = list(runs[:200])
+    runs = list(_visible_runs(request)[:200])
     if request.method == "POST":
         action = request.POST.get("action")
         collection = param(request, "collection", method="POST", max_length=255) or None
         if action == "delete_case":
-            get_object_or_404(cases, pk=object_id(request.POST.get("case"))).delete()
+            case = get_object_or_404(cases, pk=object_id(request.POST.get("case")))
+            if page := _confirm(
+                request,
+                title="Delete this test case?",
+                message=case.question,
+                details=["Past runs keep their results; future runs no longer include it."],
+                button="Delete test case",
+            ):
+                return page
+            case.delete()
             messages.success(request, "Test case deleted.")
             return redirect("django_rag_dashboard:evaluation")
         if collection:
@@ -546,29 +724,165 @@ def evaluation_jobs(request):
     )
 
 
-CHART_METRICS = [("recall_at_5", "#2457c5"), ("mrr", "#1c7c3c"), ("ndcg_at_10", "#b26a00")]
+CHART_METRICS = [
+    ("recall_at_5", "Recall@5", "#2457c5", "4 0"),
+    ("mrr", "MRR", "#1c7c3c", "6 3"),
+    ("ndcg_at_10", "nDCG@10", "#a05a00", "2 2"),
+]
+# The chart's plot area inside its 640 x 300 viewBox: room on the left and below for the axes.
+PLOT = {"left": 56, "right": 620, "top": 16, "bottom": 250}
 
 
 def _chart(runs) -> dict:
-    """Polylines (in a 0..100 x 0..40 viewBox) of a few metrics over the runs, oldest first."""
+    """A line chart of a few metrics over the completed runs, oldest first: y from 0 to 1 with
+    ticks, x the run numbers, every point labelled with its value (in its tooltip)."""
     done = [r for r in runs if r.status == "completed"]
     if len(done) < 2:
         return {"lines": [], "runs": len(done)}
-    step = 100 / (len(done) - 1)
+    width = PLOT["right"] - PLOT["left"]
+    height = PLOT["bottom"] - PLOT["top"]
+    step = width / (len(done) - 1)
+
+    def y(value: float) -> float:
+        return round(PLOT["bottom"] - height * max(0.0, min(1.0, value)), 1)
+
     lines = []
-    for name, color in CHART_METRICS:
-        points = " ".join(
-            f"{i * step:.1f},{40 - 38 * float(r.metrics.get(name, 0)):.1f}"
+    for name, label, color, dash in CHART_METRICS:
+        points = [
+            {
+                "x": round(PLOT["left"] + i * step, 1),
+                "y": y(float(r.metrics.get(name, 0))),
+                "value": float(r.metrics.get(name, 0)),
+                "run": r.pk,
+            }
             for i, r in enumerate(done)
+        ]
+        lines.append(
+            {
+                "name": name,
+                "label": label,
+                "color": color,
+                "dash": dash,
+                "points": points,
+                "polyline": " ".join(f"{p['x']},{p['y']}" for p in points),
+                "last": points[-1],
+            }
         )
-        lines.append({"name": name, "color": color, "points": points})
-    return {"lines": lines, "runs": len(done)}
+    every = max(1, len(done) // 10)  # at most about ten run labels on the x axis
+    return {
+        "lines": lines,
+        "runs": len(done),
+        "plot": PLOT,
+        "y_ticks": [{"value": v, "y": y(v)} for v in (0, 0.25, 0.5, 0.75, 1)],
+        "x_ticks": [
+            {"run": r.pk, "x": round(PLOT["left"] + i * step, 1)}
+            for i, r in enumerate(done)
+            if i % every == 0 or i == len(done) - 1
+        ],
+    }
+
+
+def _visible_runs(request):
+    runs = Run.objects.order_by("-started_at", "-pk")
+    if request.rag_collections is None:
+        return runs
+    allowed = request.rag_collections
+    return Run.objects.filter(
+        pk__in=[
+            r.pk
+            for r in runs.only("pk", "config")[:1000]
+            if r.config.get("collections") and set(r.config["collections"]) <= allowed
+        ]
+    )
+
+
+@dashboard_view
+def evaluation_run(request, pk: int):
+    """One run: its configuration, metrics, and every case's result, failures first."""
+    run_ = get_object_or_404(_visible_runs(request), pk=object_id(pk))
+    cases = []
+    for record in run_.results:
+        rank = record.get("first_relevant_rank")
+        skipped = record.get("skipped")
+        cases.append(
+            {
+                **record,
+                "found": rank is not None and not skipped,
+                "in_top_5": rank is not None and rank <= 5,
+            }
+        )
+    # Failures first: skipped, nothing relevant found, then found low, then the rest by rank.
+    cases.sort(
+        key=lambda c: (
+            0 if c.get("skipped") else 1,
+            c["found"],
+            c.get("mrr", 0),
+            c.get("recall_at_5", 0),
+        )
+    )
+    metrics = [
+        (label, run_.metrics.get(name))
+        for name, label in [
+            ("recall_at_1", "Recall@1"),
+            ("recall_at_5", "Recall@5"),
+            ("recall_at_10", "Recall@10"),
+            ("hit_rate_at_5", "Hit rate@5"),
+            ("precision_at_5", "Precision@5"),
+            ("mrr", "MRR"),
+            ("ndcg_at_10", "nDCG@10"),
+        ]
+        if run_.metrics.get(name) is not None
+    ]
+    return render(
+        request,
+        "django_rag/dashboard/evaluation_run.html",
+        _context(
+            request,
+            run=run_,
+            cases=cases,
+            metrics=metrics,
+            failures=sum(1 for c in cases if not c["in_top_5"]),
+            config_json=json.dumps(run_.config, indent=2, default=str),
+        ),
+    )
+
+
+GRAPH_NEIGHBOURS = 16
+
+
+def _neighbourhood(entity, edges) -> list[dict]:
+    """Positions of an entity's neighbours in a 600 x 300 diagram with the entity at the centre:
+    half on a right arc, half on a left arc (never above or below it, where horizontal labels
+    would collide), each label written outwards from its node."""
+    import math
+
+    right = edges[: (len(edges) + 1) // 2]
+    left = edges[len(right) :]
+    placed = []
+    for side, group in ((1, right), (-1, left)):
+        for i, edge in enumerate(group):
+            # Spread from -65 to +65 degrees around the horizontal, top to bottom.
+            angle = math.radians(-65 + 130 * (i + 0.5) / len(group))
+            x = 300 + side * 120 * math.cos(angle)
+            y = 150 + 125 * math.sin(angle)
+            other = edge.target if edge.source_id == entity.pk else edge.source
+            placed.append(
+                {
+                    "entity": other,
+                    "type": edge.type,
+                    "outgoing": edge.source_id == entity.pk,
+                    "x": round(x, 1),
+                    "y": round(y, 1),
+                    "label_x": round(x + side * 9, 1),
+                    "label_y": round(y + 4, 1),
+                    "anchor": "start" if side == 1 else "end",
+                }
+            )
+    return placed
 
 
 @dashboard_view
 def graph(request):
-    import math
-
     tab = (
         request.GET.get("tab")
         if request.GET.get("tab") in ("relationships", "communities")
@@ -611,25 +925,15 @@ def graph(request):
     detail = None
     if request.GET.get("entity"):
         entity = get_object_or_404(entities, pk=object_id(request.GET["entity"]))
-        edges = list(
-            relationships.filter(Q(source=entity) | Q(target=entity)).order_by("-strength", "pk")[
-                :24
-            ]
-        )
-        neighbours = []
-        for i, edge in enumerate(edges):
-            other = edge.target if edge.source_id == entity.pk else edge.source
-            angle = 2 * math.pi * i / max(len(edges), 1)
-            neighbours.append(
-                {
-                    "entity": other,
-                    "type": edge.type,
-                    "x": round(50 + 38 * math.cos(angle), 1),
-                    "y": round(50 + 38 * math.sin(angle), 1),
-                }
-            )
+        around = relationships.filter(Q(source=entity) | Q(target=entity))
+        edges = list(around.order_by("-strength", "pk")[:GRAPH_NEIGHBOURS])
         mentions = EntityMention.objects.filter(entity=entity).select_related("chunk")[:5]
-        detail = {"entity": entity, "neighbours": neighbours, "mentions": mentions}
+        detail = {
+            "entity": entity,
+            "neighbours": _neighbourhood(entity, edges),
+            "more": around.count() - len(edges),
+            "mentions": mentions,
+        }
     types = list(
         entities.values("type")
         .annotate(n=Count("pk"))

@@ -12,7 +12,7 @@ from django.db.models import Exists, OuterRef
 from ..conf import graph_setting
 from ..exceptions import LLMError, UnknownCollection
 from ..llm import map_concurrently
-from ..models import Chunk, Collection, GraphChunk
+from ..models import Chunk, Collection, Entity, GraphChunk, Relationship
 from ..models.databases import write_db
 from ..signals import span
 from ..store.graph import (  # noqa: F401 (re-exported)
@@ -68,6 +68,11 @@ def build_graph(
     Incremental by default: only chunks not processed yet. ``resume=False`` deletes the
     collection's graph first and rebuilds it. Each batch of ``batch_size`` chunks is extracted
     (``concurrency`` chunks at once) and then stored in one transaction.
+
+    Returns ``chunks`` (processed), ``failed`` (chunks whose extraction failed), ``mentions``
+    (entity mentions extracted) and ``entities`` / ``relationships``: how many the built
+    collections' graph holds afterwards (distinct rows, as the dashboard and admin count them;
+    an entity found in many chunks counts once).
     """
     if collection is not None:
         collection = clean_collection_name(collection)
@@ -86,7 +91,7 @@ def build_graph(
         llm=llm,
     )
     concurrency = concurrency or graph_setting("CONCURRENCY")
-    totals = {"chunks": 0, "entities": 0, "relationships": 0, "failed": 0}
+    totals = {"chunks": 0, "entities": 0, "relationships": 0, "mentions": 0, "failed": 0}
     with span("graph.build", collection=collection, resume=resume) as s:
         for target in collections:
             if not resume:
@@ -106,9 +111,13 @@ def build_graph(
                     counts = persist(target.pk, [pk for pk, _ in batch], extractions)
                 totals["chunks"] += len(batch)
                 totals["failed"] += failed
-                totals["entities"] += counts["entities"]
-                totals["relationships"] += counts["relationships"]
+                totals["mentions"] += counts["mentions"]
                 if progress:
                     progress(min(start + batch_size, len(todo)), len(todo))
+        built = [target.pk for target in collections]
+        totals["entities"] = Entity.objects.using(db).filter(collection_id__in=built).count()
+        totals["relationships"] = (
+            Relationship.objects.using(db).filter(source__collection_id__in=built).count()
+        )
         s.set(**totals)
     return totals

@@ -12,11 +12,15 @@ from .base import (
     LLM,
     Completion,
     TextStream,
+    ToolCall,
+    ToolCompletion,
     Usage,
     collect_usage,
     deadline,
     map_concurrently,
     remaining_time,
+    tool_message,
+    tool_schema,
 )
 from .callable import CallableLLM
 from .errors import AgentTimeout, LLMStreamError, LLMTimeout
@@ -68,6 +72,10 @@ __all__ = [
     "LLMTimeout",
     "LiteLLM",
     "TextStream",
+    "ToolCall",
+    "ToolCompletion",
+    "tool_message",
+    "tool_schema",
     "deadline",
     "remaining_time",
     "as_bool",

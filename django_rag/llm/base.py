@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextvars
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -11,9 +12,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import deadline_setting
+from ..exceptions import LLMResponseError
 from ..results import Usage
 from ..signals import span
 from .errors import LLMTimeout
+from .parsing import parse_json
+from .prompting import tool_protocol_messages
 
 
 @dataclass
@@ -23,6 +27,74 @@ class Completion:
     text: str
     usage: Usage = field(default_factory=Usage)
     model: str = ""
+
+
+@dataclass
+class ToolCall:
+    """One tool call the model asked for: its ``id``, the tool ``name`` and the ``arguments``.
+
+    ``arguments`` is the parsed JSON object (empty when it could not be parsed);
+    ``raw_arguments`` is the text the model sent, and ``error`` says why it did not parse.
+    """
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+    raw_arguments: str = ""
+    error: str | None = None
+
+    @classmethod
+    def parse(cls, id: str, name: str, arguments: Any) -> ToolCall:
+        """A call from a provider's ``arguments``: a JSON string (as OpenAI sends) or a dict."""
+        if isinstance(arguments, dict):
+            return cls(str(id), str(name), dict(arguments), json.dumps(arguments))
+        raw = "" if arguments is None else str(arguments)
+        if not raw.strip():
+            return cls(str(id), str(name), {}, raw)
+        try:
+            value = json.loads(raw)
+        except ValueError as exc:
+            return cls(str(id), str(name), {}, raw, f"the arguments are not valid JSON ({exc})")
+        if not isinstance(value, dict):
+            return cls(str(id), str(name), {}, raw, "the arguments must be a JSON object")
+        return cls(str(id), str(name), value, raw)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The call in OpenAI's message format (``function.arguments`` a JSON string)."""
+        raw = self.raw_arguments or json.dumps(self.arguments)
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": raw},
+        }
+
+
+@dataclass
+class ToolCompletion(Completion):
+    """What :meth:`LLM.chat` returns: text and/or the tool calls the model asked for."""
+
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message to append to the conversation before the tools' results."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text or None}
+        if self.tool_calls:
+            message["tool_calls"] = [call.to_dict() for call in self.tool_calls]
+        return message
+
+
+def tool_message(call_id: str, content: str) -> dict[str, Any]:
+    """The message that gives the model the result of its tool call ``call_id``."""
+    return {"role": "tool", "tool_call_id": call_id, "content": content}
+
+
+def tool_schema(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    """A tool's schema in the OpenAI ``tools`` format (``parameters`` is a JSON schema)."""
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters},
+    }
 
 
 # --- usage collection ---------------------------------------------------------------------------
@@ -111,7 +183,7 @@ def _answer_deadline() -> float | None:
 # --- the base class ----------------------------------------------------------------------------
 
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]
 
 
 def build_messages(prompt: str, system: str | None) -> Messages:
@@ -154,8 +226,66 @@ class LLM:
         messages = build_messages(prompt, system)
         return TextStream(self, messages, options)
 
+    def chat(
+        self, messages: Messages, *, tools: list[dict[str, Any]] | None = None, **options: Any
+    ) -> ToolCompletion:
+        """Send a conversation (OpenAI-style message dicts) with the ``tools`` the model may
+        call (OpenAI-style schemas, see :func:`tool_schema`).
+
+        Returns a :class:`ToolCompletion`: text, tool calls, or both. Append its
+        :meth:`~ToolCompletion.message` and one :func:`tool_message` per call to continue the
+        conversation. Backends with native tool calling implement :meth:`_chat`; the others
+        get a prompted JSON protocol over :meth:`_complete` (see :meth:`_chat`).
+        """
+        messages = [dict(message) for message in messages]
+        tools = list(tools or [])
+        with span("llm.complete", tools=len(tools), **self._span_metadata(messages)) as s:
+            end = _answer_deadline()
+            if end is not None and time.monotonic() >= end:
+                raise LLMTimeout(
+                    "No time was left for this LLM call (its deadline had passed); raise "
+                    "DJANGO_RAG['LLM_DEADLINE'] / ['AGENT_DEADLINE'] or ask again.",
+                    model=self.model_name,
+                )
+            with deadline(at=end):
+                completion = self._chat(messages, tools, **options)
+            self._finish(s, completion)
+            s.set(tool_calls=[call.name for call in completion.tool_calls])
+        return completion
+
     def _complete(self, messages: Messages, **options: Any) -> Completion:
         raise NotImplementedError
+
+    def _chat(
+        self, messages: Messages, tools: list[dict[str, Any]], **options: Any
+    ) -> ToolCompletion:
+        """Tool calling for backends without it: the tools are described in the system
+        message, the conversation is flattened into text, and a reply holding
+        ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` is read as tool calls (any
+        other reply is text)."""
+        flat = tool_protocol_messages(messages, tools)
+        completion = self._complete(flat, **options)
+        calls: list[ToolCall] = []
+        if tools and "tool_calls" in completion.text:
+            try:
+                data = parse_json(completion.text)
+            except LLMResponseError:
+                data = {}
+            for index, raw in enumerate(data.get("tool_calls") or []):
+                if isinstance(raw, dict) and raw.get("name"):
+                    calls.append(
+                        ToolCall.parse(
+                            f"call_{len(messages)}_{index}", raw["name"], raw.get("arguments")
+                        )
+                    )
+        text = "" if calls else completion.text
+        return ToolCompletion(
+            text,
+            completion.usage,
+            completion.model or self.model_name,
+            tool_calls=calls,
+            finish_reason="tool_calls" if calls else "stop",
+        )
 
     def _stream(self, messages: Messages, **options: Any) -> Iterator[str | Usage]:
         """Yield text pieces, and optionally a final :class:`Usage`. Default: one piece."""
@@ -166,8 +296,8 @@ class LLM:
     def _span_metadata(self, messages: Messages) -> dict[str, Any]:
         return {
             "model": self.model_name,
-            "prompt_chars": sum(len(m["content"]) for m in messages),
-            "prompt": messages[-1]["content"],
+            "prompt_chars": sum(len(m.get("content") or "") for m in messages),
+            "prompt": messages[-1].get("content") or "",
         }
 
     def _finish(self, s, completion: Completion) -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..conf import scrub_text
 from ..exceptions import LLMError
-from .base import LLM, Completion, Messages, Usage
+from .base import LLM, Completion, Messages, ToolCall, ToolCompletion, Usage
 from .errors import LLMStreamError
 
 
@@ -17,12 +17,26 @@ class CallableLLM(LLM):
     The system message, when there is one, is put before the user message in the one prompt
     string. ``func`` may also return a :class:`Completion` (to report usage) or an iterator of
     text pieces (to stream). Exceptions become :class:`~django_rag.exceptions.LLMError`.
+
+    Tool calling (:meth:`~django_rag.llm.LLM.chat`) uses the prompted JSON protocol through
+    ``func``, unless ``chat(messages, tools)`` is given: it returns a
+    :class:`~django_rag.llm.ToolCompletion`, a string (text), or a list of
+    ``(name, arguments)`` tool calls.
     """
 
-    def __init__(self, func: Callable[[str], Any], *, model_name: str | None = None):
+    def __init__(
+        self,
+        func: Callable[[str], Any],
+        *,
+        model_name: str | None = None,
+        chat: Callable[[Messages, list[dict[str, Any]]], Any] | None = None,
+    ):
         if not callable(func):
             raise TypeError("CallableLLM needs a callable")
+        if chat is not None and not callable(chat):
+            raise TypeError("CallableLLM's chat must be a callable (messages, tools)")
         self.func = func
+        self.chat_func = chat
         self.model_name = model_name or getattr(func, "__qualname__", None) or "function"
 
     def _call(self, messages: Messages, options: dict[str, Any]) -> Any:
@@ -37,6 +51,42 @@ class CallableLLM(LLM):
                 f"{scrub_text(exc)[:500]}",
                 model=self.model_name,
             ) from exc
+
+    def _chat(
+        self, messages: Messages, tools: list[dict[str, Any]], **options: Any
+    ) -> ToolCompletion:
+        if self.chat_func is None:
+            return super()._chat(messages, tools, **options)
+        try:
+            result = self.chat_func(messages, tools)
+        except LLMError:
+            raise
+        except Exception as exc:
+            raise LLMError(
+                f"LLM chat function {self.model_name!r} raised {type(exc).__name__}: "
+                f"{scrub_text(exc)[:500]}",
+                model=self.model_name,
+            ) from exc
+        usage = Usage.of_call(self.model_name, 0, 0, None)
+        if isinstance(result, ToolCompletion):
+            return result
+        if isinstance(result, str):
+            return ToolCompletion(result, usage, self.model_name, finish_reason="stop")
+        if isinstance(result, list) and all(
+            isinstance(item, tuple) and len(item) == 2 for item in result
+        ):
+            calls = [
+                ToolCall.parse(f"call_{len(messages)}_{index}", name, arguments)
+                for index, (name, arguments) in enumerate(result)
+            ]
+            return ToolCompletion(
+                "", usage, self.model_name, tool_calls=calls, finish_reason="tool_calls"
+            )
+        raise LLMError(
+            f"LLM chat function {self.model_name!r} returned {type(result).__name__}; return a "
+            "ToolCompletion, a string or a list of (name, arguments) tool calls",
+            model=self.model_name,
+        )
 
     def _complete(self, messages: Messages, **options: Any) -> Completion:
         result = self._call(messages, options)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -10,7 +11,7 @@ from typing import Any
 
 from ..conf import scrub_text, secrets_in
 from ..exceptions import LLMError, LLMResponseError, MissingDependency
-from .base import LLM, Completion, Messages, Usage, remaining_time
+from .base import LLM, Completion, Messages, ToolCall, ToolCompletion, Usage, remaining_time
 from .errors import LLMStreamError, LLMTimeout
 
 logger = logging.getLogger(__name__)
@@ -248,6 +249,45 @@ class LiteLLM(LLM):
             )
         return Completion(text, self._usage(getattr(response, "usage", None)), self.model_name)
 
+    def _chat(
+        self, messages: Messages, tools: list[dict[str, Any]], **options: Any
+    ) -> ToolCompletion:
+        """Native tool calling: OpenAI-style ``tools`` (litellm translates them for other
+        providers); the reply's ``tool_calls`` become :class:`ToolCall` objects."""
+        kwargs = self._kwargs(messages, options)
+        if tools:
+            kwargs["tools"] = tools
+            kwargs.setdefault("tool_choice", "auto")
+            if _mcp_missing():
+                kwargs["_skip_mcp_handler"] = True
+        response = self._call(kwargs)
+        choices = getattr(response, "choices", None) or []
+        if not choices:
+            raise LLMResponseError(
+                f"The LLM {self.model_name!r} returned no choices; try again, or check the "
+                "provider's content filters.",
+                model=self.model_name,
+            )
+        message = getattr(choices[0], "message", None)
+        text = getattr(message, "content", None) if message is not None else None
+        calls = []
+        for index, raw in enumerate(getattr(message, "tool_calls", None) or []):
+            function = _field(raw, "function")
+            calls.append(
+                ToolCall.parse(
+                    _field(raw, "id") or f"call_{index}",
+                    _field(function, "name") or "",
+                    _field(function, "arguments"),
+                )
+            )
+        return ToolCompletion(
+            text if isinstance(text, str) else "",
+            self._usage(getattr(response, "usage", None)),
+            self.model_name,
+            tool_calls=calls,
+            finish_reason=getattr(choices[0], "finish_reason", None),
+        )
+
     def _stream(self, messages: Messages, **options: Any) -> Iterator[str | Usage]:
         kwargs = self._kwargs(messages, options)
         kwargs["stream"] = True
@@ -301,6 +341,25 @@ class LiteLLM(LLM):
     def __repr__(self) -> str:
         api_base = scrub_text(self.api_base, self._secrets()) if self.api_base else None
         return f"<LiteLLM model={self.model_name!r} api_base={api_base!r}>"
+
+
+@functools.cache
+def _mcp_missing() -> bool:
+    """Whether litellm's MCP bridge cannot load. litellm (1.106) imports it for every call
+    with ``tools``, and it needs the ``mcp`` package, which only its proxy extra installs; the
+    bridge is for MCP tools, which we never send, so we tell litellm to skip it then."""
+    try:
+        import litellm.responses.mcp.chat_completions_handler  # noqa: F401
+    except ImportError as exc:
+        return (exc.name or "").split(".")[0] == "mcp"
+    return False
+
+
+def _field(value: Any, name: str) -> Any:
+    """``value.name`` or ``value[name]``: litellm gives objects, some providers plain dicts."""
+    if isinstance(value, dict):
+        return value.get(name)
+    return getattr(value, name, None)
 
 
 def _finished(response: Any, finish: str | None) -> bool:

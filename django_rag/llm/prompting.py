@@ -67,3 +67,49 @@ def attr(value: object) -> str:
     return (
         text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;")
     )
+
+
+def tool_protocol_messages(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """A tool-calling conversation as one system and one user message, for backends with no
+    native tool calling (:meth:`django_rag.llm.LLM._chat`): the tools and a JSON reply format
+    go in the system message, the conversation so far in the user message."""
+    import json
+
+    system = [m["content"] for m in messages if m.get("role") == "system" and m.get("content")]
+    if tools:
+        described = [
+            {
+                "name": tool["function"]["name"],
+                "description": tool["function"].get("description", ""),
+                "parameters": tool["function"].get("parameters", {}),
+            }
+            for tool in tools
+        ]
+        system.append(
+            "You can call these tools (JSON schemas of their arguments):\n"
+            + json.dumps(described, indent=1)
+            + '\nTo call tools, reply with only a JSON object: {"tool_calls": [{"name": '
+            '"<tool>", "arguments": {...}}]}. Otherwise reply with plain text.'
+        )
+    lines = []
+    for message in messages:
+        role, content = message.get("role"), message.get("content") or ""
+        if role == "user":
+            lines.append(f"User: {content}")
+        elif role == "assistant":
+            if content:
+                lines.append(f"Assistant: {content}")
+            for call in message.get("tool_calls") or []:
+                function = call.get("function", {})
+                lines.append(
+                    f"Assistant called {function.get('name')} with {function.get('arguments')} "
+                    f"(call {call.get('id')})"
+                )
+        elif role == "tool":
+            lines.append(
+                f"Result of call {message.get('tool_call_id')}:\n<tool_result>\n{content}\n"
+                "</tool_result>"
+            )
+    flat = [{"role": "system", "content": "\n\n".join(system)}] if system else []
+    flat.append({"role": "user", "content": "\n\n".join(lines)})
+    return flat

@@ -67,7 +67,13 @@ class Document(models.Model):
         ]
 
     def __str__(self) -> str:
-        return self.title or self.original_filename or self.source_id or f"Document {self.pk}"
+        if self.title or self.original_filename or self.source_id:
+            return self.title or self.original_filename or self.source_id
+        # Untitled: its first words (unless the text was not loaded: a list deferring it).
+        if "content" not in self.get_deferred_fields() and self.content.strip():
+            words = self.content[:300].split()
+            return " ".join(words[:8]) + ("…" if len(words) > 8 else "")
+        return f"Document {self.pk}"
 
 
 class Chunk(models.Model):

@@ -65,6 +65,14 @@ DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
         f"{_plural(m.get('context_chunk_count'), 'chunk')}, "
         f"{_plural(m.get('correction_count'), 'correction')}"
     ),
+    "agent.loop": lambda m: (
+        f"{m.get('stop_reason', '?')} after {_plural(m.get('iterations'), 'turn')}, "
+        f"{_plural(m.get('tool_call_count'), 'tool call')}, {_plural(m.get('chunk_count'), 'source')}"
+    ),
+    "agent.loop.tool": lambda m: (
+        f"{m.get('tool', '?')}: "
+        + ("error" if m.get("error") else f"{_plural(m.get('new_chunk_count'), 'new source')}")
+    ),
     "evaluation.generate": lambda m: (
         f"{_plural(m.get('created'), 'test case')}, {m.get('skipped', '?')} skipped"
     ),

@@ -11,12 +11,13 @@ import re
 import threading
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from ..embeddings.base import Embedder
 from ..exceptions import LLMError
-from ..llm.base import LLM, Completion, Messages, Usage
+from ..llm.base import LLM, Completion, Messages, ToolCall, ToolCompletion, Usage
 
 _WORD = re.compile(r"\w+", re.UNICODE)
 
@@ -56,6 +57,13 @@ class ScriptedLLM(LLM):
     ``prompt -> str``. Each call reports one token per word of prompt and answer.
 
     ``calls`` lists ``{"prompt": ..., "system": ...}`` dicts in call order.
+
+    Tool calling (:meth:`~django_rag.llm.LLM.chat`) takes responses from the same script. A
+    response there may also be a tool call ``("search", {"query": "refunds"})``, a
+    :class:`~django_rag.llm.ToolCall`, a list of those (several calls in one reply), or a
+    :class:`~django_rag.llm.ToolCompletion`; a string is a text reply; a callable gets the
+    list of messages and returns any of these. Calls get ids ``call_1``, ``call_2``... and
+    the recorded call also holds ``messages`` and ``tools`` (the tool names offered).
     """
 
     def __init__(
@@ -71,8 +79,9 @@ class ScriptedLLM(LLM):
         self.default = default
         self.model_name = model_name
         self.cost_per_call = cost_per_call
-        self.calls: list[dict[str, str | None]] = []
+        self.calls: list[dict[str, Any]] = []
         self._lock = threading.Lock()
+        self._call_ids = 0
 
     def _next(self, prompt: str, system: str | None) -> object:
         with self._lock:
@@ -104,6 +113,56 @@ class ScriptedLLM(LLM):
             self.cost_per_call,
         )
         return Completion(text, usage, self.model_name)
+
+    def _chat(self, messages: Messages, tools: list[dict[str, Any]], **options) -> ToolCompletion:
+        system = messages[0].get("content") if messages[0].get("role") == "system" else None
+        prompt = messages[-1].get("content") or ""
+        response = self._next(prompt, system)
+        with self._lock:
+            self.calls[-1]["messages"] = [dict(m) for m in messages]
+            self.calls[-1]["tools"] = [tool["function"]["name"] for tool in tools]
+        if isinstance(response, type) and issubclass(response, BaseException):
+            response = response("scripted failure")
+        if isinstance(response, LLMError):
+            raise response
+        if isinstance(response, BaseException):
+            raise LLMError(f"scripted failure: {response!r}", model=self.model_name)
+        if callable(response):
+            response = response(messages)
+        if isinstance(response, ToolCompletion):
+            return response
+        calls: list[ToolCall] = []
+        text = ""
+        if isinstance(response, str):
+            text = response
+        else:
+            items = response if isinstance(response, list) else [response]
+            calls = [self._tool_call(item) for item in items]
+        usage = Usage.of_call(
+            self.model_name,
+            len("\n".join(m.get("content") or "" for m in messages).split()),
+            len(text.split()) + sum(len(call.raw_arguments.split()) for call in calls),
+            self.cost_per_call,
+        )
+        return ToolCompletion(
+            text,
+            usage,
+            self.model_name,
+            tool_calls=calls,
+            finish_reason="tool_calls" if calls else "stop",
+        )
+
+    def _tool_call(self, item: Any) -> ToolCall:
+        if isinstance(item, ToolCall):
+            return item
+        if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            with self._lock:
+                self._call_ids += 1
+                number = self._call_ids
+            return ToolCall.parse(f"call_{number}", item[0], item[1])
+        raise AssertionError(
+            f"ScriptedLLM: {item!r} is not a tool call; use (name, arguments) or a ToolCall"
+        )
 
     def _stream(self, messages: Messages, **options):
         completion = self._complete(messages, **options)

@@ -2,7 +2,7 @@ import json
 
 from django.core.management.base import CommandError
 
-from django_rag.agent import Agent, ask
+from django_rag.agent import Agent, Loop, ask
 from django_rag.conf import scrub_text
 from django_rag.exceptions import RagError, UnknownCollection
 from django_rag.management.progress import RagCommand
@@ -18,7 +18,8 @@ class Command(RagCommand):
     help = (
         "Answer a question from the ingested documents with an LLM. Any pipeline flag "
         "(--gate, --rewrite, --select, --expand, --decompose, --reason, --rerank, "
-        "--self-correct) runs the agentic pipeline instead of a single ask()."
+        "--self-correct) runs the agentic pipeline instead of a single ask(); --loop lets the "
+        "model search with tools until it answers."
     )
 
     def add_arguments(self, parser):
@@ -48,11 +49,29 @@ class Command(RagCommand):
             default=None,
             help="LLM reranker minimum (0-10)",
         )
+        parser.add_argument(
+            "--loop",
+            action="store_true",
+            help="run the tool-calling Loop agent (the model searches until it answers)",
+        )
+        parser.add_argument(
+            "--max-iterations",
+            type=positive_int_arg,
+            default=5,
+            help="the loop's most controller turns",
+        )
+        parser.add_argument(
+            "--answer-llm", default=None, help="litellm model writing the loop's final answer"
+        )
 
     def handle(self, *args, question, **options):
         try:
             self._check(options)
-            if any(options[flag] for flag in PIPELINE_FLAGS) or options["self_correct"]:
+            if options["loop"]:
+                if options["stream"] or any(options[f] for f in PIPELINE_FLAGS):
+                    raise CommandError("--loop works alone: no --stream nor pipeline flags")
+                answer = self._loop(question, options)
+            elif any(options[flag] for flag in PIPELINE_FLAGS) or options["self_correct"]:
                 if options["stream"]:
                     raise CommandError("--stream works with a plain ask, not with pipeline flags")
                 answer = self._pipeline(question, options)
@@ -140,6 +159,47 @@ class Command(RagCommand):
             for warning in context.warnings:
                 self.stderr.write(f"warning: {scrub_text(warning)}")
         return agent.result
+
+    def _loop(self, question, options):
+        search_options = {"mode": options["mode"]} if options["mode"] else {}
+        if options["source_id"]:
+            search_options["source_id"] = options["source_id"]
+        result = Loop(
+            question,
+            collection=options["collection"],
+            llm=options["llm"],
+            answer_llm=options["answer_llm"],
+            max_iterations=options["max_iterations"],
+            limit=options["limit"],
+            max_limit=max(options["limit"], 20),
+            threshold=options["threshold"],
+            **search_options,
+        ).run()
+        if options["verbosity"] > 1:
+            for step in result.tool_calls:
+                arguments = json.dumps(step.arguments)
+                outcome = (
+                    f"error: {step.error}"
+                    if step.error
+                    else (
+                        f"{len(step.new_chunk_ids)} new source(s)"
+                        if step.name == "search"
+                        else "ok"
+                    )
+                )
+                self.stderr.write(
+                    f"turn {step.iteration}: {step.name}({scrub_text(arguments)}) -> "
+                    f"{scrub_text(outcome)}"
+                )
+            self.stderr.write(f"stopped: {result.stop_reason} after {result.iterations} turn(s)")
+        if result.error is not None and not result.text:
+            raise CommandError(
+                f"The loop stopped ({result.stop_reason}) after {result.iterations} turn(s): "
+                f"{scrub_text(result.error)}"
+            )
+        if result.stop_reason == "give_up" and not options["json"]:
+            self.stderr.write("The model gave up: the documents do not seem to answer this.")
+        return result
 
     def _sources(self, answer):
         if not answer.citations:

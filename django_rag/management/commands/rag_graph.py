@@ -60,9 +60,9 @@ class Command(RagCommand):
                     progress=bar,
                 )
                 message = (
-                    f"Processed {result['chunks']} chunks: {result['entities']} entities, "
-                    f"{result['relationships']} relationships ({result['failed']} chunks skipped "
-                    "after extraction errors)."
+                    f"Processed {result['chunks']} chunks ({result['failed']} skipped after "
+                    f"extraction errors); the graph now holds {result['entities']} entities and "
+                    f"{result['relationships']} relationships."
                 )
             elif action == "detect-communities":
                 result = communities.detect_communities(
