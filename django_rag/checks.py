@@ -235,8 +235,11 @@ def check_database(app_configs=None, databases=None, **kwargs):
 def check_dashboard(app_configs=None, **kwargs):
     """The dashboard's templates need django-htmx installed as an app."""
     from django.apps import apps
+    from django.conf import settings
     from django.urls import NoReverseMatch, reverse
 
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return []  # no URLs at all (a worker-only or command-line project): nothing mounted
     try:
         reverse("django_rag_dashboard:home")
     except NoReverseMatch:

@@ -160,6 +160,10 @@ DEFAULTS: dict[str, Any] = {
         "STALLED_AFTER_SECONDS": 120,
         "POLL_SECONDS": 1.0,
     },
+    # Load the local models (EMBEDDER, NEXT_EMBEDDER, RERANKER) when a web process or a Celery
+    # worker process starts instead of on the first call (docs/configuration.md). Management
+    # commands other than runserver never preload.
+    "PRELOAD_MODELS": False,
     "TELEMETRY": {
         # Put raw document, query and answer text in telemetry metadata.
         "INCLUDE_TEXT": False,

@@ -3,6 +3,7 @@
 import os
 import time
 
+from django_rag.embeddings import SentenceTransformerEmbedder
 from django_rag.testing import HashingEmbedder
 
 
@@ -47,3 +48,9 @@ class GatedEmbedder(HashingEmbedder):
         if not self.gate.wait(120):
             raise TimeoutError("the test never opened the gate")
         return super()._embed(texts)
+class SentenceTransformersMiniLM(SentenceTransformerEmbedder):
+    """The bundled MiniLM loaded through sentence-transformers (tests/test_command_startup.py:
+    its progress bars must stay off the terminal)."""
+
+    def __init__(self, **options):
+        super().__init__(encoder="sentence-transformers", **options)

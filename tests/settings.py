@@ -85,6 +85,8 @@ if os.environ.get("DJANGO_RAG_TEST_EMBEDDER"):
 # A rag_worker started by tests/test_background_modes.py beats as often as the test asks.
 if os.environ.get("DJANGO_RAG_TEST_HEARTBEAT"):
     DJANGO_RAG["JOBS"] = {"HEARTBEAT_SECONDS": float(os.environ["DJANGO_RAG_TEST_HEARTBEAT"])}
+if os.environ.get("DJANGO_RAG_TEST_PRELOAD"):  # tests/test_command_startup.py
+    DJANGO_RAG["PRELOAD_MODELS"] = True
 # A read replica for tests/test_replicas.py: the same server and database through a connection
 # whose every transaction is read-only, so any write a search attempted through it would fail.
 # A test mirror of default: Django points it at the test database and creates nothing for it.

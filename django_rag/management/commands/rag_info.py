@@ -1,12 +1,11 @@
 import json
 
-from django.core.management.base import BaseCommand
-
 from django_rag import maintenance
 from django_rag.conf import redact
+from django_rag.management.progress import RagCommand
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = "Show the configuration (secrets redacted), the embedder, pgvector and counts."
 
     def add_arguments(self, parser):
