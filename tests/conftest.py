@@ -7,6 +7,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
+def pytest_collection_modifyitems(config, items):
+    """On the pg_textsearch run (scripts/test-textsearch.sh) tests of the SQL backend's
+    per-collection statistics are skipped: the index ranks with statistics of its own,
+    tested by tests/test_fulltext_backends.py."""
+    if os.environ.get("DJANGO_RAG_TEST_FULLTEXT_BACKEND") != "pg_textsearch":
+        return
+    skip = pytest.mark.skip(reason="per-collection statistics of the SQL backend")
+    for item in items:
+        if "sql_statistics" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_sessionfinish(session, exitstatus):
     """Stop the embedded PostgreSQL this run started (unless DATABASE_URL names a server, or
     another live process still uses it)."""

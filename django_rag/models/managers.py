@@ -17,6 +17,7 @@ from ..conf import search_setting
 from ..fusion import fuse
 from ..results import SearchResult
 from .fulltext import bm25_sql, parse_query, quote_terms, term_weights
+from .textsearch import fulltext_backend, score_sql
 
 try:
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
@@ -352,6 +353,8 @@ class ChunkQuerySet(models.QuerySet):
         parsed = self._parsed(query, syntax)
         if parsed.match is None:
             return []
+        if fulltext_backend(self.db) == "pg_textsearch":
+            return self._index_hits(parsed, limit)
         weights = weights or term_weights(
             parsed.terms, using=self.db, collection_ids=statistics_from
         )
@@ -405,6 +408,51 @@ class ChunkQuerySet(models.QuerySet):
                 wider = min(wider, needed)
             n = wider
 
+    def with_index_bm25(self, parsed) -> ChunkQuerySet:
+        """Annotate ``bm25_distance``: the pg_textsearch index's negated BM25 of each chunk for
+        ``parsed`` (lower is better; 0 for a chunk holding none of its words)."""
+        sql, params = score_sql(parsed.words)
+        return self.annotate(bm25_distance=RawSQL(sql, params, output_field=FloatField()))
+
+    def _index_hits(self, parsed, limit: int) -> list[tuple[int, float]]:
+        """:meth:`fulltext_hits` on the pg_textsearch index (``FULLTEXT_BACKEND``).
+
+        The index ranks (``ORDER BY text <@> query``, ties by pk); the queryset's filters, the
+        required phrases and the excluded words of web-search syntax are conditions the scan
+        applies to the rows it returns, and it keeps scanning until ``limit`` rows passed them.
+        Should a scan still come back short while more chunks match, the matching chunks are
+        scored one by one with the same index statistics (an exact scan), so the result always
+        has min(limit, matching chunks) rows, as on the SQL backend. Natural-syntax phrase
+        boosts are not applied here: a quoted phrase counts as its words."""
+        if not parsed.words:
+            return []
+        candidates = self.without_excluded(parsed)
+        if parsed.phrases:
+            candidates = candidates.matching(parsed.match)
+        scored = candidates.with_index_bm25(parsed)
+        hits = self._index_rows(scored.order_by("bm25_distance", "pk"), limit)
+        if len(hits) < limit:
+            matching = candidates.matching(
+                parsed.match if parsed.phrases else quote_terms(parsed.terms)
+            )
+            if matching._count_upto(limit) > len(hits):
+                # The exact fallback: an ordering the index cannot serve.
+                exact = matching.with_index_bm25(parsed).order_by(
+                    F("bm25_distance") + Value(0.0), "pk"
+                )
+                hits = self._index_rows(exact, limit)
+        return hits
+
+    @staticmethod
+    def _index_rows(ranked, limit: int) -> list[tuple[int, float]]:
+        # A filtered scan that ran out of matches goes on with rows holding none of the words
+        # (distance 0, after every match): they are not results.
+        return [
+            (pk, -float(distance))
+            for pk, distance in ranked.values_list("pk", "bm25_distance")[:limit]
+            if distance < 0
+        ]
+
     # --- hybrid ------------------------------------------------------------------------------
 
     def hybrid(
@@ -433,9 +481,10 @@ class ChunkQuerySet(models.QuerySet):
         """
         parsed = self._parsed(query, syntax)
         pool = limit * candidates
+        index = bool(parsed.terms) and fulltext_backend(self.db) == "pg_textsearch"
         weights = (
             term_weights(parsed.terms, using=self.db, collection_ids=statistics_from)
-            if parsed.terms
+            if parsed.terms and not index
             else None
         )
         ids = {pk for pk, _ in self.without_excluded(parsed).semantic_hits(vector, limit=pool)}
@@ -448,7 +497,12 @@ class ChunkQuerySet(models.QuerySet):
             .filter(pk__in=ids)
             .annotate(distance=CosineDistance("embedding", vector))
         )
-        if weights is not None:
+        if index:
+            # The index's statistics for each candidate (its score, negated back).
+            rows = rows.with_index_bm25(parsed).annotate(
+                fulltext_score=Value(0.0, output_field=FloatField()) - F("bm25_distance")
+            )
+        elif weights is not None:
             rows = rows.with_bm25(weights, weights.boosts(parsed))
         else:
             rows = rows.annotate(fulltext_score=Value(0.0, output_field=FloatField()))
