@@ -349,6 +349,10 @@ class ChunkQuerySet(models.QuerySet):
         beats the most a chunk containing only the remaining terms could score (bounded with
         each term's largest tf and smallest chunk length, see ``TermWeights.upper_bound``), and
         otherwise the next terms are added.
+
+        Where ``SEARCH["FULLTEXT_BACKEND"]`` resolves to ``"pg_textsearch"`` the pg_textsearch
+        BM25 index ranks instead (:meth:`_index_hits`; its statistics are the whole table's,
+        so ``weights`` and ``statistics_from`` do not apply).
         """
         parsed = self._parsed(query, syntax)
         if parsed.match is None:
