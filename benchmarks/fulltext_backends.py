@@ -10,9 +10,11 @@ scripts/test-textsearch.sh builds:
     DJANGO_RAG_EMBEDDED_PACKAGE=pgserver DJANGO_RAG_BENCHMARK_DB=/tmp/django_rag_bench_textsearch \\
         .venv-textsearch/bin/python benchmarks/fulltext_backends.py --scale 13000,100000
 
-The first run ingests SciFact with ``rag.ingest_many`` and the real MiniLM (minutes; ``--prepare``
-does only that, to keep it out of the benchmark lock); later runs reuse it (padding from an earlier --scale run is removed first). The index is built by
-migration 0009 (or here, when missing).
+The first run ingests SciFact with ``rag.ingest_many`` and the real MiniLM (minutes), or copies
+the chunks ``benchmarks/beir.py`` stored elsewhere (``--copy-from DATABASE_URL``); ``--prepare``
+does only that (and pads to the largest ``--scale``), to keep it out of the benchmark lock.
+Later runs reuse the rows as they are, padding included. The index is built by migration 0009
+(or here, when missing).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from benchmarks.beir import (  # noqa: E402
     wipe,
 )
 from django_rag.embeddings import get_embedder  # noqa: E402
-from django_rag.models import Chunk, Document  # noqa: E402
+from django_rag.models import Chunk, Collection, Document  # noqa: E402
 from django_rag.models.managers import pgvector_version  # noqa: E402
 from django_rag.models.textsearch import (  # noqa: E402
     INDEX_NAME,
@@ -59,6 +61,7 @@ from django_rag.models.textsearch import (  # noqa: E402
     index_state,
     reset_index_state,
 )
+from django_rag.retrieval.fulltext import index_chunks  # noqa: E402
 from django_rag.store import compact_statistics  # noqa: E402
 
 BACKENDS = ("sql", "pg_textsearch")
@@ -92,12 +95,70 @@ def table(queries, qrels, cached, limit, label):
             print(f"| {mode} | {backend} | {ndcg:.4f} | {p50:.1f} ms | {p95:.1f} ms |", flush=True)
 
 
+def copy_corpus(url: str) -> None:
+    """The SciFact chunks of collection "corpus" in the database at ``url`` (as
+    benchmarks/beir.py stores them), written here as documents and chunks (search vectors and
+    statistics computed here; the BM25 index maintains itself)."""
+    import psycopg
+
+    with psycopg.connect(url) as source, source.cursor() as cursor:
+        cursor.execute(
+            "SELECT d.source_id, d.title, c.chunk_index, c.text, c.embedding::text, "
+            "c.token_count, c.embedding_model FROM django_rag_chunk c "
+            "JOIN django_rag_document d ON d.id = c.document_id "
+            "JOIN django_rag_collection col ON col.id = c.collection_id "
+            "WHERE col.name = 'corpus' ORDER BY d.source_id, c.chunk_index"
+        )
+        rows = cursor.fetchall()
+    by_document: dict[str, list] = {}
+    for row in rows:
+        by_document.setdefault(row[0], []).append(row)
+    collection = Collection.objects.create(name="corpus")
+    for source_id, chunks in by_document.items():
+        document = Document.objects.create(
+            collection=collection,
+            source_id=source_id,
+            title=chunks[0][1],
+            content="\n".join(c[3] for c in chunks),
+            content_hash=source_id,
+            status=Document.Status.COMPLETED,
+            chunk_count=len(chunks),
+        )
+        Chunk.objects.bulk_create(
+            Chunk(
+                document=document,
+                collection=collection,
+                chunk_index=index,
+                text=text,
+                token_count=tokens,
+                embedding=[float(x) for x in vector.strip("[]").split(",")],
+                embedding_model=model,
+            )
+            for _, _, index, text, vector, tokens, model in chunks
+        )
+    index_chunks()
+    compact_statistics()
+
+
+def pad(target: int, rng: random.Random) -> None:
+    pad_to(target, rng)
+    compact_statistics()
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE django_rag_chunk")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "scifact")
     parser.add_argument("--split", default="test")
     parser.add_argument("--limit", type=int, default=10)
     parser.add_argument("--scale", default="", help="chunk totals, e.g. 13000,100000")
+    parser.add_argument(
+        "--copy-from",
+        metavar="DATABASE_URL",
+        help="instead of ingesting, copy the SciFact chunks (text, vectors) that "
+        "benchmarks/beir.py stored in another database",
+    )
     parser.add_argument(
         "--prepare",
         action="store_true",
@@ -112,21 +173,26 @@ def main():
     corpus, queries, qrels = load(args.data, args.split)
     if Document.objects.filter(collection__name="corpus").count() != len(corpus):
         wipe()
-        rag.ingest_many(
-            (
-                {"text": passage(doc), "source_id": doc["_id"], "title": doc["title"]}
-                for doc in corpus
-            ),
-            collection="corpus",
-        )
-    elif Document.objects.filter(collection__name="padding").delete()[0]:
-        compact_statistics()
+        if args.copy_from:
+            copy_corpus(args.copy_from)
+        else:
+            rag.ingest_many(
+                (
+                    {"text": passage(doc), "source_id": doc["_id"], "title": doc["title"]}
+                    for doc in corpus
+                ),
+                collection="corpus",
+            )
     with connection.cursor() as cursor:
         cursor.execute("VACUUM ANALYZE django_rag_chunk")
     reset_index_state()
     if not all(index_state()):
         create_index(connection)
+    rng = random.Random(13)
+    targets = [int(t) for t in args.scale.split(",") if t]
     if args.prepare:
+        if targets:
+            pad(max(targets), rng)
         print(f"Prepared: {Chunk.objects.count()} chunks, index {INDEX_NAME}.")
         return
     embedder = get_embedder()
@@ -146,12 +212,8 @@ def main():
         "unscoped; query embedding excluded; documents ranked by their best chunk"
     )
     table(queries, qrels, cached, args.limit, "SciFact")
-    rng = random.Random(13)
-    for target in [int(t) for t in args.scale.split(",") if t]:
-        pad_to(target, rng)
-        compact_statistics()
-        with connection.cursor() as cursor:
-            cursor.execute("VACUUM ANALYZE django_rag_chunk")
+    for target in targets:
+        pad(target, rng)
         table(queries, qrels, cached, args.limit, "SciFact + padding")
 
 
