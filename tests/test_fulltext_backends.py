@@ -296,3 +296,15 @@ def test_the_run_has_the_index():
     reset_index_state()
     assert index_state() == (True, True)
     assert fulltext_backend() == "pg_textsearch"
+
+
+def test_repeated_and_unmatched_rows_of_a_scan_are_dropped():
+    """pg_textsearch 1.0.0 was seen returning a row twice in a filtered scan over equal scores,
+    and a filtered scan goes on past the last match with rows scoring 0: neither is a result
+    (a result left short then takes the exact fallback, tested above)."""
+
+    class Scan:
+        def values_list(self, *fields):
+            return [(7, -2.5), (7, -2.5), (3, -1.0), (9, 0.0), (4, 0.0)]
+
+    assert ChunkQuerySet._index_rows(Scan(), 10) == [(7, 2.5), (3, 1.0)]

@@ -450,12 +450,14 @@ class ChunkQuerySet(models.QuerySet):
     @staticmethod
     def _index_rows(ranked, limit: int) -> list[tuple[int, float]]:
         # A filtered scan that ran out of matches goes on with rows holding none of the words
-        # (distance 0, after every match): they are not results.
-        return [
-            (pk, -float(distance))
-            for pk, distance in ranked.values_list("pk", "bm25_distance")[:limit]
-            if distance < 0
-        ]
+        # (distance 0, after every match): they are not results. pg_textsearch 1.0.0 was seen
+        # to return a row twice in a filtered scan over many equal scores: repeats are dropped,
+        # and a result left short of `limit` goes to the exact fallback.
+        rows: dict[int, float] = {}
+        for pk, distance in ranked.values_list("pk", "bm25_distance")[:limit]:
+            if distance < 0 and pk not in rows:
+                rows[pk] = -float(distance)
+        return list(rows.items())
 
     # --- hybrid ------------------------------------------------------------------------------
 
