@@ -74,14 +74,15 @@ def run(queries, qrels, cached, mode, backend, limit, warmup=20):
         texts = list(queries.items())
         for _, text in texts[:warmup]:
             rag.search(text, mode=mode, limit=limit, embedder=cached)
-        timings, ndcgs = [], []
+        timings, ndcgs, tops = [], [], []
         for qid, text in texts:
             start = time.perf_counter()
             results = rag.search(text, mode=mode, limit=limit, embedder=cached)
             timings.append(ms(time.perf_counter() - start))
             ranked = list(dict.fromkeys(r.source_id for r in results))
             ndcgs.append(metrics(ranked, qrels[qid])["nDCG@10"])
-    return statistics.mean(ndcgs), percentile(timings, 50), percentile(timings, 95)
+            tops.append([r.chunk_id for r in results])
+    return statistics.mean(ndcgs), percentile(timings, 50), percentile(timings, 95), tops
 
 
 def table(queries, qrels, cached, limit, label):
@@ -89,10 +90,20 @@ def table(queries, qrels, cached, limit, label):
     print(f"\n### {label}: {chunks} chunks\n")
     print("| mode | backend | nDCG@10 | p50 | p95 |")
     print("|---|---|---|---|---|")
+    same = {}
     for mode in MODES:
+        tops = {}
         for backend in BACKENDS:
-            ndcg, p50, p95 = run(queries, qrels, cached, mode, backend, limit)
+            ndcg, p50, p95, tops[backend] = run(queries, qrels, cached, mode, backend, limit)
             print(f"| {mode} | {backend} | {ndcg:.4f} | {p50:.1f} ms | {p95:.1f} ms |", flush=True)
+        same[mode] = sum(a == b for a, b in zip(*tops.values(), strict=True))
+    print(
+        "\nThe same top "
+        + str(limit)
+        + " chunks, in the same order, on both backends: "
+        + ", ".join(f"{mode} {n} of {len(queries)} queries" for mode, n in same.items())
+        + "."
+    )
 
 
 def copy_corpus(url: str) -> None:
