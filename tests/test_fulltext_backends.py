@@ -308,3 +308,17 @@ def test_repeated_and_unmatched_rows_of_a_scan_are_dropped():
             return [(7, -2.5), (7, -2.5), (3, -1.0), (9, 0.0), (4, 0.0)]
 
     assert ChunkQuerySet._index_rows(Scan(), 10) == [(7, 2.5), (3, 1.0)]
+
+
+def test_an_index_built_with_other_settings_is_reported(index):
+    assert check_fulltext_backend(databases=["default"]) == []
+    with override_settings(
+        DJANGO_RAG={
+            "EMBEDDER": "hashing",
+            "SEARCH": {"BM25_K1": 1.5},
+            "TEXT_SEARCH_CONFIG": "simple",
+        }
+    ):
+        (warning,) = check_fulltext_backend(databases=["default"])
+    assert warning.id == "django_rag.W003"
+    assert "'k1': 1.2" in warning.msg and "'k1': 1.5" in warning.msg and "simple" in warning.msg
