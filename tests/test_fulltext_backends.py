@@ -212,8 +212,8 @@ def test_a_short_index_scan_falls_back_to_an_exact_one(index, monkeypatch):
 
         def short_first_scan(ranked, limit):
             calls.append(limit)
-            rows = original(ranked, limit)
-            return rows[:1] if len(calls) == 1 else rows
+            rows, matched = original(ranked, limit)
+            return (rows[:1], 1) if len(calls) == 1 else (rows, matched)
 
         monkeypatch.setattr(ChunkQuerySet, "_index_rows", staticmethod(short_first_scan))
         got = rag.search("glimmerock", mode="fulltext", limit=4)
@@ -307,7 +307,29 @@ def test_repeated_and_unmatched_rows_of_a_scan_are_dropped():
         def values_list(self, *fields):
             return [(7, -2.5), (7, -2.5), (3, -1.0), (9, 0.0), (4, 0.0)]
 
-    assert ChunkQuerySet._index_rows(Scan(), 10) == [(7, 2.5), (3, 1.0)]
+    assert ChunkQuerySet._index_rows(Scan(), 10) == ([(7, 2.5), (3, 1.0)], 3)
+
+
+def test_a_scan_with_repeats_reads_further_instead_of_scoring_every_match(index, monkeypatch):
+    """When repeats leave the first ``limit`` rows short but the scan has more, the index is
+    read further (4 times as many rows) before any exact fallback."""
+    for i in range(12):
+        rag.ingest(f"ostravine {'ostravine ' * i}tile {i}", collection="rp", source_id=str(i))
+    with backend("pg_textsearch"):
+        expected = [r.source_id for r in rag.search("ostravine", mode="fulltext", limit=5)]
+        original = ChunkQuerySet._index_rows
+        calls = []
+
+        def repeating_first_scan(ranked, limit):
+            calls.append(limit)
+            rows, matched = original(ranked, limit)
+            # As if the scan had returned one row twice: one result fewer, as many rows read.
+            return (rows[:-1], matched) if len(calls) == 1 else (rows, matched)
+
+        monkeypatch.setattr(ChunkQuerySet, "_index_rows", staticmethod(repeating_first_scan))
+        got = [r.source_id for r in rag.search("ostravine", mode="fulltext", limit=5)]
+    assert calls == [5, 20]  # no third (exact) read
+    assert got == expected == ["11", "10", "9", "8", "7"]
 
 
 def test_an_index_built_with_other_settings_is_reported(index):

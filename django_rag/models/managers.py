@@ -28,6 +28,9 @@ _pgvector_versions: dict[str, tuple[int, ...]] = {}
 
 # Postings (chunks per term, summed) the first full-text round may read; see fulltext().
 FULLTEXT_CANDIDATE_BUDGET = 2000
+# How far the pg_textsearch backend reads past `limit` rows to make up for rows its scan
+# repeated before it scores every match instead (see _index_hits).
+INDEX_SCAN_MAX_WIDENING = 16
 
 
 def pgvector_version(using: str = "default") -> tuple[int, ...]:
@@ -433,8 +436,18 @@ class ChunkQuerySet(models.QuerySet):
         candidates = self.without_excluded(parsed)
         if parsed.phrases:
             candidates = candidates.matching(parsed.match)
-        scored = candidates.with_index_bm25(parsed)
-        hits = self._index_rows(scored.order_by("bm25_distance", "pk"), limit)
+        ranked = candidates.with_index_bm25(parsed).order_by("bm25_distance", "pk")
+        # pg_textsearch 1.0.0 was seen to return a row twice in a scan over many equal scores
+        # (6% of SciFact's queries at 100k chunks, where the padding repeats texts): repeats
+        # are dropped and the scan read further, rather than scoring every match (over 1 s).
+        fetch = limit
+        while True:
+            hits, matched = self._index_rows(ranked, fetch)
+            hits = hits[:limit]
+            # Done when full, when the scan ran out of matches, or after reading far enough.
+            if len(hits) >= limit or matched < fetch or fetch >= INDEX_SCAN_MAX_WIDENING * limit:
+                break
+            fetch *= 4
         if len(hits) < limit:
             matching = candidates.matching(
                 parsed.match if parsed.phrases else quote_terms(parsed.terms)
@@ -444,20 +457,23 @@ class ChunkQuerySet(models.QuerySet):
                 exact = matching.with_index_bm25(parsed).order_by(
                     F("bm25_distance") + Value(0.0), "pk"
                 )
-                hits = self._index_rows(exact, limit)
+                hits, _ = self._index_rows(exact, limit)
         return hits
 
     @staticmethod
-    def _index_rows(ranked, limit: int) -> list[tuple[int, float]]:
-        # A filtered scan that ran out of matches goes on with rows holding none of the words
-        # (distance 0, after every match): they are not results. pg_textsearch 1.0.0 was seen
-        # to return a row twice in a filtered scan over many equal scores: repeats are dropped,
-        # and a result left short of `limit` goes to the exact fallback.
+    def _index_rows(ranked, limit: int) -> tuple[list[tuple[int, float]], int]:
+        """The first ``limit`` rows of ``ranked`` as ``(pk, BM25)`` with repeats dropped, and
+        how many matching rows (repeats included) were read.
+
+        A filtered scan that ran out of matches goes on with rows holding none of the words
+        (distance 0, after every match): they are not results."""
         rows: dict[int, float] = {}
+        matched = 0
         for pk, distance in ranked.values_list("pk", "bm25_distance")[:limit]:
-            if distance < 0 and pk not in rows:
-                rows[pk] = -float(distance)
-        return list(rows.items())
+            if distance < 0:
+                matched += 1
+                rows.setdefault(pk, -float(distance))
+        return list(rows.items()), matched
 
     # --- hybrid ------------------------------------------------------------------------------
 
