@@ -79,6 +79,10 @@ DEFAULTS: dict[str, Any] = {
         "CANDIDATES": 2,
         # With a reranker, search fetches RERANK_CANDIDATES x limit chunks and reranks them.
         "RERANK_CANDIDATES": 3,
+        # Where full-text BM25 runs: "auto" (the pg_textsearch BM25 index when the extension and
+        # the index exist in the database searched, else "sql"), "sql" (plain SQL over the
+        # trigger-kept statistics, any PostgreSQL) or "pg_textsearch" (docs/search.md).
+        "FULLTEXT_BACKEND": "auto",
         # The DATABASES alias searches read (a replica); None: the routers' db_for_read(Chunk),
         # else "default". Writes always go to db_for_write (docs/scaling.md).
         "DATABASE": None,
@@ -244,6 +248,23 @@ def graph_number(name: str) -> float:
         bounds = f"from {low:g} to {high:g}" if high is not None else f">= {low:g}"
         raise ConfigurationError(f"GRAPH.{name}", value, f"must be a finite number {bounds}")
     return number
+
+
+FULLTEXT_BACKENDS = ("auto", "sql", "pg_textsearch")
+
+
+def fulltext_backend_setting() -> str:
+    """``SEARCH["FULLTEXT_BACKEND"]``, checked: a bad value raises :class:`ConfigurationError`
+    (system check E005 reports it at startup)."""
+    value = search_setting("FULLTEXT_BACKEND")
+    if not isinstance(value, str) or value not in FULLTEXT_BACKENDS:
+        raise ConfigurationError(
+            "SEARCH.FULLTEXT_BACKEND",
+            value,
+            f"must be one of {', '.join(repr(b) for b in FULLTEXT_BACKENDS)} (docs/search.md, "
+            "'Full-text backends')",
+        )
+    return value
 
 
 def check_graph_settings() -> None:

@@ -30,6 +30,16 @@ def background_default(mode):
     finally:
         conf.DEFAULTS["BACKGROUND"] = previous
         conf.get_settings.cache_clear()
+def pytest_collection_modifyitems(config, items):
+    """On the pg_textsearch run (scripts/test-textsearch.sh) tests of the SQL backend's
+    per-collection statistics are skipped: the index ranks with statistics of its own,
+    tested by tests/test_fulltext_backends.py."""
+    if os.environ.get("DJANGO_RAG_TEST_FULLTEXT_BACKEND") != "pg_textsearch":
+        return
+    skip = pytest.mark.skip(reason="per-collection statistics of the SQL backend")
+    for item in items:
+        if "sql_statistics" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_sessionfinish(session, exitstatus):
