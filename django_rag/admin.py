@@ -335,6 +335,16 @@ class CommunityAdmin(ShownOnly, admin.ModelAdmin):
 
 @admin.register(Job)
 class JobAdmin(ShownOnly, admin.ModelAdmin):
-    list_display = ["id", "kind", "status", "done", "total", "created_at", "finished_at"]
-    list_filter = ["kind", "status"]
+    list_display = [
+        "id",
+        "kind",
+        "status",
+        "done",
+        "total",
+        "runner",
+        "created_at",
+        "heartbeat_at",
+        "finished_at",
+    ]
+    list_filter = ["kind", "status", "runner"]
     readonly_fields = [f.name for f in Job._meta.fields]

@@ -1,47 +1,127 @@
-"""Run long work on Celery workers, or inline when no broker is configured.
+"""Run long work outside the caller: on Celery, in a thread pool, on ``rag_worker`` processes,
+or inline.
 
-``DJANGO_RAG["BACKGROUND"]``: ``"auto"`` (Celery when the host project's Celery app has a
-broker URL and is not in eager mode, else inline), ``"celery"`` or ``"inline"``. Inline runs
-the same task body synchronously, so the embedded default works with no services.
+``DJANGO_RAG["BACKGROUND"]`` (docs/background.md):
+
+- ``"auto"`` (default): ``"celery"`` when the host project's Celery app has a broker URL and is
+  not eager, else ``"thread"``.
+- ``"celery"``: send tasks to the broker (an error when none is configured).
+- ``"thread"``: a pool of ``JOBS["THREADS"]`` threads in the calling process (the web server):
+  the request returns at once, the job runs after it.
+- ``"worker"``: the job waits in the ``Job`` table until a ``manage.py rag_worker`` process
+  claims it (``SELECT ... FOR UPDATE SKIP LOCKED``: each job goes to one worker).
+- ``"inline"`` (alias ``"sync"``): run the task body synchronously (tests, scripts).
+
+Every mode runs the same task bodies (django_rag.tasks) and records the same job rows: status,
+progress, a heartbeat while running, result or error.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connections,
+    router,
+    transaction,
+)
+from django.db.models import Q, QuerySet
+from django.utils import timezone
 
-from .conf import get_setting, scrub_text
-from .exceptions import BackgroundUnavailable, ConfigurationError, MissingDependency
+from .conf import background_setting, jobs_setting, on_reset, scrub_text
+from .exceptions import (
+    BackgroundUnavailable,
+    ConfigurationError,
+    JobNotRetryable,
+    MissingDependency,
+)
 from .models import Job
 
+logger = logging.getLogger("django_rag.background")
 
-def use_celery() -> bool:
-    mode = get_setting("BACKGROUND")
-    if mode == "inline":
-        return False
-    if mode not in ("auto", "celery"):
-        raise ConfigurationError("BACKGROUND", mode, "use 'auto', 'celery' or 'inline'")
+CELERY, THREAD, WORKER, INLINE = "celery", "thread", "worker", "inline"
+
+
+def _celery_configured() -> bool:
     if importlib.util.find_spec("celery") is None:
-        if mode == "celery":
-            raise MissingDependency("celery", "celery", "Background work on Celery")
         return False
     from celery import current_app
 
-    configured = bool(current_app.conf.broker_url) and not current_app.conf.task_always_eager
-    if mode == "celery" and not configured:
-        raise ConfigurationError(
-            "BACKGROUND", mode, "the Celery app has no broker_url (or runs eagerly)"
-        )
-    return configured
+    return bool(current_app.conf.broker_url) and not current_app.conf.task_always_eager
+
+
+def mode() -> str:
+    """The mode work is queued in now: ``"celery"``, ``"thread"``, ``"worker"`` or
+    ``"inline"`` (``"auto"`` resolved)."""
+    setting = background_setting()
+    if setting == "auto":
+        return CELERY if _celery_configured() else THREAD
+    if setting == CELERY:
+        if importlib.util.find_spec("celery") is None:
+            raise MissingDependency("celery", "celery", "Background work on Celery")
+        if not _celery_configured():
+            raise ConfigurationError(
+                "BACKGROUND", setting, "the Celery app has no broker_url (or runs eagerly)"
+            )
+    return setting
+
+
+def use_celery() -> bool:
+    return mode() == CELERY
+
+
+DESCRIPTIONS = {
+    CELERY: "Celery workers (the host project's broker)",
+    THREAD: "a thread pool in this process ({threads} thread{s}); jobs of a process that "
+    "stops are shown as stalled",
+    WORKER: "rag_worker processes (manage.py rag_worker) claiming jobs from the database",
+    INLINE: "inline: the caller waits while the work runs",
+}
+
+
+def describe() -> dict[str, Any]:
+    """The active mode, the setting it comes from and a sentence for people (dashboard,
+    ``rag_info``)."""
+    setting = background_setting()
+    try:
+        active = mode()
+    except (ConfigurationError, MissingDependency) as exc:
+        return {"setting": setting, "mode": None, "description": str(exc)}
+    threads = jobs_setting("THREADS")
+    return {
+        "setting": setting,
+        "mode": active,
+        "description": DESCRIPTIONS[active].format(threads=threads, s="" if threads == 1 else "s"),
+        "stalled_after_seconds": jobs_setting("STALLED_AFTER_SECONDS"),
+    }
 
 
 # Task name -> task (a Celery task, or the plain function without Celery). Filled by
 # django_rag.tasks as it is imported (the app config imports it when Django starts), so this
 # module, which every layer may use to queue work, never imports the tasks themselves.
 _TASKS: dict[str, Callable[..., Any]] = {}
+
+# Kinds whose task name is not the kind with underscores. The reembed task renames its job to
+# "reembed" or "embedding-switch" as it starts; the same kinds also name a command's own
+# foreground job (no runner), which no task runs again (rag_reembed --resume does).
+_TASK_FOR_KIND: dict[str, str] = {
+    Job.Kind.INGEST: "ingest_document",
+    Job.Kind.REEMBED_TASK: "reembed",
+    Job.Kind.REEMBED: "reembed",
+    Job.Kind.SWITCH: "reembed",
+}
 
 
 def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -54,28 +134,62 @@ def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return decorate
 
 
-def enqueue(
-    task_name: str, job: Job, *, on_failure: Callable[[], Any] | None = None, **kwargs: Any
-) -> Job:
-    """Run the task ``task_name`` (``task(job_id=job.pk, **kwargs)``) on a worker, or inline.
+def task_for(job: Job) -> str | None:
+    """The name of the task that runs ``job``, or None (a command's own foreground job)."""
+    if job.kind in (Job.Kind.REEMBED, Job.Kind.SWITCH) and not job.runner:
+        return None
+    name = _TASK_FOR_KIND.get(job.kind, job.kind.replace("-", "_"))
+    return name if name in _TASKS else None
 
-    When the task cannot be sent, the job is marked failed, ``on_failure`` runs (to remove
-    what was waiting for the task) and :class:`BackgroundUnavailable` is raised.
+
+def worker_name() -> str:
+    thread = threading.current_thread()
+    suffix = "" if thread is threading.main_thread() else f":{thread.name}"
+    return f"{socket.gethostname()}:{os.getpid()}{suffix}"
+
+
+# --- queueing -------------------------------------------------------------------------------
+
+
+def enqueue(
+    task_name: str,
+    job: Job,
+    *,
+    on_failure: Callable[[], Any] | None = None,
+    runner: str | None = None,
+) -> Job:
+    """Run the task ``task_name`` (``task(job_id=job.pk)``) in the active mode (``runner``
+    overrides it).
+
+    When the work cannot be handed over (the broker is down, the process is shutting down),
+    the job is marked failed, ``on_failure`` runs (to remove what was waiting for the task) and
+    :class:`BackgroundUnavailable` is raised.
     """
     task = _TASKS[task_name]
-    if use_celery():
+    runner = runner or mode()
+    Job.objects.filter(pk=job.pk).update(runner=runner)
+    job.runner = runner
+
+    def unavailable(exc: BaseException, where: str, fix: str) -> BackgroundUnavailable:
+        job.fail(exc)
+        if on_failure is not None:
+            on_failure()
+        return BackgroundUnavailable(
+            f"The task could not be handed to {where} ({type(exc).__name__}: "
+            f"{scrub_text(exc)}). {fix}"
+        )
+
+    if runner == CELERY:
 
         def send() -> None:
             try:
-                result = task.apply_async(kwargs={"job_id": job.pk, **kwargs})
+                result = task.apply_async(kwargs={"job_id": job.pk})
             except Exception as exc:  # kombu's OperationalError, a refused connection...
-                job.fail(exc)
-                if on_failure is not None:
-                    on_failure()
-                raise BackgroundUnavailable(
-                    f"The task could not be sent to the Celery broker ({type(exc).__name__}: "
-                    f"{scrub_text(exc)}). Start the broker, or set DJANGO_RAG['BACKGROUND'] = 'inline' to "
-                    "run background work in the calling process."
+                raise unavailable(
+                    exc,
+                    "the Celery broker",
+                    "Start the broker, or set DJANGO_RAG['BACKGROUND'] = 'thread' (or 'inline') "
+                    "to run background work in this process.",
                 ) from exc
             Job.objects.filter(pk=job.pk).update(task_id=result.id)
             job.task_id = result.id
@@ -85,7 +199,22 @@ def enqueue(
         # one, at once, so a broker failure reaches the caller as BackgroundUnavailable).
         transaction.on_commit(send)
         return job
-    task(job_id=job.pk, **kwargs)
+    if runner == THREAD:
+
+        def submit() -> None:
+            try:
+                _pool().submit(_run_in_thread, task_name, job.pk)
+            except RuntimeError as exc:  # the interpreter is shutting down
+                raise unavailable(
+                    exc, "the thread pool", "Try again, or run manage.py rag_worker."
+                ) from exc
+
+        # The pool's threads use their own connections: they must find the rows committed.
+        transaction.on_commit(submit)
+        return job
+    if runner == WORKER:
+        return job  # pending with runner="worker": a rag_worker claims it
+    task(job_id=job.pk)
     job.refresh_from_db()
     return job
 
@@ -100,3 +229,196 @@ def enqueue_reembed(**params: Any) -> Job:
     """Queue :func:`django_rag.maintenance.reembed` with ``params``; returns its Job."""
     job = Job.objects.create(kind=Job.Kind.REEMBED_TASK, params={"options": params})
     return enqueue("reembed", job)
+
+
+# --- the thread pool ------------------------------------------------------------------------
+
+_pool_lock = threading.Lock()
+_executor: ThreadPoolExecutor | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _executor
+    with _pool_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(
+                max_workers=int(jobs_setting("THREADS")), thread_name_prefix="django-rag-job"
+            )
+        return _executor
+
+
+@on_reset
+def _resize_pool() -> None:
+    # A changed JOBS["THREADS"] takes effect for the next job; queued work still runs.
+    global _executor
+    with _pool_lock:
+        if _executor is not None:
+            _executor.shutdown(wait=False)
+            _executor = None
+
+
+def _run_in_thread(task_name: str, job_id: int) -> None:
+    try:
+        Job.objects.filter(pk=job_id).update(worker=worker_name())
+        _TASKS[task_name](job_id=job_id)
+    except Exception:
+        # The job row has the error (the task marks it failed); the log has the traceback.
+        logger.exception("Background job %s (%s) failed", job_id, task_name)
+    finally:
+        connections.close_all()  # this thread's connections only
+
+
+# --- heartbeat ------------------------------------------------------------------------------
+
+
+@contextmanager
+def heartbeat(job: Job) -> Iterator[None]:
+    """Beat ``job``'s heartbeat every ``JOBS["HEARTBEAT_SECONDS"]`` while the block runs (a
+    daemon thread, so a hung or killed process stops beating and its job shows as stalled)."""
+    interval = jobs_setting("HEARTBEAT_SECONDS")
+    stop = threading.Event()
+
+    def beat() -> None:
+        try:
+            while not stop.wait(interval):
+                try:
+                    job.beat()
+                except Exception:  # a lost connection: try again at the next beat
+                    logger.warning("Heartbeat of job %s failed", job.pk, exc_info=True)
+                    connections.close_all()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=beat, name=f"django-rag-heartbeat-{job.pk}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+# --- stalled jobs and retries ---------------------------------------------------------------
+
+
+def _stalled_q() -> Q:
+    cutoff = timezone.now() - timedelta(seconds=jobs_setting("STALLED_AFTER_SECONDS"))
+    return Q(status__in=[Job.Status.PENDING, Job.Status.RUNNING]) & (
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, created_at__lt=cutoff)
+    )
+
+
+def stalled(queryset: QuerySet[Job] | None = None) -> QuerySet[Job]:
+    """Jobs pending or running with no heartbeat for ``JOBS["STALLED_AFTER_SECONDS"]``: their
+    worker died (or nothing picked them up)."""
+    return (Job.objects.all() if queryset is None else queryset).filter(_stalled_q())
+
+
+def retry(job: Job, *, runner: str | None = None) -> Job:
+    """Queue a failed or stalled job again (in the active mode, or ``runner``).
+
+    Idempotent: the job moves back to pending in one conditional update, so two retries at once
+    queue it once; a task finds a completed job and leaves it alone, and the write path
+    replaces a document's earlier attempt. Raises :class:`JobNotRetryable` otherwise.
+    """
+    task_name = task_for(job)
+    if task_name is None:
+        raise JobNotRetryable(
+            f"Job {job.pk} ({job.kind}) was run by a command, not queued: run the command "
+            "again (rag_reembed --resume continues a re-embed)."
+        )
+    runner = runner or mode()
+    requeued = (
+        Job.objects.filter(pk=job.pk)
+        .filter(Q(status=Job.Status.FAILED) | _stalled_q())
+        .update(
+            status=Job.Status.PENDING,
+            error="",
+            finished_at=None,
+            worker="",
+            runner=runner,
+            # "Queued again at": not stalled again before another STALLED_AFTER_SECONDS.
+            heartbeat_at=timezone.now(),
+        )
+    )
+    if not requeued:
+        raise JobNotRetryable(
+            f"Job {job.pk} is {job.get_status_display().lower()} and not stalled: nothing to retry."
+        )
+    job.refresh_from_db()
+    logger.info("Job %s (%s) queued again (%s)", job.pk, job.kind, runner)
+    return enqueue(task_name, job, runner=runner)
+
+
+# --- rag_worker -----------------------------------------------------------------------------
+
+
+def claim(worker: str | None = None) -> Job | None:
+    """Take the oldest job queued for rag_worker, or None. ``SKIP LOCKED``: concurrent workers
+    never wait for each other and never take the same job."""
+    db = router.db_for_write(Job)
+    with transaction.atomic(using=db):
+        job = (
+            Job.objects.using(db)
+            .select_for_update(skip_locked=True)
+            .filter(runner=WORKER, status=Job.Status.PENDING)
+            .order_by("created_at", "pk")
+            .first()
+        )
+        if job is None:
+            return None
+        job.status, job.worker, job.heartbeat_at = (
+            Job.Status.RUNNING,
+            worker or worker_name(),
+            timezone.now(),
+        )
+        job.save(update_fields=["status", "worker", "heartbeat_at"])
+    return job
+
+
+def run(job: Job) -> None:
+    """Run a claimed job's task; a failure is recorded on the job and logged, never raised."""
+    task_name = task_for(job)
+    if task_name is None:
+        job.fail(JobNotRetryable(f"No task runs jobs of kind {job.kind!r}."))
+        return
+    try:
+        _TASKS[task_name](job_id=job.pk)
+    except Exception:
+        logger.exception("Job %s (%s) failed", job.pk, task_name)
+
+
+def work(
+    *,
+    burst: bool = False,
+    stop: threading.Event | None = None,
+    worker: str | None = None,
+    on_job: Callable[[Job], Any] | None = None,
+) -> list[int]:
+    """Claim and run jobs queued for rag_worker until ``stop`` is set (with ``burst``, until
+    none is left). Returns the ids of the jobs this worker ran."""
+    stop = stop or threading.Event()
+    ran: list[int] = []
+    while not stop.is_set():
+        # Like a request: drop connections that broke or outlived CONN_MAX_AGE between jobs
+        # (not inside a caller's transaction, which closing would end).
+        if not connections[router.db_for_write(Job)].in_atomic_block:
+            close_old_connections()
+        try:
+            job = claim(worker)
+        except (OperationalError, InterfaceError):
+            # The database restarted or the network blinked: wait, reconnect, go on.
+            logger.warning("rag_worker could not reach the database", exc_info=True)
+            connections.close_all()
+            stop.wait(jobs_setting("POLL_SECONDS"))
+            continue
+        if job is None:
+            if burst:
+                break
+            stop.wait(jobs_setting("POLL_SECONDS"))
+            continue
+        if on_job is not None:
+            on_job(job)
+        run(job)
+        ran.append(job.pk)
+    return ran

@@ -5,8 +5,14 @@ from __future__ import annotations
 from django.core import checks
 from django.db import DatabaseError, connections, router
 
-from .agent.grounding import get_grounder
-from .conf import check_graph_settings, embedding_dimensions, get_setting, get_settings
+from .conf import (
+    check_background_settings,
+    check_graph_settings,
+    embedding_dimensions,
+    fulltext_backend_setting,
+    get_setting,
+    get_settings,
+)
 from .embeddings import get_embedder
 from .exceptions import ConfigurationError
 from .ingestion.chunkers import get_chunker
@@ -22,7 +28,11 @@ def _chunk_db() -> str:
 
 
 def _default_grounder():
-    return None if get_setting("GROUNDER") is None else get_grounder()
+    if get_setting("GROUNDER") is None:
+        return None
+    from .agent.grounding import get_grounder  # only when a check runs: commands start fast
+
+    return get_grounder()
 
 
 @checks.register()
@@ -34,6 +44,8 @@ def check_settings(app_configs=None, **kwargs):
         get_settings()
         dimensions = embedding_dimensions()
         check_graph_settings()
+        check_background_settings()
+        fulltext_backend_setting()
     except ConfigurationError as exc:
         return [
             checks.Error(
@@ -235,8 +247,11 @@ def check_database(app_configs=None, databases=None, **kwargs):
 def check_dashboard(app_configs=None, **kwargs):
     """The dashboard's templates need django-htmx installed as an app."""
     from django.apps import apps
+    from django.conf import settings
     from django.urls import NoReverseMatch, reverse
 
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return []  # no URLs at all (a worker-only or command-line project): nothing mounted
     try:
         reverse("django_rag_dashboard:home")
     except NoReverseMatch:
@@ -273,3 +288,64 @@ def check_search_database(app_configs=None, **kwargs):
             id="django_rag.E010",
         )
     ]
+
+
+@checks.register(checks.Tags.database)
+def check_fulltext_backend(app_configs=None, databases=None, **kwargs):
+    """E011: ``SEARCH["FULLTEXT_BACKEND"]`` is ``"pg_textsearch"`` but the database searched
+    lacks the extension or its BM25 index. W003: the index was built with another text search
+    configuration or BM25 parameters than the settings now give."""
+    from .conf import get_setting, search_setting
+    from .models.databases import search_db
+    from .models.textsearch import index_options, index_state, missing_reason, reset_index_state
+
+    try:
+        configured = fulltext_backend_setting()
+        alias = search_db()
+    except ConfigurationError:
+        return []  # reported as E005 / E010
+    if configured == "sql" or databases is None or alias not in databases:
+        return []
+    connection = connections[alias]
+    if connection.vendor != "postgresql":
+        return []
+    try:
+        reset_index_state()  # a check reads the database as it is now
+        installed, exists = index_state(alias)
+        options = index_options(alias) if installed and exists else {}
+    except DatabaseError:
+        return []  # W002 reports a database that cannot be inspected
+    if not (installed and exists):
+        if configured == "auto":
+            return []
+        return [
+            checks.Error(
+                f"DJANGO_RAG['SEARCH']['FULLTEXT_BACKEND'] is 'pg_textsearch' but "
+                f"{missing_reason(alias)}",
+                hint="docs/search.md ('Full-text backends') says how to install pg_textsearch; "
+                "'auto' uses it only where it exists.",
+                id="django_rag.E011",
+            )
+        ]
+    expected = {
+        "text_config": str(get_setting("TEXT_SEARCH_CONFIG")),
+        "k1": float(search_setting("BM25_K1")),
+        "b": float(search_setting("BM25_B")),
+    }
+    built = {
+        "text_config": options.get("text_config", ""),
+        "k1": float(options.get("k1", 1.2)),
+        "b": float(options.get("b", 0.75)),
+    }
+    if built != expected:
+        return [
+            checks.Warning(
+                f"The pg_textsearch index was built with {built} but the settings now give "
+                f"{expected}: full-text search on the index ranks with the values it was "
+                "built with.",
+                hint="Rebuild it: python manage.py migrate django_rag 0008 && python manage.py "
+                "migrate django_rag (and run index_chunks() after changing TEXT_SEARCH_CONFIG).",
+                id="django_rag.W003",
+            )
+        ]
+    return []

@@ -79,6 +79,10 @@ DEFAULTS: dict[str, Any] = {
         "CANDIDATES": 2,
         # With a reranker, search fetches RERANK_CANDIDATES x limit chunks and reranks them.
         "RERANK_CANDIDATES": 3,
+        # Where full-text BM25 runs: "auto" (the pg_textsearch BM25 index when the extension and
+        # the index exist in the database searched, else "sql"), "sql" (plain SQL over the
+        # trigger-kept statistics, any PostgreSQL) or "pg_textsearch" (docs/search.md).
+        "FULLTEXT_BACKEND": "auto",
         # The DATABASES alias searches read (a replica); None: the routers' db_for_read(Chunk),
         # else "default". Writes always go to db_for_write (docs/scaling.md).
         "DATABASE": None,
@@ -153,9 +157,22 @@ DEFAULTS: dict[str, Any] = {
         "MAX_UPLOAD_BYTES": 10 * 1024 * 1024,
         "PAGE_SIZE": 20,
     },
-    # Where background work runs: "auto" (Celery when a broker is configured, else inline),
-    # "celery" or "inline".
+    # Where background work runs (docs/background.md): "auto" (Celery when the host's Celery
+    # app has a broker, else "thread"), "celery", "thread" (a pool in the calling process),
+    # "worker" (queued in the Job table for `manage.py rag_worker`) or "inline" (synchronous).
     "BACKGROUND": "auto",
+    # Jobs outside Celery: the thread pool's size, how often a running job records a heartbeat,
+    # after how long without one it counts as stalled, how often rag_worker polls for work.
+    "JOBS": {
+        "THREADS": 1,
+        "HEARTBEAT_SECONDS": 10,
+        "STALLED_AFTER_SECONDS": 120,
+        "POLL_SECONDS": 1.0,
+    },
+    # Load the local models (EMBEDDER, NEXT_EMBEDDER, RERANKER) when a web process or a Celery
+    # worker process starts instead of on the first call (docs/configuration.md). Management
+    # commands other than runserver never preload.
+    "PRELOAD_MODELS": False,
     "TELEMETRY": {
         # Put raw document, query and answer text in telemetry metadata.
         "INCLUDE_TEXT": False,
@@ -171,7 +188,7 @@ DEFAULTS: dict[str, Any] = {
     },
 }
 
-_NESTED = ("SEARCH", "TELEMETRY", "GRAPH", "DASHBOARD")
+_NESTED = ("SEARCH", "TELEMETRY", "GRAPH", "DASHBOARD", "JOBS")
 
 
 @functools.cache
@@ -238,10 +255,79 @@ def graph_number(name: str) -> float:
     return number
 
 
+FULLTEXT_BACKENDS = ("auto", "sql", "pg_textsearch")
+
+
+def fulltext_backend_setting() -> str:
+    """``SEARCH["FULLTEXT_BACKEND"]``, checked: a bad value raises :class:`ConfigurationError`
+    (system check E005 reports it at startup)."""
+    value = search_setting("FULLTEXT_BACKEND")
+    if not isinstance(value, str) or value not in FULLTEXT_BACKENDS:
+        raise ConfigurationError(
+            "SEARCH.FULLTEXT_BACKEND",
+            value,
+            f"must be one of {', '.join(repr(b) for b in FULLTEXT_BACKENDS)} (docs/search.md, "
+            "'Full-text backends')",
+        )
+    return value
+
+
 def check_graph_settings() -> None:
     """Raise :class:`ConfigurationError` for the first invalid graph fusion setting."""
     for name in _GRAPH_NUMBERS:
         graph_number(name)
+
+
+BACKGROUND_MODES = ("auto", "celery", "thread", "worker", "inline")
+# "sync" is accepted for "inline" (what a script means by it).
+_BACKGROUND_ALIASES = {"sync": "inline"}
+# JOBS numbers: (minimum exclusive, integer?).
+_JOBS_NUMBERS = {
+    "THREADS": (0, True),
+    "HEARTBEAT_SECONDS": (0, False),
+    "STALLED_AFTER_SECONDS": (0, False),
+    "POLL_SECONDS": (0, False),
+}
+
+
+def background_setting() -> str:
+    """``BACKGROUND`` as one of :data:`BACKGROUND_MODES` (aliases resolved), or
+    :class:`ConfigurationError`."""
+    value = get_setting("BACKGROUND")
+    mode = _BACKGROUND_ALIASES.get(value, value) if isinstance(value, str) else value
+    if mode not in BACKGROUND_MODES:
+        raise ConfigurationError(
+            "BACKGROUND", value, f"use one of {', '.join(repr(m) for m in BACKGROUND_MODES)}"
+        )
+    return mode
+
+
+def jobs_setting(name: str) -> float:
+    """A ``JOBS`` number, checked: a bad value raises :class:`ConfigurationError`."""
+    value = get_settings()["JOBS"].get(name)
+    low, integer = _JOBS_NUMBERS[name]
+    valid = isinstance(value, int | float) and not isinstance(value, bool) and value > low
+    if integer and not isinstance(value, int):
+        valid = False
+    if not valid:
+        kind = "a positive integer" if integer else "a positive number of seconds"
+        raise ConfigurationError(f"JOBS.{name}", value, f"must be {kind}")
+    return value
+
+
+def check_background_settings() -> None:
+    """Raise :class:`ConfigurationError` for an invalid ``BACKGROUND`` or ``JOBS`` value."""
+    background_setting()
+    unknown = set(get_settings()["JOBS"]) - set(_JOBS_NUMBERS)
+    if unknown:
+        name = sorted(unknown)[0]
+        raise ConfigurationError(
+            f"JOBS.{name}",
+            get_settings()["JOBS"][name],
+            f"unknown; known: {', '.join(_JOBS_NUMBERS)}",
+        )
+    for name in _JOBS_NUMBERS:
+        jobs_setting(name)
 
 
 def embedding_dimensions() -> int:

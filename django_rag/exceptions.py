@@ -226,6 +226,13 @@ class BackgroundUnavailable(RagError):
     code = "background_unavailable"
 
 
+class JobNotRetryable(RagError):
+    """A job cannot be retried: it is neither failed nor stalled, or its kind has no task to
+    run again (a foreground command's job: run the command again, with ``--resume``)."""
+
+    code = "job_not_retryable"
+
+
 class LLMStreamError(LLMError):
     """A streamed answer ended before the model finished it (the connection dropped, or the
     provider never sent its finish event). The text received so far is in ``partial``: it is

@@ -12,7 +12,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from . import embeddings
+from . import background, embeddings
 from .conf import embedding_dimensions, get_setting, get_settings, redact
 from .embeddings import Embedder, configured_embedder, get_embedder
 from .exceptions import DimensionMismatch, InvalidInput, UnknownCollection
@@ -20,6 +20,7 @@ from .llm import map_concurrently
 from .models import Chunk, Collection, Entity, Job
 from .models.databases import write_db
 from .models.managers import pgvector_version
+from .rerankers import get_reranker
 from .signals import span
 from .store import schema
 from .store.graph import write_entity_vectors
@@ -30,6 +31,28 @@ logger = logging.getLogger(__name__)
 SWITCH = Job.Kind.SWITCH
 REEMBED = Job.Kind.REEMBED
 Progress = Callable[[int, int], None]
+
+
+def preload_models() -> list[str]:
+    """Load the configured local models now: ``EMBEDDER``, ``NEXT_EMBEDDER`` and ``RERANKER``
+    (an API embedder or an LLM reranker loads nothing and is not called). Returns their names.
+
+    Called at start-up of web processes and Celery workers when ``PRELOAD_MODELS`` is True, so
+    the first search does not wait for a model. No database access: ``ready()`` may call it.
+    """
+    names = []
+    for setting in ("EMBEDDER", "NEXT_EMBEDDER"):
+        embedder = configured_embedder(setting)
+        if embedder is not None:
+            with span("preload", setting=setting, model=embedder.model_name):
+                embedder.preload()
+            names.append(embedder.model_name)
+    ranker = get_reranker()
+    if ranker is not None:
+        with span("preload", setting="RERANKER", model=ranker.name):
+            ranker.preload()
+        names.append(getattr(ranker, "model_name", ranker.name))
+    return names
 
 
 def _embed(embedder: Embedder, texts: list[str], dimensions: int) -> list[list[float]]:
@@ -347,6 +370,7 @@ def info() -> dict[str, Any]:
         "pgvector": pgvector_version(),
         "collections": collections,
         "chunks_by_model": dict(_chunks_by_model()),
+        "background": {**background.describe(), "stalled_jobs": background.stalled().count()},
     }
 
 

@@ -1,16 +1,18 @@
 """Celery tasks. Each takes a Job id, is idempotent, acknowledges late (a killed worker's task
 is delivered again) and retries transient failures with exponential backoff.
 
-Without Celery installed (or with no broker: see :mod:`django_rag.background`) the same
-functions run inline.
+Without Celery (or with no broker: see :mod:`django_rag.background`) the same functions run
+in a thread pool, on rag_worker processes or inline.
 """
 
 from __future__ import annotations
 
+import logging
+
 from django.db import InterfaceError, OperationalError, router
 
 from . import maintenance
-from .background import register
+from .background import heartbeat, register
 from .evaluation import generate_test_cases as generate
 from .evaluation import run_evaluation as evaluate
 from .exceptions import EmbeddingFailed, LLMError
@@ -47,7 +49,8 @@ def _run(job_id: int, body) -> None:
         return
     job.start()
     try:
-        result = body(job)
+        with heartbeat(job):
+            result = body(job)
     except BaseException as exc:
         job.fail(exc)
         raise
@@ -129,3 +132,38 @@ def generate_test_cases(job_id: int) -> None:
         return {"created": len(result.created), "skipped": result.skipped}
 
     _run(job_id, body)
+
+
+def preload_in_worker(**kwargs) -> None:
+    """``worker_process_init`` (each prefork child, the solo pool) and ``worker_init`` (thread,
+    gevent and eventlet pools, which send no process signal): load the configured models when
+    ``PRELOAD_MODELS`` is on, so the first task does not wait for them. A failure is logged;
+    the tasks then report it."""
+    from .conf import get_setting
+
+    if not get_setting("PRELOAD_MODELS"):
+        return
+    sender = kwargs.get("sender")
+    if sender is not None and hasattr(sender, "pool_cls"):  # worker_init, in the main process
+        pool = sender.pool_cls  # "prefork", "threads"... or the class, by this point
+        pool = f"{getattr(pool, '__module__', '')}.{pool}".lower()
+        # prefork and solo send worker_process_init (where the work runs); loading torch in a
+        # prefork parent would also be inherited by forked children, which it does not survive.
+        if "prefork" in pool or "solo" in pool:
+            return
+    try:
+        names = maintenance.preload_models()
+    except Exception:
+        logging.getLogger("django_rag").exception("preloading models in the worker failed")
+        return
+    if names:
+        logging.getLogger("django_rag").info("preloaded %s", ", ".join(names))
+
+
+try:
+    from celery.signals import worker_init, worker_process_init
+except ImportError:  # inline only: nothing to preload for
+    pass
+else:
+    worker_process_init.connect(preload_in_worker, weak=False, dispatch_uid="django_rag_preload")
+    worker_init.connect(preload_in_worker, weak=False, dispatch_uid="django_rag_preload_init")

@@ -26,3 +26,8 @@ def load_once(key: Hashable, loader: Callable[[], T]) -> T:
         if key not in _loaded:
             _loaded[key] = loader()
         return _loaded[key]
+
+
+def is_loaded(key: Hashable) -> bool:
+    """Whether :func:`load_once` already made the object cached under ``key``."""
+    return key in _loaded

@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 import pytest
@@ -5,6 +6,40 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def inline_background_by_default():
+    """The suite runs background work inline unless a test chooses a mode (the library's own
+    default, "auto", picks the thread pool without a broker: tests/test_background_modes.py).
+    Set as the default rather than in DJANGO_RAG so tests that replace DJANGO_RAG keep it."""
+    with background_default("inline"):
+        yield
+
+
+@contextlib.contextmanager
+def background_default(mode):
+    """Make ``mode`` the BACKGROUND default (what a DJANGO_RAG without the key gets)."""
+    from django_rag import conf
+
+    previous = conf.DEFAULTS["BACKGROUND"]
+    conf.DEFAULTS["BACKGROUND"] = mode
+    conf.get_settings.cache_clear()
+    try:
+        yield
+    finally:
+        conf.DEFAULTS["BACKGROUND"] = previous
+        conf.get_settings.cache_clear()
+def pytest_collection_modifyitems(config, items):
+    """On the pg_textsearch run (scripts/test-textsearch.sh) tests of the SQL backend's
+    per-collection statistics are skipped: the index ranks with statistics of its own,
+    tested by tests/test_fulltext_backends.py."""
+    if os.environ.get("DJANGO_RAG_TEST_FULLTEXT_BACKEND") != "pg_textsearch":
+        return
+    skip = pytest.mark.skip(reason="per-collection statistics of the SQL backend")
+    for item in items:
+        if "sql_statistics" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -3,6 +3,7 @@
 import os
 import time
 
+from django_rag.embeddings import SentenceTransformerEmbedder
 from django_rag.testing import HashingEmbedder
 
 
@@ -17,3 +18,39 @@ class SlowFlakyEmbedder(HashingEmbedder):
             raise ConnectionError("transient embedding failure")
         time.sleep(float(os.environ.get("DJANGO_RAG_TEST_EMBED_DELAY", "0")))
         return super()._embed(texts)
+
+
+class FileGatedEmbedder(HashingEmbedder):
+    """Hashing vectors, but each batch waits until the file named by
+    ``DJANGO_RAG_TEST_GATE_FILE`` exists (a worker process the test can hold mid-job)."""
+
+    def _embed(self, texts):
+        gate = os.environ.get("DJANGO_RAG_TEST_GATE_FILE")
+        deadline = time.monotonic() + 120
+        while gate and not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return super()._embed(texts)
+
+
+class GatedEmbedder(HashingEmbedder):
+    """Hashing vectors once ``gate`` (a threading.Event) is set; ``entered`` is set when a batch
+    starts waiting, so a test knows the job is inside its work. In-process only."""
+
+    def __init__(self, **kwargs):
+        import threading
+
+        super().__init__(**kwargs)
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def _embed(self, texts):
+        self.entered.set()
+        if not self.gate.wait(120):
+            raise TimeoutError("the test never opened the gate")
+        return super()._embed(texts)
+class SentenceTransformersMiniLM(SentenceTransformerEmbedder):
+    """The bundled MiniLM loaded through sentence-transformers (tests/test_command_startup.py:
+    its progress bars must stay off the terminal)."""
+
+    def __init__(self, **options):
+        super().__init__(encoder="sentence-transformers", **options)

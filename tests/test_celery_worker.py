@@ -16,6 +16,7 @@ import django_rag as rag
 from django_rag import background
 from django_rag.models import Chunk, Document, Job
 from django_rag.testing import HashingEmbedder
+from tests.conftest import background_default
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,8 +34,9 @@ def broker(tmp_path_factory):
     from tests.celery_app import app
 
     app.conf.broker_url = url
-    assert background.use_celery()
-    yield url
+    with background_default("auto"):  # the library's default: Celery when there is a broker
+        assert background.use_celery()
+        yield url
     app.conf.broker_url = None  # back to inline for the rest of the suite
     if server is not None:
         server.shutdown()

@@ -117,6 +117,10 @@ def test_missing_optional_dependency_names_the_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "sentence_transformers", None)
     monkeypatch.setattr(utils, "_loaded", {})
     with pytest.raises(MissingDependency, match=r"django-rag\[local\]"):
+        st.SentenceTransformerEmbedder(encoder="sentence-transformers").embed_query("x")
+    # The bundled model's own encoder needs tokenizers and torch (the same extra).
+    monkeypatch.setitem(sys.modules, "tokenizers", None)
+    with pytest.raises(MissingDependency, match=r"django-rag\[local\]"):
         st.SentenceTransformerEmbedder().embed_query("x")
     monkeypatch.setitem(sys.modules, "litellm", None)
     from django_rag.embeddings import LiteLLMEmbedder
@@ -187,3 +191,12 @@ def test_older_servers_are_e008_and_e009(monkeypatch, versions, expected, says):
     if expected:
         with pytest.raises(SystemCheckError, match=expected[0]):
             call_command("check", "--database", "default")
+
+
+def test_a_project_without_urls_passes_the_dashboard_check():
+    from django.test import override_settings
+
+    from django_rag.checks import check_dashboard
+
+    with override_settings(ROOT_URLCONF=None):
+        assert check_dashboard() == []

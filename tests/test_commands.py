@@ -181,3 +181,19 @@ def test_rag_ask_errors_are_command_errors(policies):
             run("rag_ask", "refunds", "--rewrite")
         with pytest.raises(CommandError, match="not with pipeline flags"):
             run("rag_ask", "refunds", "--rewrite", "--stream")
+
+
+def test_rag_ask_checks_collection_and_mode_before_any_llm_call(policies):
+    from django_rag.testing import ScriptedLLM
+
+    llm = ScriptedLLM("never used")
+    with scripted_settings(llm):
+        with pytest.raises(CommandError, match="No collection named 'missing'"):
+            run("rag_ask", "refunds", "--gate", "--rewrite", "--collection", "missing")
+        with pytest.raises(CommandError, match="No collection named 'missing'"):
+            run("rag_ask", "refunds", "--collection", "policies", "--collection", "missing")
+        with pytest.raises(CommandError, match="Unknown search mode 'bogus'"):
+            run("rag_ask", "refunds", "--rewrite", "--mode", "bogus")
+        with pytest.raises(CommandError, match="expected an integer >= 1"):
+            run("rag_ask", "refunds", "--limit", "0")
+    assert llm.calls == []

@@ -375,3 +375,52 @@ def test_a_new_project_configured_from_getting_started_reaches_every_page(tmp_pa
             timeout=120,
         )
     assert not (project / ".pgdata" / "postmaster.pid").exists()
+
+
+def test_an_upload_returns_at_once_and_its_progress_is_seen_to_complete(browser, tmp_path):
+    """The default without a broker ("auto": the thread pool): the upload's response comes back
+    while the embedder is still held shut, and the jobs page, polling, shows the job complete
+    once it is let through, without a reload."""
+    from selenium.webdriver.common.by import By
+
+    from django_rag.models import Job
+    from tests.embedders import GatedEmbedder
+
+    driver = browser
+    embedder = GatedEmbedder()
+    text = tmp_path / "pump.txt"
+    text.write_text("Prime the pump before the first start. " * 60)
+    with override_settings(DJANGO_RAG={"EMBEDDER": embedder, "BACKGROUND": "auto"}):
+        driver.get(driver.base + "documents/")
+        form = driver.find_element(By.CSS_SELECTOR, "form[enctype='multipart/form-data']")
+        form.find_element(By.NAME, "collection").clear()
+        form.find_element(By.NAME, "collection").send_keys("manuals")
+        form.find_element(By.NAME, "file").send_keys(str(text))
+        form.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        wait_for(driver, lambda d: "/jobs/" in d.current_url)
+        job = Job.objects.get(kind="ingest")
+        row = driver.find_element(By.ID, f"job-{job.pk}")
+        # Served while the work cannot have finished: the gate is still shut.
+        assert not embedder.gate.is_set()
+        assert row.get_attribute("data-status") in ("pending", "running")
+        assert "queued as job" in driver.page_source
+        assert "thread" in driver.find_element(By.ID, "background-mode").text
+        shot(driver, "jobs-running")
+        driver.execute_script("window.notReloaded = true;")
+
+        assert embedder.entered.wait(30)  # the pool's thread is inside the job
+        embedder.gate.set()
+        wait_for(
+            driver,
+            lambda d: (
+                d.find_element(By.ID, f"job-{job.pk}").get_attribute("data-status") == "completed"
+            ),
+        )
+        assert driver.execute_script("return window.notReloaded === true;")  # htmx polling
+        row = driver.find_element(By.ID, f"job-{job.pk}")
+        assert "Chunk count" in row.text and "took" in row.text
+        chunks = Job.objects.get(pk=job.pk).result["chunk_count"]
+        assert f"{chunks}/{chunks}" in row.text  # the progress counted chunk by chunk
+        shot(driver, "jobs")
+        row.find_element(By.CSS_SELECTOR, "table.kv a").click()  # the document id, linked
+        wait_for(driver, lambda d: "Prime the pump" in d.page_source)

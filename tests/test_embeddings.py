@@ -171,3 +171,98 @@ def test_litellm_embedder_retries_rate_limits_and_hides_the_key():
         with pytest.raises(LLMError, match="after 2 attempt") as info:
             embedder.embed_query("gives up")
         assert "sk-secret-value" not in str(info.value)
+
+
+# Texts that exercise the tokenizer and the model: accents and case (BERT lower-cases and
+# strips accents), CJK, emoji, ligatures, control whitespace, an empty text, one longer than
+# the 256-token window (truncated), and batches of different lengths (padding).
+EQUIVALENCE_TEXTS = [
+    "hello world",
+    "Refunds are processed within five business days.",
+    "Café naïve résumé — Über Straße, Ångström; 東京タワー 😀 ﬁnance",
+    "tab\tnew\nline  spaces\u00a0nbsp \u200b zero-width",
+    "",
+    "   ",
+    "The quick brown fox jumps over the lazy dog. " * 60,
+    "Numbers 3.14159 and 1234567890, e-mail a.b@example.org, URL https://x.y/z?q=1",
+    "query: what is the refund policy",
+]
+
+
+@pytest.mark.slow
+def test_bundled_minilm_without_sentence_transformers_gives_the_same_vectors(minilm):
+    from sentence_transformers import SentenceTransformer
+
+    from django_rag.embeddings.bert import BertSentenceEncoder
+    from django_rag.embeddings.sentence_transformers import _resolve_path
+
+    assert isinstance(minilm.model, BertSentenceEncoder)  # the default path for the bundle
+    reference = SentenceTransformer(_resolve_path("all-MiniLM-L6-v2"), device="cpu")
+    for batch_size, engine in ((1, "numpy"), (4, "numpy"), (4, "torch"), (32, None)):
+        ours = minilm.model.encode(EQUIVALENCE_TEXTS, batch_size=batch_size, engine=engine)
+        theirs = reference.encode(
+            EQUIVALENCE_TEXTS,
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        assert ours.shape == theirs.shape == (len(EQUIVALENCE_TEXTS), 384)
+        assert float(np.abs(ours - theirs).max()) < 1e-5, engine
+    # The chunker sizes chunks with the tokenizer: the same ids, offsets and window.
+    for text in EQUIVALENCE_TEXTS:
+        for special in (False, True):
+            ours = minilm.model.tokenizer(
+                text, add_special_tokens=special, return_offsets_mapping=True, truncation=False
+            )
+            theirs = reference.tokenizer(
+                text, add_special_tokens=special, return_offsets_mapping=True, truncation=False
+            )
+            assert ours["input_ids"] == theirs["input_ids"]
+            assert [tuple(s) for s in ours["offset_mapping"]] == [
+                tuple(s) for s in theirs["offset_mapping"]
+            ]
+    assert minilm.model.max_seq_length == reference.max_seq_length == 256
+    st = SentenceTransformerEmbedder(encoder="sentence-transformers")
+    assert isinstance(st.model, SentenceTransformer)
+    assert st.max_tokens == minilm.max_tokens == 254
+    assert st.count_tokens(EQUIVALENCE_TEXTS[2]) == minilm.count_tokens(EQUIVALENCE_TEXTS[2])
+    assert (
+        np.abs(
+            np.array(st.embed_documents(EQUIVALENCE_TEXTS))
+            - minilm.embed_documents(EQUIVALENCE_TEXTS)
+        ).max()
+        < 1e-5
+    )
+
+
+def test_encoder_option_is_checked():
+    from django_rag.exceptions import InvalidOption
+
+    with pytest.raises(InvalidOption, match="encoder must be one of auto, sentence-transformers"):
+        SentenceTransformerEmbedder(encoder="onnx")
+
+
+def test_only_a_bert_mean_pooling_directory_takes_the_light_path(tmp_path):
+    import json
+
+    from django_rag.embeddings.bert import supports
+    from django_rag.embeddings.sentence_transformers import _light_path, _resolve_path
+
+    bundled = _resolve_path("all-MiniLM-L6-v2")
+    assert supports(bundled)
+    assert _light_path("all-MiniLM-L6-v2", None, "auto") == bundled
+    assert _light_path("all-MiniLM-L6-v2", "cuda", "auto") is None
+    assert _light_path("all-MiniLM-L6-v2", None, "sentence-transformers") is None
+    assert _light_path("BAAI/bge-small-en-v1.5", None, "auto") is None
+    # A copy of the bundle with CLS pooling is not what the light encoder computes.
+    import shutil
+
+    copy = tmp_path / "model"
+    shutil.copytree(bundled, copy)
+    assert supports(copy)
+    pooling = json.loads((copy / "1_Pooling" / "config.json").read_text())
+    pooling.update(pooling_mode_mean_tokens=False, pooling_mode_cls_token=True)
+    (copy / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    assert not supports(copy)
+    assert not supports(tmp_path / "missing")

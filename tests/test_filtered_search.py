@@ -152,16 +152,21 @@ def test_index_path_uses_iterative_scans_on_pgvector_08(populated):
 def _bm25_all(collection_name, query, limit):
     """BM25 of every matching chunk (no candidate pruning): the exact full-text ranking, with
     the collection's statistics."""
+    from django_rag.models.textsearch import fulltext_backend
     from django_rag.retrieval.fulltext import parse_query, term_weights
 
     parsed = parse_query(query)
     collection = Collection.objects.get(name=collection_name)
-    scored = (
-        Chunk.objects.filter(collection=collection)
-        .matching(parsed.match)
-        .with_bm25(term_weights(parsed.terms, collection_ids=[collection.pk]))
-        .values_list("fulltext_score", flat=True)
-    )
+    matching = Chunk.objects.filter(collection=collection).matching(parsed.match)
+    if fulltext_backend() == "pg_textsearch":
+        # The index's BM25 (its own, table-wide statistics) of each chunk, computed one by one.
+        scored = [
+            -d for d in matching.with_index_bm25(parsed).values_list("bm25_distance", flat=True)
+        ]
+    else:
+        scored = matching.with_bm25(
+            term_weights(parsed.terms, collection_ids=[collection.pk])
+        ).values_list("fulltext_score", flat=True)
     return [round(s, 5) for s in sorted(scored, reverse=True)[:limit]]
 
 

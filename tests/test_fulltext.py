@@ -28,6 +28,7 @@ def tf_part(tf, length, average, k1=1.2, b=0.75):
     return tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))
 
 
+@pytest.mark.sql_statistics
 def test_bm25_matches_a_hand_computed_example():
     rag.ingest("cat cat dog", collection="zoo", source_id="d1")
     rag.ingest("cat bird", collection="zoo", source_id="d2")

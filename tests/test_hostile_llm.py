@@ -228,7 +228,11 @@ function element(id) {
   return {id, textContent: "", hidden: false, children: [], attrs: {}, dataset: {}, value: 0,
     classList: {set: new Set(), add(c) { this.set.add(c); }, remove(c) { this.set.delete(c); }},
     appendChild(c) { this.children.push(c); }, setAttribute(k, v) { this.attrs[k] = v; },
-    querySelector() { return null; }, addEventListener(type, fn) { this.listener = fn; }};
+    // The form's checked "kind" radio is "ask" (the streamed mode); no other control matters.
+    querySelector(selector) {
+      return selector.includes("name=kind") ? {value: "ask", checked: true} : null;
+    },
+    querySelectorAll() { return []; }, addEventListener(type, fn) { this.listener = fn; }};
 }
 const elements = {};
 for (const id of ["ask-form", "answer", "citations", "ask-progress", "answer-card", "answer-error"])

@@ -20,6 +20,7 @@ import django_rag as rag
 from django_rag.models import Chunk, Document, Entity, EntityMention, Relationship
 from django_rag.store import recount_statistics
 from django_rag.store.vector_stores import PgVectorStore
+from tests.conftest import background_default
 from tests.settings import LOCAL_GRAPH
 from tests.test_celery_worker import Worker, wait_for
 from tests.test_parsers import make_pdf
@@ -219,7 +220,8 @@ def celery_worker(request, tmp_path):
     )
     worker.start()
     try:
-        yield worker
+        with background_default("auto"):  # Celery, now that there is a broker
+            yield worker
     finally:
         worker.stop()
         app.conf.broker_url = None  # back to inline for the rest of the suite

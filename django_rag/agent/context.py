@@ -64,6 +64,8 @@ class Context:
     reason_iterations: int = 0
     # rerank
     rerank_scores: dict[Any, float] = field(default_factory=dict)
+    # the chunks rerank dropped, with their ``rerank_score`` when the reranker gave one
+    rerank_dropped: list[SearchResult] = field(default_factory=list)
     # answer
     answer: str | None = None
     citations: list[Citation] = field(default_factory=list)

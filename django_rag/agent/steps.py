@@ -427,7 +427,19 @@ def rerank(
             ctx.rerank_scores = {}
             s.set(original=0, kept=0)
             return
-        kept = component.rerank(ctx.question, chunks, top_k=top_k, threshold=threshold)
+        # Score everything once, then cut here, so what is dropped keeps its score.
+        scored = component.rerank(ctx.question, chunks, top_k=len(chunks), threshold=float("-inf"))
+        threshold = component.threshold if threshold is None else threshold
+        top_k = component.top_k if top_k is None else top_k
+        kept = [
+            chunk
+            for chunk in scored
+            if threshold is None or chunk.rerank_score is None or chunk.rerank_score >= threshold
+        ]
+        if top_k is not None:
+            kept = kept[:top_k]
+        kept_ids = {chunk.chunk_id for chunk in kept}
+        ctx.rerank_dropped = [chunk for chunk in scored if chunk.chunk_id not in kept_ids]
         ctx.results = [Retrieval(ctx.question, "reranked", kept)] if kept else []
         ctx.rerank_scores = {
             chunk.chunk_id: chunk.rerank_score for chunk in kept if chunk.rerank_score is not None

@@ -164,12 +164,32 @@ class SearchForm(forms.Form):
 STEPS = [
     ("gate", "Gate"),
     ("rewrite", "Rewrite"),
+    ("select", "Select collections"),
     ("expand", "Expand"),
     ("decompose", "Decompose"),
     ("reason", "Reason"),
     ("rerank", "Rerank"),
     ("self_correct", "Self-correct"),
+    ("ground", "Ground"),
 ]
+# The pipeline's steps as the Ask page groups them (search always runs between the first two).
+STEP_GROUPS = [
+    ("Before the search", ("gate", "rewrite", "select", "expand", "decompose")),
+    ("After the search", ("reason", "rerank")),
+    ("The answer", ("self_correct", "ground")),
+]
+KINDS = [
+    ("ask", "Single ask (streamed)"),
+    ("pipeline", "Pipeline (the steps you tick)"),
+    ("loop", "Loop (the model calls search tools)"),
+]
+
+
+def available_steps() -> list[tuple[str, str]]:
+    """The steps the installed agent offers: ``ground`` only where ``Agent`` has it."""
+    from ..agent import Agent
+
+    return [(name, label) for name, label in STEPS if name != "ground" or hasattr(Agent, "ground")]
 
 
 class AskForm(forms.Form):
@@ -177,6 +197,10 @@ class AskForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 3}),
         help_text="Answered by the configured LLM (DJANGO_RAG['LLM']) from the chunks found.",
     )
+    kind = forms.ChoiceField(
+        choices=KINDS, required=False, widget=forms.RadioSelect, label="How",
+        help_text="Empty: the pipeline when steps are ticked, else a single ask.",
+    )  # fmt: skip
     collection = forms.ChoiceField(
         choices=[], required=False, help_text="Where to look for the context."
     )
@@ -186,14 +210,40 @@ class AskForm(forms.Form):
     limit = forms.IntegerField(
         min_value=1, max_value=20, initial=5, help_text="Chunks given to the LLM (1 to 20)."
     )
+    graph = forms.BooleanField(
+        required=False, label="Use the knowledge graph",
+        help_text="Fuses the graph's chunks into every search (needs a built graph).",
+    )  # fmt: skip
     steps = forms.MultipleChoiceField(
         choices=STEPS, required=False, widget=forms.CheckboxSelectMultiple,
-        label="Agentic steps (none: a single ask)",
+        label="Pipeline steps",
         help_text="Each step adds LLM calls: gate skips retrieval when not needed, rewrite and "
-        "expand reformulate, decompose splits, reason and rerank filter, self-correct checks.",
+        "expand reformulate, select picks collections, decompose splits, reason and rerank "
+        "filter, self-correct and ground check the answer.",
+    )  # fmt: skip
+    max_iterations = forms.IntegerField(
+        min_value=1, max_value=10, initial=5, required=False, label="Loop turns",
+        help_text="The most controller turns of the loop (1 to 10).",
     )  # fmt: skip
 
     def __init__(self, *args, collections=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["collection"].choices = [("", "All visible")] + [(n, n) for n in collections]
+        self.fields["steps"].choices = available_steps()
         limit_query(self.fields["question"])
+
+    def clean(self):
+        data = super().clean()
+        if not data.get("kind"):
+            data["kind"] = "pipeline" if data.get("steps") else "ask"
+        if not data.get("max_iterations"):
+            data["max_iterations"] = 5
+        return data
+
+    def step_groups(self):
+        """The steps' checkboxes in their groups, for the template."""
+        boxes = {box.data["value"]: box for box in self["steps"]}
+        return [
+            (title, [boxes[name] for name in names if name in boxes])
+            for title, names in STEP_GROUPS
+        ]

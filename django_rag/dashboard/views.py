@@ -13,6 +13,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from .. import background
 from ..agent import Agent, ask
 from ..agent.steps import STEPS
 from ..background import start
@@ -216,6 +217,11 @@ def upload(request):
     except RagError as exc:
         messages.error(request, f"{upload.name}: {exc}")
         return _back(request, "documents")
+    job = getattr(doc, "job", None)
+    if job is not None and doc.status != Document.Status.COMPLETED:
+        # Queued (thread pool, rag_worker or Celery): follow its progress on the jobs page.
+        messages.info(request, f"{upload.name}: queued as job {job.pk}.")
+        return HttpResponseRedirect(reverse("django_rag_dashboard:jobs") + f"?job={job.pk}")
     messages.success(
         request, f"{upload.name}: {doc.get_status_display().lower()}, {doc.chunk_count} chunks."
     )
@@ -364,6 +370,12 @@ def info(request):
     )
 
 
+NO_COLLECTION = (
+    "You may not see any collection, so there is nothing to answer from. Ask an administrator "
+    "for access (DJANGO_RAG['DASHBOARD']['COLLECTIONS'])."
+)
+
+
 def _ask_scope(request, data) -> list[str] | None:
     if data["collection"]:
         check_collection(request, data["collection"])
@@ -373,43 +385,278 @@ def _ask_scope(request, data) -> list[str] | None:
     return None
 
 
-def _run_ask(request, data):
-    """The answer for the Ask form: one ask(), or the agent with the chosen steps."""
+def _agent_scope(request, data, visible: list[str]) -> list[str] | None:
+    """The collections the pipeline or loop may search: the chosen one, else every collection
+    the user may see that exists (None: every collection, for an unrestricted user)."""
+    if data["collection"]:
+        check_collection(request, data["collection"])
+        return [data["collection"]]
+    if request.rag_collections is not None:
+        return list(visible)
+    return None
 
-    scope_names = _ask_scope(request, data)
+
+def _search_options(data) -> dict:
+    options = {"mode": data["mode"]}
+    if data.get("graph"):
+        options["graph"] = True
+    return options
+
+
+def _run_pipeline(request, data, visible: list[str]) -> dict:
+    """The agent with the ticked steps; returns the answer and the work of every step."""
+    scope_names = _agent_scope(request, data, visible)
     steps = set(data["steps"])
-    if not steps:
-        return ask(data["question"], mode=data["mode"], limit=data["limit"], collection=scope_names)
-    agent = Agent(data["question"], limit=data["limit"], mode=data["mode"])
-    for name in ("gate", "rewrite", "expand", "decompose"):
+    agent = Agent(data["question"], limit=data["limit"], **_search_options(data))
+    ctx = agent.context
+    for name in ("gate", "rewrite"):
         if name in steps:
             getattr(agent, name)()
-    agent.search(collections=scope_names)
+    offered = None
+    if "select" in steps:
+        offered = scope_names if scope_names is not None else visible
+        agent.select(collections=offered)
+    for name in ("expand", "decompose"):
+        if name in steps:
+            getattr(agent, name)()
+    if "select" in steps and ctx.collections:
+        agent.search()  # the selected collections, all inside the scope offered
+    else:
+        agent.search(collections=scope_names)
+    searched = list(ctx.queries_tried)
+    retrievals = [
+        {"question": r.question, "collection": r.collection, "count": len(r.chunks)}
+        for r in ctx.results
+    ]
     if "reason" in steps:
         agent.reason()
     if "rerank" in steps:
         agent.rerank()
     agent.answer(self_correct="self_correct" in steps)
-    if agent.context.error is not None:
-        raise agent.context.error
-    return agent.result
+    # The grounding step exists only in versions of the agent that have it.
+    ground = "ground" in steps and hasattr(Agent, "ground")
+    if ground:
+        agent.ground()
+    answer = agent.result
+    kept = {c.chunk_id for c in ctx.chunks}
+    chunks = _chunk_rows(ctx.chunks, kept=kept)
+    chunks += _chunk_rows(ctx.rerank_dropped, kept=set())
+    work = {
+        "kind": "pipeline",
+        "steps": [name for name, _ in STEP_ORDER if name in steps or name in ("search", "answer")]
+        + (["ground"] if ground else []),
+        "gate": {
+            "ran": "gate" in steps,
+            "skip_retrieval": ctx.skip_retrieval,
+            "reasoning": ctx.gate_reasoning,
+        },
+        "rewritten_query": ctx.rewritten_query,
+        "expanded_query": ctx.expanded_query,
+        "sub_questions": ctx.sub_questions,
+        "select": {
+            "ran": "select" in steps,
+            "offered": offered,
+            "chosen": ctx.collections,
+            "reasoning": ctx.selection_reasoning,
+        },
+        "search": {
+            "scope": ctx.search_scope,
+            "queries": searched,
+            "retrievals": retrievals,
+            "iterations": ctx.search_iterations,
+        },
+        "reason": {
+            "ran": "reason" in steps,
+            "iterations": ctx.reason_iterations,
+            "queries": [q for q in ctx.queries_tried if q not in searched],
+        },
+        "rerank": {
+            "ran": "rerank" in steps,
+            "kept": [c for c in chunks if c["kept"] and c["result"].rerank_score is not None],
+            "dropped": _chunk_rows(ctx.rerank_dropped, kept=set()),
+        },
+        "corrections": ctx.corrections,
+        "warnings": list(ctx.warnings),
+        "error": _ask_error(ctx.error) if ctx.error is not None else None,
+        "failed_step": ctx.failed_step,
+        "chunks": chunks,
+        "usage": ctx.usage,
+        "grounding": getattr(answer, "grounding", None) or getattr(ctx, "grounding", None),
+    }
+    return {"answer": answer, "work": work}
+
+
+STEP_ORDER = [
+    ("gate", "Gate"),
+    ("rewrite", "Rewrite"),
+    ("select", "Select"),
+    ("expand", "Expand"),
+    ("decompose", "Decompose"),
+    ("search", "Search"),
+    ("reason", "Reason"),
+    ("rerank", "Rerank"),
+    ("answer", "Answer"),
+    ("self_correct", "Self-correct"),
+]
+
+
+def _chunk_rows(results, *, kept: set) -> list[dict]:
+    return [{"result": r, "kept": r.chunk_id in kept} for r in results]
+
+
+def _run_loop(request, data, visible: list[str]) -> dict:
+    from ..agent import Loop
+
+    scope_names = _agent_scope(request, data, visible)
+    result = Loop(
+        data["question"],
+        collection=scope_names,
+        limit=data["limit"],
+        max_iterations=data["max_iterations"],
+        **_search_options(data),
+    ).run()
+    used = {c.chunk_id for c in result.chunks}
+    work = {
+        "kind": "loop",
+        "tool_calls": result.tool_calls,
+        "iterations": result.iterations,
+        "stop_reason": result.stop_reason,
+        "give_up_reason": result.give_up_reason,
+        "collections": result.collections,
+        "warnings": list(result.warnings),
+        "error": _ask_error(result.error) if result.error is not None else None,
+        "chunks": _chunk_rows(result.chunks, kept=used),
+        "usage": result.usage,
+        "grounding": getattr(result, "grounding", None),
+    }
+    return {"answer": result, "work": work}
+
+
+def _run_ask(request, data, visible: list[str]) -> dict:
+    """The Ask form's result: one ask(), the pipeline with the ticked steps, or the loop."""
+    if data["kind"] == "pipeline":
+        return _run_pipeline(request, data, visible)
+    if data["kind"] == "loop":
+        return _run_loop(request, data, visible)
+    answer = ask(
+        data["question"],
+        limit=data["limit"],
+        collection=_ask_scope(request, data),
+        **_search_options(data),
+    )
+    work = {
+        "kind": "ask",
+        "chunks": _chunk_rows(answer.chunks, kept={c.chunk_id for c in answer.chunks}),
+        "usage": answer.usage,
+        "grounding": getattr(answer, "grounding", None),
+    }
+    return {"answer": answer, "work": work}
+
+
+def _no_collection(request, visible: list[str]) -> bool:
+    """True when the user's scope holds no collection (nothing may be searched)."""
+    return request.rag_collections is not None and not visible
 
 
 @dashboard_view
 def ask_page(request):
+    from .trace import capture_spans, timeline
+
     visible = list(_visible_collections(request).values_list("name", flat=True))
     form = AskForm(request.POST or None, collections=visible)
-    answer = None
+    outcome: dict = {}
+    spans: list = []
     if request.method == "POST" and form.is_valid():
-        try:
-            answer = _run_ask(request, form.cleaned_data)
-        except Exception as exc:  # shown as a message: an LLM outage must not be a 500
-            messages.error(request, _ask_error(exc))
+        if _no_collection(request, visible):
+            messages.error(request, NO_COLLECTION)
+        else:
+            try:
+                with capture_spans() as spans:
+                    outcome = _run_ask(request, form.cleaned_data, visible)
+            except Exception as exc:  # shown as a message: an LLM outage must not be a 500
+                messages.error(request, _ask_error(exc))
+    answer = outcome.get("answer")
+    work = outcome.get("work")
+    if work is not None:
+        work["timeline"] = timeline(spans)
+        work["graph"] = _graph_context(work["chunks"], spans, getattr(answer, "graph", None))
+        if work.get("error"):
+            messages.error(request, work["error"])
+        work["answer_segments"] = grounded_segments(
+            answer.text if answer is not None else "", work.get("grounding")
+        )
     return render(
         request,
         "django_rag/dashboard/ask.html",
-        _context(request, form=form, answer=answer, document_url=_document_url()),
+        _context(
+            request,
+            form=form,
+            answer=answer,
+            work=work,
+            step_names=dict(STEP_ORDER),
+            document_url=_document_url(),
+        ),
     )
+
+
+def _graph_context(chunks: list[dict], spans: list[dict], given: dict | None) -> dict | None:
+    """What the knowledge graph added: the searches it took part in, its chunks, and the
+    entities, relationships and summaries given to the LLM (``Answer.graph``)."""
+    searches = [
+        s["metadata"] for s in spans if s["event"] == "search" and "graph_enhanced" in s["metadata"]
+    ]
+    graphed = [row for row in chunks if row["result"].graph_score is not None]
+    if not searches and not graphed and not given:
+        return None
+    return {
+        "entities": list((given or {}).get("entities") or []),
+        "relationships": list((given or {}).get("relationships") or []),
+        "summaries": list((given or {}).get("summaries") or []),
+        "searches": len(searches),
+        "enhanced": sum(1 for m in searches if m.get("graph_enhanced")),
+        "match_scores": [m.get("graph_match_score") for m in searches],
+        "chunks": graphed,
+    }
+
+
+VERDICTS = ("supported", "unsupported", "contradicted")
+
+
+def grounded_segments(text: str, grounding) -> list[dict]:
+    """The answer cut into pieces for display, each marked with the verdict of the grounded
+    span covering it (None between spans). Spans are read duck-typed (``start``, ``end``,
+    ``verdict``, ``chunk_ids``, ``score``); overlapping or out-of-range ones are clipped."""
+    spans = []
+    for item in getattr(grounding, "spans", None) or []:
+        try:
+            start, end = int(item.start), int(item.end)
+        except (AttributeError, TypeError, ValueError):
+            continue
+        start, end = max(0, start), min(len(text), end)
+        if end > start:
+            spans.append((start, end, item))
+    spans.sort(key=lambda entry: entry[0])
+    segments, at = [], 0
+    for start, end, item in spans:
+        start = max(start, at)
+        if end <= start:
+            continue
+        if start > at:
+            segments.append({"text": text[at:start], "verdict": None})
+        verdict = getattr(item, "verdict", None)
+        score = getattr(item, "score", None)
+        segments.append(
+            {
+                "text": text[start:end],
+                "verdict": verdict if verdict in VERDICTS else "unsupported",
+                "chunk_ids": list(getattr(item, "chunk_ids", None) or []),
+                "score": score,
+            }
+        )
+        at = end
+    if at < len(text):
+        segments.append({"text": text[at:], "verdict": None})
+    return segments
 
 
 def _ask_error(exc: Exception) -> str:
@@ -445,13 +692,15 @@ def ask_stream(request):
     if not form.is_valid():
         return HttpResponseBadRequest("Check the question and options.")
     data = form.cleaned_data
+    if _no_collection(request, visible):
+        return HttpResponseBadRequest(NO_COLLECTION)
     try:
         stream = ask(
             data["question"],
-            mode=data["mode"],
             limit=data["limit"],
             collection=_ask_scope(request, data),
             stream=True,
+            **_search_options(data),
         )
     except RagError as exc:
         return HttpResponseBadRequest(_ask_error(exc))
@@ -504,16 +753,123 @@ def _start(request, task: str, **params):
     return job
 
 
-def _jobs(request, kinds):
-
-    jobs = Job.objects.filter(kind__in=kinds).order_by("-created_at", "-pk")
+def _scoped_jobs(request):
+    jobs = Job.objects.order_by("-created_at", "-pk")
     if request.rag_collections is not None:
         # A restricted user sees the jobs of their collections only.
         allowed = list(request.rag_collections)
         jobs = jobs.filter(
             Q(params__collection__in=allowed) | Q(params__options__collection__in=allowed)
         )
-    return list(jobs[:JOB_LIMIT])
+    return jobs
+
+
+def _jobs(request, kinds):
+    return _decorate(list(_scoped_jobs(request).filter(kind__in=kinds)[:JOB_LIMIT]))
+
+
+def _decorate(jobs):
+    """What the jobs table shows beyond the row: stalled, retryable, the result as rows."""
+    after = background.describe().get("stalled_after_seconds") or 0
+    for job in jobs:
+        job.stalled = bool(after) and job.is_stalled(after)
+        job.retryable = (job.stalled or job.status == Job.Status.FAILED) and bool(
+            background.task_for(job)
+        )
+        job.result_rows = _result_rows(job.result)
+        job.duration_text = _duration(job.duration)
+    return jobs
+
+
+def _duration(delta) -> str:
+    if delta is None:
+        return ""
+    seconds = delta.total_seconds()
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def _value(value) -> str:
+    if isinstance(value, bool) or value is None:
+        return {True: "yes", False: "no", None: "—"}[value]
+    if isinstance(value, float):
+        return f"{value:.3f}".rstrip("0").rstrip(".") if value else "0"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')}: {_value(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return ", ".join(_value(v) for v in value[:20]) + (" …" if len(value) > 20 else "")
+    return str(value)
+
+
+def _result_rows(result) -> list[dict]:
+    """A job's result as (label, value, link) rows: one per key, nested dicts flattened a
+    level, a document id linked to its page."""
+    if not isinstance(result, dict):
+        return [{"label": "result", "value": _value(result), "url": ""}] if result else []
+    rows = []
+    for key, value in result.items():
+        if isinstance(value, dict) and all(not isinstance(v, dict) for v in value.values()):
+            for inner, v in value.items():
+                rows.append(
+                    {"label": f"{key} · {inner}".replace("_", " "), "value": _value(v), "url": ""}
+                )
+            continue
+        url = ""
+        if key == "document_id" and isinstance(value, int):
+            url = reverse("django_rag_dashboard:document", args=[value])
+        rows.append({"label": key.replace("_", " "), "value": _value(value), "url": url})
+    return rows
+
+
+JOB_STATUSES = ["pending", "running", "stalled", "completed", "failed"]
+
+
+@dashboard_view
+def jobs(request):
+    """Every job the user may see, newest first, with progress, times, results and retries."""
+    items = _scoped_jobs(request)
+    status = param(request, "status")
+    if status == "stalled":
+        items = background.stalled(items)
+    elif status in JOB_STATUSES:
+        items = items.filter(status=status)
+    page = Paginator(items, get_setting("DASHBOARD")["PAGE_SIZE"]).get_page(request.GET.get("page"))
+    rows = _decorate(list(page.object_list))
+    highlight = request.GET.get("job", "")
+    query = request.GET.urlencode()
+    context = {
+        "jobs": rows,
+        "page": page,
+        "polling": _polling(rows),
+        "jobs_url": reverse("django_rag_dashboard:jobs") + (f"?{query}" if query else ""),
+        "highlight": int(highlight) if highlight.isdigit() else None,
+        "background": background.describe(),
+        "status": status,
+        "statuses": JOB_STATUSES,
+        "show_times": True,
+    }
+    if request.headers.get("HX-Request"):
+        return render(request, "django_rag/dashboard/_jobs.html", context)
+    return render(request, "django_rag/dashboard/jobs.html", _context(request, **context))
+
+
+@require_POST
+@dashboard_view
+def retry_job(request, pk: int):
+    """Queue a failed or stalled job again (the same work; the write path dedups it)."""
+    job = get_object_or_404(_scoped_jobs(request), pk=object_id(pk))
+    try:
+        background.retry(job)
+    except RagError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Job {job.pk} queued again.")
+    return HttpResponseRedirect(reverse("django_rag_dashboard:jobs") + f"?job={job.pk}")
 
 
 MAINTENANCE_JOBS = [

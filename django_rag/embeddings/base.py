@@ -50,6 +50,16 @@ class Embedder:
         """Character spans of the model tokens of ``text``, or None if there is no tokenizer."""
         return None
 
+    @property
+    def is_loaded(self) -> bool:
+        """Whether a call now starts at once (False: it would first load a local model, which
+        takes seconds; callers check their input before that)."""
+        return True
+
+    def preload(self) -> None:
+        """Load a local model now rather than on the first call (``PRELOAD_MODELS``); the
+        default does nothing (an API embedder has nothing to load, and no call is made)."""
+
     def embed_documents(self, texts: Sequence[str]) -> list[list[float]]:
         """Embed passages for storage."""
         return self._run([self.document_prefix + t for t in texts])

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import build_component, get_setting, graph_setting
+from ..embeddings.loading import load_model
 from ..exceptions import LLMResponseError, MissingDependency
 from ..llm import get_llm, parse_json
 from ..llm.prompting import quote
 from ..signals import span
-from ..utils import load_once
 from .names import normalize_name
 
 logger = logging.getLogger(__name__)
@@ -342,7 +342,9 @@ class NEREntityExtractor(EntityExtractor):
                 device=self.device,
             )
 
-        return load_once(("ner", self.model_name, self.device), load)
+        return load_model(
+            ("ner", self.model_name, self.device), load, model=self.model_name, kind="ner"
+        )
 
     def extract(self, text: str) -> list[ExtractedEntity]:
         if not text.strip():

@@ -29,6 +29,14 @@ from ..exceptions import (
     NoTextLayer,
     UnsupportedFileType,
 )
+from .pdftext import (
+    MAX_LAYOUT_CHARS,
+    blocks_from_dict,
+    hyphenated_words,
+    page_text,
+    reading_order,
+    restore_hyphens,
+)
 
 
 @dataclass
@@ -302,6 +310,10 @@ class _PageCost:
 class PdfParser(Parser):
     """Extracts the text layer of a PDF with pymupdf, one page after another.
 
+    Each page's text is cleaned into prose (see :mod:`django_rag.ingestion.pdftext`): columns
+    read in order, wrapped lines joined, words hyphenated at a line end made whole again. Page
+    spans are the offsets of each cleaned page, so chunks' page ranges stay exact.
+
     Encrypted PDFs (unless the empty password opens them), damaged files and PDFs without a text
     layer (scans) raise typed errors. Budgets are enforced while reading, so a hostile file is
     refused early with :class:`DocumentTooLarge`: ``MAX_PDF_PAGES`` (checked first),
@@ -359,6 +371,11 @@ class PdfParser(Parser):
                     limit=max_pages,
                 )
             page_cost = _PageCost(document, max_page_bytes) if max_page_bytes else None
+            # Ligatures ("ﬁ") are expanded: PostgreSQL's text search would not match "fine" in
+            # "ﬁne". Images are not needed (they would cost memory).
+            flags = pymupdf.TEXTFLAGS_TEXT & ~pymupdf.TEXT_PRESERVE_LIGATURES
+            compounds: set[str] = set()  # hyphenated words printed inside a line
+            joins: list[tuple[int, str]] = []  # hyphens removed at line ends
             parts: list[str] = []
             pages: list[Page] = []
             offset = 0
@@ -393,7 +410,15 @@ class PdfParser(Parser):
                         limit=max_page_bytes,
                     )
                 try:
-                    text = page.get_text("text").replace("\x00", "").strip()
+                    textpage = page.get_textpage(flags=flags)
+                    plain = textpage.extractText()
+                    # The layout is read only for pages of a bounded size (MAX_LAYOUT_CHARS):
+                    # its Python objects cost far more memory than the plain text.
+                    layout = (
+                        blocks_from_dict(textpage.extractDICT())
+                        if len(plain) <= MAX_LAYOUT_CHARS
+                        else None
+                    )
                 except Exception as exc:
                     raise CorruptFile(
                         f"{filename} is damaged: reading page {number} failed ({exc}).",
@@ -402,6 +427,15 @@ class PdfParser(Parser):
                 if parts:
                     parts.append("\n\n")
                     offset += 2
+                if layout is None:
+                    text = plain.replace("\x00", "").strip()
+                else:
+                    blocks = reading_order(layout)
+                    hyphenated_words(blocks, compounds)
+                    cleaned = page_text(blocks)
+                    text = cleaned.text
+                    joins.extend((offset + at, key) for at, key in cleaned.joins)
+                del textpage, plain, layout
                 pages.append(Page(number=number, start=offset, end=offset + len(text)))
                 parts.append(text)
                 offset += len(text)
@@ -411,7 +445,13 @@ class PdfParser(Parser):
                     )
                     error.details["page"] = number
                     raise error
-            text = "".join(parts)
+            # A hyphen removed at a line end goes back where the document prints the same
+            # word hyphenated elsewhere ("dual-" / "encoder" and "dual-encoder" on a later page).
+            text, restored = restore_hyphens("".join(parts), joins, compounds)
+            if restored:
+                for span in pages:  # each hyphen put back shifts the pages after it
+                    span.start += bisect.bisect_left(restored, span.start)
+                    span.end += bisect.bisect_left(restored, span.end)
             if not text.strip():
                 raise NoTextLayer(
                     f"{filename} has no text layer (it looks scanned or image-only). Run OCR "

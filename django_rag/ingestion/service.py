@@ -15,7 +15,7 @@ A failure at any point leaves the database as it was.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -159,8 +159,10 @@ def prepare_document(
     chunk_overlap: int | None = None,
     graph: bool = False,
     on_chunk_error: str = "raise",
+    progress: Callable[[int, int], None] | None = None,
 ) -> Prepared:
-    """Chunk and embed a validated document (and extract its graph): no database writes."""
+    """Chunk and embed a validated document (and extract its graph): no database writes.
+    ``progress(done, total)`` follows the embedding, chunk by chunk (a job's report)."""
     chunks = pending.chunks or chunk_text(
         pending.parsed,
         chunker=chunker,
@@ -168,7 +170,9 @@ def prepare_document(
         chunk_size=chunk_size,
         chunk_overlap=chunk_overlap,
     )
-    vectors = embed_texts(embedder, [chunk.text for chunk in chunks], on_error=on_chunk_error)
+    vectors = embed_texts(
+        embedder, [chunk.text for chunk in chunks], on_error=on_chunk_error, progress=progress
+    )
     return _prepared(pending, chunks, vectors, embedder, graph)
 
 
@@ -479,6 +483,9 @@ def _enqueue(pending: _Pending, options: dict[str, Any]) -> Document:
         kind=Job.Kind.INGEST,
         params={
             "document_id": document.pk,
+            # For the jobs page: which collection (its access scope) and which document.
+            "collection": pending.collection,
+            "title": document.title or document.original_filename or "",
             "replace": pending.replace,
             "format": pending.parsed.format,
             "pages": [[p.number, p.start, p.end] for p in pending.parsed.pages],
@@ -524,6 +531,7 @@ def process_pending(job: Job) -> Document:
             chunk_overlap=params.get("chunk_overlap"),
             graph=bool(params.get("graph")),
             on_chunk_error=params.get("on_chunk_error", "raise"),
+            progress=job.report,  # the jobs page shows chunks embedded / chunks
         )
         return _store(pending, prepared)
     except BaseException as exc:

@@ -240,6 +240,9 @@ class FulltextQuery:
     terms: list[str] = field(default_factory=list)
     phrases: bool = False  # match requires quoted phrases
     boosts: list[tuple[str, list[str]]] = field(default_factory=list)
+    # One word of the query for each scoring lexeme (the first giving it): the text handed to
+    # a BM25 index, which stems it again (lexemes are not always stable under stemming).
+    words: list[str] = field(default_factory=list)
 
 
 def _quote(lexeme: str) -> str:
@@ -298,7 +301,12 @@ def parse_query(
             ARRAY(SELECT array_to_string(ARRAY(
                       SELECT lexeme FROM unnest(to_tsvector(%(config)s::regconfig, p))), ' ')
                   FROM unnest(%(phrase_list)s::text[]) AS p,
-                  phraseto_tsquery(%(config)s::regconfig, p) AS q WHERE numnode(q) > 0)
+                  phraseto_tsquery(%(config)s::regconfig, p) AS q WHERE numnode(q) > 0),
+            ARRAY(SELECT w FROM (
+                      SELECT DISTINCT ON (u.lexeme) x.w, x.n
+                      FROM unnest(%(words)s::text[]) WITH ORDINALITY AS x(w, n),
+                           unnest(to_tsvector(%(config)s::regconfig, x.w)) AS u
+                      ORDER BY u.lexeme, x.n) s ORDER BY s.n)
     """
     params = {
         "config": config,
@@ -306,11 +314,12 @@ def parse_query(
         "phrases": " ".join(phrases),
         "excluded": " ".join(excluded),
         "phrase_list": phrases,
+        "words": [*free, *" ".join(phrases).split()],
     }
     try:
         with transaction.atomic(using=using), connections[using].cursor() as cursor:
             cursor.execute(sql, params)
-            free_terms, phrase_terms, excluded_terms, phrase_queries, phrase_lexemes = (
+            free_terms, phrase_terms, excluded_terms, phrase_queries, phrase_lexemes, words = (
                 cursor.fetchone()
             )
     except (OperationalError, InterfaceError):
@@ -329,10 +338,18 @@ def parse_query(
             for q, lexemes in zip(phrase_queries, phrase_lexemes, strict=True)
             if len(lexemes.split()) > 1
         ]
-        return FulltextQuery(match=quote_terms(terms), terms=terms, boosts=boosts)
+        return FulltextQuery(
+            match=quote_terms(terms), terms=terms, boosts=boosts, words=list(dict.fromkeys(words))
+        )
     match = " & ".join(f"({q})" for q in phrase_queries) if phrase_queries else quote_terms(terms)
     exclude = quote_terms(excluded_terms) or None
-    return FulltextQuery(match=match, exclude=exclude, terms=terms, phrases=bool(phrase_queries))
+    return FulltextQuery(
+        match=match,
+        exclude=exclude,
+        terms=terms,
+        phrases=bool(phrase_queries),
+        words=list(dict.fromkeys(words)),
+    )
 
 
 @dataclass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.db import models
 from django.utils import timezone
 
@@ -43,10 +45,25 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Where the job was queued: "celery", "thread", "worker" (a rag_worker process claims it)
+    # or "inline"; blank for work a command ran itself (a foreground re-embed).
+    runner = models.CharField(max_length=10, blank=True, default="")
+    # Who runs it now (host:pid[:thread]), when it started, and when it last showed signs of
+    # life: a running job whose heartbeat is older than JOBS["STALLED_AFTER"] is stalled.
+    worker = models.CharField(max_length=255, blank=True, default="")
+    started_at = models.DateTimeField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
 
     class Meta:
         ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["kind", "status"], name="django_rag_job_kind_idx")]
+        indexes = [
+            models.Index(fields=["kind", "status"], name="django_rag_job_kind_idx"),
+            # rag_worker's claim: the oldest pending job queued for it.
+            models.Index(
+                fields=["runner", "status", "created_at"], name="django_rag_job_queue_idx"
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} job {self.pk} ({self.status}, {self.done}/{self.total})"
@@ -54,10 +71,17 @@ class Job(models.Model):
     # --- lifecycle: pending -> running -> completed | failed (the one place that moves it) ----
 
     def start(self) -> None:
-        """Mark the job running (again, for a retried or resumed job)."""
+        """Mark the job running (again, for a retried or resumed job); counts an attempt once
+        per run (a task and the service it calls may both start the same job)."""
+        now = timezone.now()
         self.status = self.Status.RUNNING
         self.error = ""
-        type(self).objects.filter(pk=self.pk).update(status=self.status, error="")
+        self.started_at = self.heartbeat_at = now
+        changes = {"status": self.status, "error": "", "started_at": now, "heartbeat_at": now}
+        if not getattr(self, "_attempt_counted", False):
+            self._attempt_counted = True
+            changes["attempts"] = models.F("attempts") + 1
+        type(self).objects.filter(pk=self.pk).update(finished_at=None, **changes)
 
     def finish(self, result: dict | None = None) -> None:
         """Mark the job completed with its result (a job already completed stays as it is)."""
@@ -78,6 +102,33 @@ class Job(models.Model):
         )
 
     def report(self, done: int, total: int) -> None:
-        """Record progress (any process can read it)."""
+        """Record progress (any process can read it); progress is also a heartbeat."""
         self.done, self.total = done, total
-        type(self).objects.filter(pk=self.pk).update(done=done, total=total)
+        self.heartbeat_at = timezone.now()
+        type(self).objects.filter(pk=self.pk).update(
+            done=done, total=total, heartbeat_at=self.heartbeat_at
+        )
+
+    def beat(self) -> None:
+        """Record that the job's worker is alive (see :func:`django_rag.background.stalled`)."""
+        self.heartbeat_at = timezone.now()
+        type(self).objects.filter(pk=self.pk, status=self.Status.RUNNING).update(
+            heartbeat_at=self.heartbeat_at
+        )
+
+    # --- for display ----------------------------------------------------------------------
+
+    @property
+    def duration(self):
+        """How long it ran (until now while running), or None before it started."""
+        if self.started_at is None:
+            return None
+        end = self.finished_at or timezone.now()
+        return max(end - self.started_at, timedelta(0))
+
+    def is_stalled(self, after_seconds: float) -> bool:
+        """Pending or running, and no sign of life for ``after_seconds``."""
+        if self.status not in (self.Status.PENDING, self.Status.RUNNING):
+            return False
+        last = self.heartbeat_at or self.created_at
+        return (timezone.now() - last).total_seconds() > after_seconds

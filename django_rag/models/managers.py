@@ -17,6 +17,7 @@ from ..conf import search_setting
 from ..fusion import fuse
 from ..results import SearchResult
 from .fulltext import bm25_sql, parse_query, quote_terms, term_weights
+from .textsearch import fulltext_backend, score_sql
 
 try:
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
@@ -27,6 +28,9 @@ _pgvector_versions: dict[str, tuple[int, ...]] = {}
 
 # Postings (chunks per term, summed) the first full-text round may read; see fulltext().
 FULLTEXT_CANDIDATE_BUDGET = 2000
+# How far the pg_textsearch backend reads past `limit` rows to make up for rows its scan
+# repeated before it scores every match instead (see _index_hits).
+INDEX_SCAN_MAX_WIDENING = 16
 
 
 def pgvector_version(using: str = "default") -> tuple[int, ...]:
@@ -348,10 +352,16 @@ class ChunkQuerySet(models.QuerySet):
         beats the most a chunk containing only the remaining terms could score (bounded with
         each term's largest tf and smallest chunk length, see ``TermWeights.upper_bound``), and
         otherwise the next terms are added.
+
+        Where ``SEARCH["FULLTEXT_BACKEND"]`` resolves to ``"pg_textsearch"`` the pg_textsearch
+        BM25 index ranks instead (:meth:`_index_hits`; its statistics are the whole table's,
+        so ``weights`` and ``statistics_from`` do not apply).
         """
         parsed = self._parsed(query, syntax)
         if parsed.match is None:
             return []
+        if fulltext_backend(self.db) == "pg_textsearch":
+            return self._index_hits(parsed, limit)
         weights = weights or term_weights(
             parsed.terms, using=self.db, collection_ids=statistics_from
         )
@@ -405,6 +415,66 @@ class ChunkQuerySet(models.QuerySet):
                 wider = min(wider, needed)
             n = wider
 
+    def with_index_bm25(self, parsed) -> ChunkQuerySet:
+        """Annotate ``bm25_distance``: the pg_textsearch index's negated BM25 of each chunk for
+        ``parsed`` (lower is better; 0 for a chunk holding none of its words)."""
+        sql, params = score_sql(parsed.words)
+        return self.annotate(bm25_distance=RawSQL(sql, params, output_field=FloatField()))
+
+    def _index_hits(self, parsed, limit: int) -> list[tuple[int, float]]:
+        """:meth:`fulltext_hits` on the pg_textsearch index (``FULLTEXT_BACKEND``).
+
+        The index ranks (``ORDER BY text <@> query``, ties by pk); the queryset's filters, the
+        required phrases and the excluded words of web-search syntax are conditions the scan
+        applies to the rows it returns, and it keeps scanning until ``limit`` rows passed them.
+        Should a scan still come back short while more chunks match, the matching chunks are
+        scored one by one with the same index statistics (an exact scan), so the result always
+        has min(limit, matching chunks) rows, as on the SQL backend. Natural-syntax phrase
+        boosts are not applied here: a quoted phrase counts as its words."""
+        if not parsed.words:
+            return []
+        candidates = self.without_excluded(parsed)
+        if parsed.phrases:
+            candidates = candidates.matching(parsed.match)
+        ranked = candidates.with_index_bm25(parsed).order_by("bm25_distance", "pk")
+        # pg_textsearch 1.0.0 was seen to return a row twice in a scan over many equal scores
+        # (6% of SciFact's queries at 100k chunks, where the padding repeats texts): repeats
+        # are dropped and the scan read further, rather than scoring every match (over 1 s).
+        fetch = limit
+        while True:
+            hits, matched = self._index_rows(ranked, fetch)
+            hits = hits[:limit]
+            # Done when full, when the scan ran out of matches, or after reading far enough.
+            if len(hits) >= limit or matched < fetch or fetch >= INDEX_SCAN_MAX_WIDENING * limit:
+                break
+            fetch *= 4
+        if len(hits) < limit:
+            matching = candidates.matching(
+                parsed.match if parsed.phrases else quote_terms(parsed.terms)
+            )
+            if matching._count_upto(limit) > len(hits):
+                # The exact fallback: an ordering the index cannot serve.
+                exact = matching.with_index_bm25(parsed).order_by(
+                    F("bm25_distance") + Value(0.0), "pk"
+                )
+                hits, _ = self._index_rows(exact, limit)
+        return hits
+
+    @staticmethod
+    def _index_rows(ranked, limit: int) -> tuple[list[tuple[int, float]], int]:
+        """The first ``limit`` rows of ``ranked`` as ``(pk, BM25)`` with repeats dropped, and
+        how many matching rows (repeats included) were read.
+
+        A filtered scan that ran out of matches goes on with rows holding none of the words
+        (distance 0, after every match): they are not results."""
+        rows: dict[int, float] = {}
+        matched = 0
+        for pk, distance in ranked.values_list("pk", "bm25_distance")[:limit]:
+            if distance < 0:
+                matched += 1
+                rows.setdefault(pk, -float(distance))
+        return list(rows.items()), matched
+
     # --- hybrid ------------------------------------------------------------------------------
 
     def hybrid(
@@ -433,9 +503,10 @@ class ChunkQuerySet(models.QuerySet):
         """
         parsed = self._parsed(query, syntax)
         pool = limit * candidates
+        index = bool(parsed.terms) and fulltext_backend(self.db) == "pg_textsearch"
         weights = (
             term_weights(parsed.terms, using=self.db, collection_ids=statistics_from)
-            if parsed.terms
+            if parsed.terms and not index
             else None
         )
         ids = {pk for pk, _ in self.without_excluded(parsed).semantic_hits(vector, limit=pool)}
@@ -448,7 +519,12 @@ class ChunkQuerySet(models.QuerySet):
             .filter(pk__in=ids)
             .annotate(distance=CosineDistance("embedding", vector))
         )
-        if weights is not None:
+        if index:
+            # The index's statistics for each candidate (its score, negated back).
+            rows = rows.with_index_bm25(parsed).annotate(
+                fulltext_score=Value(0.0, output_field=FloatField()) - F("bm25_distance")
+            )
+        elif weights is not None:
             rows = rows.with_bm25(weights, weights.boosts(parsed))
         else:
             rows = rows.annotate(fulltext_score=Value(0.0, output_field=FloatField()))

@@ -37,6 +37,10 @@ class Reranker:
     def name(self) -> str:
         return type(self).__name__
 
+    def preload(self) -> None:
+        """Load a local model now rather than on the first call (``PRELOAD_MODELS``); the
+        default does nothing (an API or function reranker has nothing to load)."""
+
     def score(self, query: str, results: list[SearchResult]) -> list[float | None] | None:
         raise NotImplementedError
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
+from ..embeddings.loading import load_model
 from ..exceptions import MissingDependency
 from ..results import SearchResult
-from ..utils import load_once
 from .base import Reranker
 
 _WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -80,7 +80,15 @@ class ColBERTReranker(Reranker):
 
     @property
     def encoder(self):
-        return load_once(("colbert", self.model_name, self.device), self._load)
+        return load_model(
+            ("colbert", self.model_name, self.device),
+            self._load,
+            model=self.model_name,
+            kind="reranker",
+        )
+
+    def preload(self) -> None:
+        self.encoder  # noqa: B018  (loads it)
 
     def _marker(self, tokenizer, token: str) -> int | None:
         token_id = tokenizer.convert_tokens_to_ids(token)

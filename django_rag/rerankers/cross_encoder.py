@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from ..embeddings.loading import load_model
 from ..exceptions import MissingDependency
 from ..results import SearchResult
-from ..utils import load_once
 from .base import Reranker
 
 
@@ -42,7 +42,15 @@ class CrossEncoderReranker(Reranker):
                 ) from exc
             return CrossEncoder(self.model_name, max_length=self.max_length, device=self.device)
 
-        return load_once(("cross-encoder", self.model_name, self.max_length, self.device), load)
+        return load_model(
+            ("cross-encoder", self.model_name, self.max_length, self.device),
+            load,
+            model=self.model_name,
+            kind="reranker",
+        )
+
+    def preload(self) -> None:
+        self.model  # noqa: B018  (loads it)
 
     def score(self, query: str, results: list[SearchResult]) -> list[float]:
         scores = self.model.predict(

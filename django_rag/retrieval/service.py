@@ -26,7 +26,7 @@ from ..validation import (
 )
 from .fusion import FUSIONS, rrf_merge
 from .rewriters import get_rewriter
-from .stores import PgVectorStore, get_vector_store, scoped_chunks
+from .stores import PgVectorStore, collection_scope, get_vector_store, scoped_chunks
 
 MODES = ("semantic", "fulltext", "hybrid")
 MODE_ALIASES = {"vector": "semantic", "keyword": "fulltext"}
@@ -234,6 +234,19 @@ def run_search(
         database=request.database,
     ) as s:
         store = get_vector_store(vector_store)
+        needs_vector = mode in ("semantic", "hybrid") or (
+            use_graph and (entity_matcher or graph_setting("ENTITY_MATCHER")) == "embedding"
+        )
+        if (
+            needs_vector
+            and request.collections is not None
+            and isinstance(store, PgVectorStore)
+            and not get_embedder(embedder, using=request.database).is_loaded
+        ):
+            # Embedding the query would first load a model (seconds): an unknown collection
+            # is reported before that. Once it is loaded the store's own check suffices (one
+            # round trip less); other stores check their own collections when searched.
+            collection_scope(request)
         queries = _rewrite(request.query, rewriter, s) if rewriter is not None else [request.query]
         if ranker is not None:
             request.limit = min(limit * search_setting("RERANK_CANDIDATES"), MAX_LIMIT)

@@ -12,6 +12,7 @@ from ..store.vector_stores import (  # noqa: F401
     PgVectorStore,
     VectorStore,
     bm25_scores,
+    collection_scope,
     contains,
     get_vector_store,
     scoped_chunks,

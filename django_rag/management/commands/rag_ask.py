@@ -1,15 +1,20 @@
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_rag.agent import Agent, Loop, ask
 from django_rag.conf import scrub_text
-from django_rag.exceptions import RagError
+from django_rag.exceptions import RagError, UnknownCollection
+from django_rag.management.progress import RagCommand
+from django_rag.models import Collection
+from django_rag.models.databases import search_db
+from django_rag.retrieval.service import normalize_collections, normalize_mode
+from django_rag.validation import finite_float_arg, positive_int_arg
 
 PIPELINE_FLAGS = ("gate", "rewrite", "select", "expand", "decompose", "reason", "rerank")
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = (
         "Answer a question from the ingested documents with an LLM. Any pipeline flag "
         "(--gate, --rewrite, --select, --expand, --decompose, --reason, --rerank, "
@@ -23,8 +28,10 @@ class Command(BaseCommand):
             "--llm", default=None, help="litellm model (default: DJANGO_RAG['LLM'])"
         )
         parser.add_argument("--mode", default=None, help="semantic, fulltext or hybrid")
-        parser.add_argument("--limit", type=int, default=5, help="chunks to answer from")
-        parser.add_argument("--threshold", type=float, default=None)
+        parser.add_argument(
+            "--limit", type=positive_int_arg, default=5, help="chunks to answer from"
+        )
+        parser.add_argument("--threshold", type=finite_float_arg, default=None)
         parser.add_argument("--collection", action="append", default=None, help="repeatable")
         parser.add_argument("--source-id", default=None)
         parser.add_argument("--stream", action="store_true", help="print the answer as it comes")
@@ -37,7 +44,10 @@ class Command(BaseCommand):
             help="check the answer against the sources and correct it",
         )
         parser.add_argument(
-            "--rerank-threshold", type=float, default=None, help="LLM reranker minimum (0-10)"
+            "--rerank-threshold",
+            type=finite_float_arg,
+            default=None,
+            help="LLM reranker minimum (0-10)",
         )
         parser.add_argument(
             "--loop",
@@ -45,7 +55,10 @@ class Command(BaseCommand):
             help="run the tool-calling Loop agent (the model searches until it answers)",
         )
         parser.add_argument(
-            "--max-iterations", type=int, default=5, help="the loop's most controller turns"
+            "--max-iterations",
+            type=positive_int_arg,
+            default=5,
+            help="the loop's most controller turns",
         )
         parser.add_argument(
             "--answer-llm", default=None, help="litellm model writing the loop's final answer"
@@ -62,6 +75,7 @@ class Command(BaseCommand):
 
     def handle(self, *args, question, **options):
         try:
+            self._check(options)
             if options["loop"]:
                 if options["stream"] or any(options[f] for f in PIPELINE_FLAGS):
                     raise CommandError("--loop works alone: no --stream nor pipeline flags")
@@ -90,6 +104,22 @@ class Command(BaseCommand):
             return
         self.stdout.write(answer.text)
         self._sources(answer)
+
+    def _check(self, options):
+        """What can be checked without a model or an LLM call, before any: the mode and the
+        collections (a pipeline's gate or rewrite step would otherwise call the LLM first)."""
+        if options["mode"] is not None:
+            normalize_mode(options["mode"])
+        names = normalize_collections(options["collection"])
+        if names:
+            known = set(
+                Collection.objects.using(search_db())
+                .filter(name__in=names)
+                .values_list("name", flat=True)
+            )
+            for name in names:
+                if name not in known:
+                    raise UnknownCollection(name)
 
     def _ask_options(self, options):
         return {

@@ -1,6 +1,6 @@
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_rag.evaluation import (
     METRIC_NAMES,
@@ -10,7 +10,7 @@ from django_rag.evaluation import (
     run_evaluation,
 )
 from django_rag.exceptions import RagError
-from django_rag.management.progress import ProgressBar
+from django_rag.management.progress import ProgressBar, RagCommand
 from django_rag.models import Run, TestCase
 from django_rag.validation import finite_float_arg, positive_int_arg
 
@@ -36,7 +36,7 @@ def fail_under(value: str) -> tuple[str, float]:
     return name, finite_float_arg(threshold)
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = "Evaluate retrieval: generate or import test cases, run, list, show and compare runs."
 
     def add_arguments(self, parser):

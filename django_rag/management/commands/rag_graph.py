@@ -1,8 +1,8 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_rag.exceptions import RagError
 from django_rag.graph import builder, communities
-from django_rag.management.progress import ProgressBar
+from django_rag.management.progress import ProgressBar, RagCommand
 from django_rag.validation import positive_float_arg, positive_int_arg
 
 
@@ -18,7 +18,7 @@ def levels_arg(value: str):
     return levels
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = "Build the knowledge graph, detect communities and summarise them."
 
     def add_arguments(self, parser):

@@ -1,12 +1,11 @@
 import json
 
-from django.core.management.base import BaseCommand
-
 from django_rag import maintenance
 from django_rag.conf import redact
+from django_rag.management.progress import RagCommand
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = "Show the configuration (secrets redacted), the embedder, pgvector and counts."
 
     def add_arguments(self, parser):
@@ -24,6 +23,16 @@ class Command(BaseCommand):
         self.stdout.write(f"Embedder: {embedder['model']} ({embedder['dimensions']} dimensions)")
         self.stdout.write(f"EMBEDDING_DIMENSIONS: {data['embedding_dimensions']}")
         self.stdout.write(f"pgvector: {data['pgvector']}")
+        work = data["background"]
+        self.stdout.write(
+            f"Background: {work['mode'] or 'unusable'} (BACKGROUND={work['setting']!r}): "
+            f"{work['description']}"
+        )
+        if work.get("stalled_jobs"):
+            self.stdout.write(
+                f"  {work['stalled_jobs']} stalled job(s): retry them on the dashboard's jobs "
+                "page or with manage.py rag_worker --requeue-stalled"
+            )
         self.stdout.write("Chunks by embedding model:")
         for model, count in data["chunks_by_model"].items():
             self.stdout.write(f"  {model}: {count}")

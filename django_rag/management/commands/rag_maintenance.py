@@ -1,10 +1,11 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_rag import maintenance
 from django_rag.exceptions import RagError
+from django_rag.management.progress import RagCommand
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = "Maintenance: `orphans` finds (and with --apply removes) inconsistent rows."
 
     def add_arguments(self, parser):

@@ -1,12 +1,12 @@
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_rag import background, maintenance
 from django_rag.exceptions import RagError
-from django_rag.management.progress import ProgressBar
+from django_rag.management.progress import ProgressBar, RagCommand
 from django_rag.validation import positive_int_arg
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = (
         "Re-embed chunks: those embedded by another model than the configured one, every chunk "
         "(--all), or all of them with DJANGO_RAG['NEXT_EMBEDDER'] (a zero-downtime switch)."

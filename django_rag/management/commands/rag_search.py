@@ -1,13 +1,14 @@
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_rag.exceptions import RagError
+from django_rag.management.progress import RagCommand
 from django_rag.retrieval.service import search
 from django_rag.validation import finite_float_arg, positive_int_arg
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = "Search the ingested chunks and print the best matches."
 
     def add_arguments(self, parser):
