@@ -484,3 +484,26 @@ def test_evaluation_scores_faithfulness_with_the_local_grounder(corpus, nli_path
     )
     assert run.results[0]["faithfulness"] == 0.0 and run.metrics["faithfulness"] == 0.0
     assert run.config["grounder"] == "CrossEncoderGrounder"
+
+
+@pytest.mark.django_db
+def test_the_ask_page_runs_the_real_ground_step(staff):
+    """The dashboard's pipeline mode with the ground step: this module's grounder, no stand-in."""
+    from tests.test_agent import ANSWER
+    from tests.test_dashboard_ask import post, settings
+
+    rag.ingest("The X200 drill has a two year warranty.", collection="products", source_id="x200")
+    llm = ScriptedLLM(
+        rules={
+            ANSWER: "Two years [1]. It also flies.",
+            "Check an answer against its sources": judge(
+                {"sentence": 1, "verdict": "supported", "sources": [1]},
+                {"sentence": 2, "verdict": "contradicted", "sources": [1]},
+            ),
+        }
+    )
+    with settings(llm):
+        body = post(staff, kind="pipeline", steps=["ground"])
+    assert '<mark class="grounded supported"' in body
+    assert '<mark class="grounded contradicted"' in body
+    assert any("Check an answer against its sources" in c["prompt"] for c in llm.calls)
