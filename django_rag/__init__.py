@@ -35,6 +35,9 @@ _EXPORTS = {
     "Answer": "django_rag.agent.answer",
     "Agent": "django_rag.agent",
     "Loop": "django_rag.agent",
+    "Grounder": "django_rag.agent.grounding",
+    "Grounding": "django_rag.results",
+    "GroundedSpan": "django_rag.results",
 }
 
 __all__ = sorted(_EXPORTS)

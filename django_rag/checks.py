@@ -10,6 +10,7 @@ from .conf import (
     check_graph_settings,
     embedding_dimensions,
     fulltext_backend_setting,
+    get_setting,
     get_settings,
 )
 from .embeddings import get_embedder
@@ -24,6 +25,14 @@ from .store.vector_stores import writes_supported
 def _chunk_db() -> str:
 
     return router.db_for_write(Chunk)
+
+
+def _default_grounder():
+    if get_setting("GROUNDER") is None:
+        return None
+    from .agent.grounding import get_grounder  # only when a check runs: commands start fast
+
+    return get_grounder()
 
 
 @checks.register()
@@ -51,6 +60,7 @@ def check_settings(app_configs=None, **kwargs):
         ("EMBEDDER", get_embedder),
         ("CHUNKER", get_chunker),
         ("VECTOR_STORE", get_vector_store),
+        ("GROUNDER", _default_grounder),
     ):
         try:
             component = build()

@@ -104,6 +104,11 @@ DEFAULTS: dict[str, Any] = {
     "AGENT_DEADLINE": 300.0,
     # Reranker applied by search() when none is given per call (None: no reranking).
     "RERANKER": None,
+    # Grounder used by ask(..., ground=True), the agent's ground step, Loop(ground=True) and
+    # evaluation: "llm" (an LLM judge, the default LLM), "cross-encoder"/"nli" (a local
+    # CrossEncoder), "embedding", a {"BACKEND": ..., "OPTIONS": {...}} dict, a dotted path, a
+    # function (text, chunks) -> Grounding, or a Grounder instance (docs/grounding.md).
+    "GROUNDER": "llm",
     # GraphRAG (docs/graphrag.md). Off by default; per call: ingest(..., graph=True).
     "GRAPH": {
         "ENABLED": False,

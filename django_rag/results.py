@@ -173,6 +173,65 @@ class Citation:
         }
 
 
+VERDICTS = ("supported", "unsupported", "contradicted")
+
+
+@dataclass
+class GroundedSpan:
+    """A stretch of an answer (``answer.text[start:end]``) and what the sources say of it.
+
+    ``verdict`` is ``"supported"``, ``"unsupported"`` or ``"contradicted"``; ``chunk_ids`` are
+    the chunks that support (or contradict) it; ``score`` is the grounder's confidence in the
+    verdict (0-1) when it has one.
+    """
+
+    start: int
+    end: int
+    text: str
+    verdict: str
+    chunk_ids: list[Any] = field(default_factory=list)
+    score: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "start": self.start,
+            "end": self.end,
+            "text": self.text,
+            "verdict": self.verdict,
+            "chunk_ids": list(self.chunk_ids),
+            "score": self.score,
+        }
+
+
+@dataclass
+class Grounding:
+    """How well an answer is supported by its sources.
+
+    ``score`` (0-1) is the share of the answer's grounded characters that are supported;
+    ``spans`` cover the answer's sentences or claims in order; ``grounder`` names what judged
+    them; ``warnings`` says what went wrong (a failed grounder gives score 0, no spans and a
+    warning).
+    """
+
+    score: float
+    spans: list[GroundedSpan] = field(default_factory=list)
+    grounder: str = ""
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def unsupported(self) -> list[GroundedSpan]:
+        """The spans not supported by any source (unsupported or contradicted)."""
+        return [span for span in self.spans if span.verdict != "supported"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "score": self.score,
+            "spans": [span.to_dict() for span in self.spans],
+            "grounder": self.grounder,
+            "warnings": list(self.warnings),
+        }
+
+
 @dataclass
 class Answer:
     """What :func:`ask` returns: the text, the chunks it was written from, citations, usage."""
@@ -185,6 +244,9 @@ class Answer:
     model: str = ""
     # With graph=True: the entities, relationships and community summaries given to the LLM.
     graph: dict[str, list] | None = None
+    # With ground=...: which parts of the text the chunks support.
+    grounding: Grounding | None = None
+    warnings: list[str] = field(default_factory=list)
 
     def __str__(self) -> str:
         return self.text
@@ -210,4 +272,6 @@ class Answer:
                 ],
                 "summaries": list(self.graph["summaries"]),
             },
+            "grounding": None if self.grounding is None else self.grounding.to_dict(),
+            "warnings": list(self.warnings),
         }

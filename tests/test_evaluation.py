@@ -181,8 +181,16 @@ def test_run_stores_config_metrics_and_per_case_results(facts):
 @pytest.mark.django_db
 def test_a_failing_run_is_stored_as_failed(facts, failing_embedder):
     manual_cases(facts)
+    # By default a retriever error counts as an empty result for its case...
+    kept = run_evaluation(mode="semantic", embedder=failing_embedder("paid"))
+    failed = [r for r in kept.results if r.get("error")]
+    assert kept.status == "completed" and kept.metrics["errors"] == 1 == len(failed)
+    assert "provider refused" in failed[0]["error"] and failed[0]["retrieved"] == []
+    assert failed[0]["recall_at_10"] == 0.0
+    kept.delete()
+    # ...and with fail_fast the first error fails the run.
     with pytest.raises(RuntimeError, match="provider refused") as info:
-        run_evaluation(mode="semantic", embedder=failing_embedder("paid"))
+        run_evaluation(mode="semantic", embedder=failing_embedder("paid"), fail_fast=True)
     run = Run.objects.get()
     assert run.status == "failed" and "provider refused" in run.error and run.finished_at
     assert f"run {run.pk} was stored as failed" in str(info.value.__notes__)

@@ -4,7 +4,7 @@ Fluent::
 
     ctx = (rag.Agent("Compare plan A and plan B", llm="openai/gpt-4o-mini")
            .gate().rewrite().decompose().search(collection="plans").reason()
-           .rerank(threshold=7).answer(self_correct=True))
+           .rerank(threshold=7).answer(self_correct=True).ground())
     print(ctx.answer, ctx.citations, ctx.usage)
 
 Functional::
@@ -36,6 +36,14 @@ from .components import (
     get_rewriter,
 )
 from .context import Context, Retrieval
+from .grounding import (
+    CrossEncoderGrounder,
+    EmbeddingGrounder,
+    Grounder,
+    LLMGrounder,
+    get_grounder,
+    ground_answer,
+)
 from .loop import Loop, LoopResult, Tool, ToolError, ToolStep, run_loop
 
 
@@ -104,6 +112,9 @@ class Agent:
     def answer(self, **options: Any) -> Agent:
         return self._run("answer", options)
 
+    def ground(self, **options: Any) -> Agent:
+        return self._run("ground", options)
+
     def global_answer(self, **options: Any) -> Agent:
         return self._run("global_answer", options)
 
@@ -130,6 +141,10 @@ __all__ = [
     "Citation",
     "Component",
     "Context",
+    "CrossEncoderGrounder",
+    "EmbeddingGrounder",
+    "Grounder",
+    "LLMGrounder",
     "Decomposer",
     "Expander",
     "Gatekeeper",
@@ -144,7 +159,9 @@ __all__ = [
     "ToolError",
     "ToolStep",
     "ask",
+    "get_grounder",
     "get_rewriter",
+    "ground_answer",
     "parse_citations",
     "run_loop",
     "steps",

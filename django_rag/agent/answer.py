@@ -15,6 +15,7 @@ from ..retrieval.service import run_search
 from ..signals import span
 from ..validation import clean_query
 from . import prompts
+from .grounding import Grounder, get_grounder, ground_answer
 
 PromptFunction = Callable[[str, list[SearchResult]], "str | tuple[str, str]"]
 
@@ -112,6 +113,7 @@ def ask(
     prompt: PromptFunction | None = None,
     stream: bool = False,
     global_search: bool = False,
+    ground: Any = False,
     **search_options: Any,
 ) -> Answer | AnswerStream:
     """Answer ``question`` from the best ``limit`` chunks, citing them by number.
@@ -128,6 +130,10 @@ def ask(
     relationships and community summaries to the prompt (``Answer.graph``).
     ``global_search=True`` answers a corpus-wide question from community summaries instead
     (map over the summaries, then reduce; no chunks, no citations).
+
+    ``ground=True`` (the ``GROUNDER`` setting) or a grounder (alias, spec, function or
+    :class:`~django_rag.agent.grounding.Grounder`) checks the answer against its chunks and
+    sets :attr:`Answer.grounding`; a failing grounder leaves a warning, never an exception.
     """
     if not isinstance(question, str) or not question.strip():
         raise InvalidInput("ask() needs a non-empty question string.")
@@ -135,13 +141,20 @@ def ask(
     if prompt is not None and not callable(prompt):
         raise InvalidOption("prompt must be a function (question, chunks) -> str")
     model = get_llm(llm, feature="ask()")
+    grounder = None
+    if ground is not False and ground is not None:
+        grounder = get_grounder(ground, llm=model)  # a bad spec fails before any search
     if global_search:
-        return global_answer(question, llm=model, collection=collection)
+        answer = global_answer(question, llm=model, collection=collection)
+        if grounder is not None:
+            ground_answer(answer, grounder)
+        return answer
     events = _ask(
         question,
         model,
         prompt,
         stream,
+        grounder,
         dict(
             mode=mode,
             limit=limit,
@@ -162,7 +175,12 @@ def ask(
 
 
 def _ask(
-    question: str, llm: LLM, prompt: PromptFunction | None, stream: bool, search_options: dict
+    question: str,
+    llm: LLM,
+    prompt: PromptFunction | None,
+    stream: bool,
+    grounder: Grounder | None,
+    search_options: dict,
 ):
     """Yields a marker once retrieval is done, then (streaming) text pieces; returns the Answer."""
 
@@ -183,6 +201,11 @@ def _ask(
         answer = make_answer(question, completion, chunks)
         answer.usage = retrieval_usage + completion.usage
         answer.graph = graph
+        if grounder is not None:
+            with collect_usage() as grounding_usage:
+                ground_answer(answer, grounder)
+            answer.usage = answer.usage + grounding_usage
+            s.set(grounding_score=answer.grounding.score)
         s.set(
             context_count=len(chunks),
             citation_count=len(answer.citations),

@@ -9,7 +9,7 @@ from typing import Any
 from ..conf import deadline_setting
 from ..exceptions import InvalidInput, InvalidOption
 from ..llm import Usage
-from ..results import SearchResult
+from ..results import Grounding, SearchResult
 from ..validation import clean_query
 from .answer import Answer, Citation
 
@@ -72,6 +72,8 @@ class Context:
     context_used: list[SearchResult] = field(default_factory=list)
     correction_count: int = 0
     corrections: list[dict[str, str]] = field(default_factory=list)
+    # ground
+    grounding: Grounding | None = None
     # bookkeeping
     error: Exception | None = None
     failed_step: str | None = None
@@ -125,4 +127,6 @@ class Context:
             chunks=list(self.context_used),
             citations=list(self.citations),
             usage=self.usage,
+            grounding=self.grounding,
+            warnings=list(self.warnings),
         )

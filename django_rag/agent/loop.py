@@ -49,6 +49,7 @@ from ..signals import span
 from ..validation import clean_query
 from . import prompts
 from .answer import answer_messages, parse_citations
+from .grounding import get_grounder, ground_answer
 
 logger = logging.getLogger(__name__)
 
@@ -282,6 +283,8 @@ class Loop:
     - ``max_iterations``: the most controller turns; when they run out, the answer is
       written from what was found. ``limit``: the default ``search`` limit; ``max_limit`` the
       largest the model may ask for; ``max_chunks`` the most sources kept in all.
+    - ``ground``: ``True`` (the ``GROUNDER`` setting) or a grounder checks the final answer
+      against the sources found (``result.grounding``; a failure is a warning).
     - ``threshold``, ``deadline`` and ``**search_options`` (mode, fusion, reranker...) as
       for :class:`~django_rag.Agent`.
 
@@ -303,6 +306,7 @@ class Loop:
         max_chunks: int = 20,
         threshold: float | None = None,
         deadline: float | None = None,
+        ground: Any = False,
         **search_options: Any,
     ):
         if not isinstance(question, str) or not question.strip():
@@ -364,6 +368,12 @@ class Loop:
         if search_options.get("mode") is not None:
             normalize_mode(search_options["mode"])  # a bad mode fails here, not in every search
         self.search_options = search_options
+        # A bad grounder spec fails here; a failing grounder only leaves a warning.
+        self.grounder = (
+            None
+            if ground is False or ground is None
+            else get_grounder(ground, llm=self.answer_llm or self.llm)
+        )
         self.result: LoopResult | None = None
 
     # --- the schemas the model sees
@@ -439,6 +449,8 @@ class Loop:
             with collect_usage() as usage, deadline(at=run.deadline_at):
                 run.loop()
                 run.finish()
+                if self.grounder is not None and run.result.text:
+                    ground_answer(run.result, self.grounder)
             result = run.result
             result.usage = usage
             s.set(
@@ -452,6 +464,7 @@ class Loop:
                 prompt_tokens=usage.prompt_tokens,
                 completion_tokens=usage.completion_tokens,
                 cost=usage.cost,
+                grounding_score=None if result.grounding is None else result.grounding.score,
             )
         self.result = result
         return result

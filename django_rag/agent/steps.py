@@ -41,6 +41,7 @@ from .components import (
     component_name,
 )
 from .context import Context, Retrieval
+from .grounding import get_grounder, ground_text
 
 logger = logging.getLogger(__name__)
 
@@ -523,6 +524,22 @@ def _self_correct(ctx, chunks: list[SearchResult], max_corrections, judge_prompt
             s.set(result="corrected")
 
 
+@step("ground")
+def ground(ctx: Context, *, grounder: Any = True, llm: Any = None) -> None:
+    """Check the answer against the chunks it was written from; sets ``grounding``.
+
+    ``grounder`` is ``True`` (the ``GROUNDER`` setting), an alias (``"llm"``,
+    ``"cross-encoder"``...), a spec, a function or a :class:`~.grounding.Grounder`. A failing
+    grounder leaves a warning (and a grounding with score 0), never a failed run.
+    """
+    if ctx.answer is None:
+        ctx.warnings.append("ground: no answer to ground (run the answer step first)")
+        return
+    component = get_grounder(grounder, llm=_llm(ctx, llm))
+    ctx.grounding = ground_text(ctx.answer, ctx.context_used, component, question=ctx.question)
+    ctx.warnings.extend(f"ground: {w}" for w in ctx.grounding.warnings if "failed" in w)
+
+
 @step("global_answer")
 def global_answer(
     ctx: Context, *, collection: Any = None, levels: Any = None, llm: Any = None
@@ -554,6 +571,7 @@ STEPS = {
         reason,
         rerank,
         answer,
+        ground,
         global_answer,
     )
 }

@@ -15,9 +15,11 @@ from django.views.decorators.http import require_POST
 
 from .. import background
 from ..agent import Agent, ask
+from ..agent.steps import STEPS
 from ..background import start
 from ..conf import get_setting, scrub_text
-from ..exceptions import CollectionNotEmpty, RagError
+from ..evaluation.runs import resolve_retriever
+from ..exceptions import CollectionNotEmpty, InvalidOption, RagError
 from ..ingestion.service import delete, ingest, ingest_bytes
 from ..maintenance import find_orphans, remove_orphans
 from ..maintenance import info as collect
@@ -1035,11 +1037,17 @@ def evaluation(request):
             messages.error(request, "Choose one of your collections.")
             return redirect("django_rag_dashboard:evaluation")
         if action == "run":
+            try:
+                options = _evaluation_options(request)
+            except InvalidOption as exc:
+                messages.error(request, str(exc))
+                return redirect("django_rag_dashboard:evaluation")
             _start(
                 request,
                 "run_evaluation",
                 mode=normalize_mode(request.POST.get("mode") or "hybrid"),
                 collection=collection,
+                **options,
             )
         elif action == "generate":
             try:
@@ -1062,8 +1070,47 @@ def evaluation(request):
             polling=_polling(jobs),
             jobs_url=reverse("django_rag_dashboard:evaluation_jobs"),
             modes=["semantic", "fulltext", "hybrid"],
+            retrievers=EVALUATION_RETRIEVERS,
+            grounders=EVALUATION_GROUNDERS,
+            default_steps="rewrite,search,answer",
+            step_names=[name for name in STEPS if name != "global_answer"],
         ),
     )
+
+
+EVALUATION_RETRIEVERS = [
+    ("search", "Search"),
+    ("agent", "Agent pipeline"),
+    ("loop", "Loop (tool calling)"),
+]
+EVALUATION_GROUNDERS = [
+    ("", "LLM judge (0-10)"),
+    ("llm", "LLM grounder"),
+    ("cross-encoder", "Cross-encoder grounder"),
+]
+
+
+def _evaluation_options(request) -> dict:
+    """The run form's retriever, answer judging and grounder, checked (JSON-ready job params)."""
+    retriever = request.POST.get("retriever") or "search"
+    if retriever not in dict(EVALUATION_RETRIEVERS):
+        raise InvalidOption(f"Unknown retriever {retriever[:40]!r}.")
+    options: dict = {}
+    if retriever == "agent":
+        text = param(request, "steps", method="POST", max_length=300) or ""
+        steps = [step.strip() for step in text.split(",") if step.strip()]
+        resolve_retriever(steps)  # an unknown step or no search step is refused here
+        options["retriever"] = steps
+    elif retriever != "search":
+        options["retriever"] = retriever
+    if request.POST.get("evaluate_answers"):
+        options["evaluate_answers"] = True
+        grounder = request.POST.get("grounder") or ""
+        if grounder not in dict(EVALUATION_GROUNDERS):
+            raise InvalidOption(f"Unknown grounder {grounder[:40]!r}.")
+        if grounder:
+            options["grounder"] = grounder
+    return options
 
 
 @dashboard_view
@@ -1152,6 +1199,38 @@ def _visible_runs(request):
     )
 
 
+def _retriever_label(retriever) -> str:
+    if isinstance(retriever, list):
+        return "agent: " + ", ".join(
+            step if isinstance(step, str) else str(step[0]) for step in retriever
+        )
+    return str(retriever)
+
+
+def _answer_parts(answer, grounding) -> list[dict]:
+    """The answer cut into plain and grounded parts (for highlighting); [] without spans."""
+    if not answer or not grounding or not grounding.get("spans"):
+        return []
+    parts, at = [], 0
+    for item in sorted(grounding["spans"], key=lambda s: s.get("start", 0)):
+        start, end = int(item.get("start", 0)), int(item.get("end", 0))
+        if start < at or end > len(answer) or end <= start:
+            continue  # overlapping or out of range: shown as plain text
+        if start > at:
+            parts.append({"text": answer[at:start]})
+        parts.append(
+            {
+                "text": answer[start:end],
+                "verdict": item.get("verdict"),
+                "chunk_ids": item.get("chunk_ids") or [],
+            }
+        )
+        at = end
+    if at < len(answer):
+        parts.append({"text": answer[at:]})
+    return parts
+
+
 @dashboard_view
 def evaluation_run(request, pk: int):
     """One run: its configuration, metrics, and every case's result, failures first."""
@@ -1165,6 +1244,7 @@ def evaluation_run(request, pk: int):
                 **record,
                 "found": rank is not None and not skipped,
                 "in_top_5": rank is not None and rank <= 5,
+                "spans": _answer_parts(record.get("answer"), record.get("grounding")),
             }
         )
     # Failures first: skipped, nothing relevant found, then found low, then the rest by rank.
@@ -1198,6 +1278,9 @@ def evaluation_run(request, pk: int):
             cases=cases,
             metrics=metrics,
             failures=sum(1 for c in cases if not c["in_top_5"]),
+            errors=sum(1 for c in cases if c.get("error")),
+            judged=bool(run_.config.get("evaluate_answers")),
+            retriever=_retriever_label(run_.config.get("retriever", "search")),
             config_json=json.dumps(run_.config, indent=2, default=str),
         ),
     )

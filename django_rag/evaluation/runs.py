@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from statistics import fmean
 from typing import Any
 
 from django.db.models import Prefetch, Q
 from django.utils import timezone
 
+from ..agent import Agent, Context, Loop, LoopResult
 from ..agent.answer import answer_messages
-from ..conf import search_setting
+from ..agent.grounding import get_grounder, ground_text
+from ..agent.steps import STEPS
+from ..conf import scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
-from ..exceptions import InvalidInput, LLMError, UnknownCollection
+from ..exceptions import InvalidInput, InvalidOption, LLMError, UnknownCollection
 from ..llm import collect_usage, get_llm, parse_json
 from ..models import Collection, Relevance, Run, TestCase
+from ..results import Answer, SearchResult
 from ..retrieval.service import MAX_LIMIT, normalize_collections, normalize_mode, search
 from ..signals import span
 from ..validation import clean_positive_int, clean_source_id
@@ -74,22 +78,197 @@ def _judge(llm, prompt: str) -> tuple[float | None, str]:
     return max(0.0, min(10.0, score)), str(data.get("reasoning") or "")
 
 
-def _answer_metrics(llm, case: TestCase, results) -> dict[str, Any]:
+JUDGE_PROMPTS = ("faithfulness", "correctness")
+
+
+def _check_judge_prompts(judge_prompts: Mapping[str, Any] | None) -> dict[str, Any]:
+    if judge_prompts is None:
+        return {}
+    if not isinstance(judge_prompts, Mapping):
+        raise InvalidOption(
+            "judge_prompts must be a dict like {'faithfulness': f(question, chunks, answer), "
+            "'correctness': f(question, answer, reference)}"
+        )
+    unknown = sorted(set(judge_prompts) - set(JUDGE_PROMPTS))
+    if unknown:
+        raise InvalidOption(
+            f"unknown judge prompt {unknown[0]!r}; the judge prompts are "
+            + ", ".join(JUDGE_PROMPTS)
+        )
+    for name, func in judge_prompts.items():
+        if not callable(func):
+            raise InvalidOption(f"judge_prompts[{name!r}] must be a function returning a prompt")
+    return dict(judge_prompts)
+
+
+def _answer_metrics(
+    llm, case: TestCase, results, answer: str | None, grounder, judge_prompts
+) -> dict[str, Any]:
     chunks = list(results[:5])
-    try:
-        system, user = answer_messages(case.question, chunks)
-        answer = llm.complete(user, system=system).text.strip()
-    except LLMError as exc:
-        return {"answer": None, "answer_error": str(exc)}
-    out: dict[str, Any] = {"answer": answer}
-    out["faithfulness"], out["faithfulness_reasoning"] = _judge(
-        llm, prompts.faithfulness_prompt(case.question, chunks, answer)
-    )
+    out: dict[str, Any] = {}
+    if answer is None:
+        try:
+            system, user = answer_messages(case.question, chunks)
+            answer = llm.complete(user, system=system).text.strip()
+        except LLMError as exc:
+            return {"answer": None, "answer_error": str(exc)}
+    else:
+        # The retriever's own answer is judged (against every chunk it returned).
+        chunks = list(results)
+        out["answer_source"] = "retriever"
+    out["answer"] = answer
+    if grounder is not None:
+        grounding = ground_text(answer, chunks, grounder, question=case.question)
+        out["grounding"] = grounding.to_dict()
+        if grounding.spans:
+            out["faithfulness"] = 10.0 * grounding.score
+            supported = sum(1 for span in grounding.spans if span.verdict == "supported")
+            out["faithfulness_reasoning"] = (
+                f"{grounding.grounder}: {supported} of {len(grounding.spans)} sentences supported"
+            )
+        else:
+            out["faithfulness"] = None
+            out["faithfulness_reasoning"] = "not scored: " + "; ".join(grounding.warnings)
+    else:
+        prompt = judge_prompts.get("faithfulness", prompts.faithfulness_prompt)
+        out["faithfulness"], out["faithfulness_reasoning"] = _judge(
+            llm, prompt(case.question, chunks, answer)
+        )
     if case.reference_answer:
+        prompt = judge_prompts.get("correctness", prompts.correctness_prompt)
         out["correctness"], out["correctness_reasoning"] = _judge(
-            llm, prompts.correctness_prompt(case.question, answer, case.reference_answer)
+            llm, prompt(case.question, answer, case.reference_answer)
         )
     return out
+
+
+# --- retrievers ---------------------------------------------------------------------------------
+
+
+def _step_spec(item: Any) -> tuple[str, dict[str, Any]]:
+    if isinstance(item, str):
+        name, options = item, {}
+    elif (
+        isinstance(item, list | tuple)
+        and len(item) == 2
+        and isinstance(item[0], str)
+        and isinstance(item[1], Mapping)
+    ):
+        name, options = item[0], dict(item[1])
+    else:
+        raise InvalidOption(f"an agent step is a name or a (name, options) pair, got {item!r:.80}")
+    if name not in STEPS:
+        raise InvalidOption(f"unknown agent step {name!r}; the steps are {', '.join(STEPS)}")
+    return name, options
+
+
+def resolve_retriever(retriever: Any) -> tuple[str, Any]:
+    """``(kind, spec)`` for a ``retriever=`` option; bad values raise
+    :class:`~django_rag.exceptions.InvalidOption`.
+
+    ``"search"`` (or None), ``"loop"``, an agent configuration (a list of step names or
+    ``(name, options)`` pairs, e.g. ``["rewrite", "search", ("rerank", {"top_k": 5}),
+    "answer"]``) or a callable ``retriever(question, collection=..., limit=...)``.
+    """
+    if retriever is None or retriever == "search":
+        return "search", None
+    if retriever == "loop":
+        return "loop", None
+    if isinstance(retriever, list | tuple):
+        steps = [_step_spec(item) for item in retriever]
+        if not any(name == "search" for name, _ in steps):
+            raise InvalidOption("an agent configuration needs a 'search' step")
+        return "agent", steps
+    if callable(retriever):
+        return "custom", retriever
+    raise InvalidOption(
+        "retriever must be 'search', 'loop', a list of agent steps or a function, got "
+        f"{retriever!r:.80}"
+    )
+
+
+def _retriever_name(kind: str, spec: Any) -> Any:
+    if kind == "agent":
+        return [name if not options else [name, options] for name, options in spec]
+    if kind == "custom":
+        return getattr(spec, "__qualname__", type(spec).__name__)
+    return kind
+
+
+def _error_text(error: Exception | None) -> str | None:
+    return None if error is None else f"{type(error).__name__}: {scrub_text(error)[:500]}"
+
+
+def _unpack(value: Any) -> tuple[list[SearchResult], str | None, str | None]:
+    """(results, answer, error) from what a retriever returned."""
+    if isinstance(value, LoopResult):
+        return list(value.chunks), value.text or None, _error_text(value.error)
+    if isinstance(value, Answer):
+        return list(value.chunks), value.text or None, None
+    if isinstance(value, Agent):
+        value = value.context
+    if isinstance(value, Context):
+        return list(value.chunks or value.context_used), value.answer, _error_text(value.error)
+    if isinstance(value, Mapping):
+        results, answer = value.get("results"), value.get("answer")
+    elif isinstance(value, tuple) and len(value) == 2:
+        results, answer = value
+    else:
+        results, answer = value, None
+    if not isinstance(results, list | tuple) or not all(
+        isinstance(item, SearchResult) for item in results
+    ):
+        raise InvalidOption(
+            "a retriever function must return a list of SearchResult, a (results, answer) "
+            "pair, a dict with 'results' (and 'answer'), an Answer or an Agent; got "
+            f"{type(value).__name__}"
+        )
+    if answer is not None and not isinstance(answer, str):
+        answer = str(answer)
+    return list(results), answer, None
+
+
+def _retrieve(kind, spec, case, scope, source_id, fetch, model, mode, search_options):
+    """(results, answer, error) of one case; exceptions propagate."""
+    if kind == "search":
+        hits = search(
+            case.question,
+            mode=mode,
+            collection=scope,
+            source_id=source_id,
+            limit=fetch,
+            **search_options,
+        )
+        return hits, None, None
+    if kind == "loop":
+        return _unpack(
+            Loop(
+                case.question,
+                collection=scope,
+                llm=model,
+                limit=min(fetch, 20),
+                max_limit=max(fetch, 20),
+                max_chunks=max(fetch, 20),
+                mode=mode,
+                source_id=source_id,
+                **search_options,
+            ).run()
+        )
+    if kind == "agent":
+        agent = Agent(
+            case.question,
+            llm=model,
+            limit=fetch,
+            mode=mode,
+            source_id=source_id,
+            **search_options,
+        )
+        for name, options in spec:
+            if name == "search" and scope is not None and "collection" not in options:
+                options = {"collection": scope if len(scope) > 1 else scope[0], **options}
+            getattr(agent, name)(**options)
+        return _unpack(agent)
+    return _unpack(spec(case.question, collection=scope, limit=fetch))
 
 
 def run_evaluation(
@@ -101,6 +280,10 @@ def run_evaluation(
     llm: Any = None,
     limit: int = 10,
     progress: Callable[[int, int], None] | None = None,
+    retriever: Any = "search",
+    grounder: Any = None,
+    judge_prompts: Mapping[str, Any] | None = None,
+    fail_fast: bool = False,
     **search_options: Any,
 ) -> Run:
     """Search every test case (of ``collection``, or all), score the results, store a Run.
@@ -110,13 +293,31 @@ def run_evaluation(
     ``evaluate_answers`` the LLM answers from the top 5 chunks and judges faithfulness (0-10)
     and, where the case has a reference answer, correctness (0-10). A run that fails is stored
     with status ``failed`` and its error, and the error is raised.
+
+    ``retriever`` is what each case is run through: ``"search"`` (the default), ``"loop"``
+    (a :class:`~django_rag.Loop` with ``llm``), an agent configuration (a list of step names
+    or ``(name, options)`` pairs run as an :class:`~django_rag.Agent` with ``llm``) or a
+    function ``retriever(question, collection=..., limit=...)`` returning results, a
+    ``(results, answer)`` pair, an :class:`~django_rag.Answer` or an ``Agent``. When the
+    retriever gives an answer, ``evaluate_answers`` judges that answer instead of writing
+    one. A retriever error counts as an empty result for its case (recorded as ``error``)
+    unless ``fail_fast``. ``grounder`` (True, an alias or a grounder) scores faithfulness as
+    10 x the grounded share of the answer instead of the 0-10 judge; ``judge_prompts``
+    replaces the ``faithfulness`` / ``correctness`` judge prompts. Each case sends one
+    ``evaluation.case`` telemetry event.
     """
     mode = normalize_mode(mode)
     names = normalize_collections(collection)
     clean_positive_int("limit", limit, maximum=MAX_LIMIT)
     source_id = clean_source_id(source_id) or None
     check_collections(names)
-    model = get_llm(llm, feature="Answer evaluation") if evaluate_answers else None
+    kind, spec = resolve_retriever(retriever)
+    judge_prompts = _check_judge_prompts(judge_prompts)
+    needs_llm = evaluate_answers or kind in ("loop", "agent")
+    model = get_llm(llm, feature="Answer evaluation") if needs_llm else None
+    grounding = None
+    if grounder is not None and grounder is not False:
+        grounding = get_grounder(grounder, llm=model)
     cases = TestCase.objects.select_related("collection").prefetch_related(
         Prefetch("relevance", queryset=Relevance.objects.all())
     )
@@ -144,17 +345,35 @@ def run_evaluation(
             source_id=source_id,
             evaluate_answers=evaluate_answers,
             llm=model.model_name if model else None,
+            retriever=_retriever_name(kind, spec),
+            grounder=None if grounding is None else grounding.name,
+            custom_judge_prompts=sorted(judge_prompts),
+            fail_fast=fail_fast,
         ),
     )
     try:
         with span("evaluation.run", run_id=run.pk, mode=mode, total=len(cases)) as s:
             with collect_usage() as usage:
                 results = _run_cases(
-                    run, cases, mode, names, source_id, model, limit, progress, search_options
+                    run,
+                    cases,
+                    mode,
+                    names,
+                    source_id,
+                    model,
+                    limit,
+                    progress,
+                    search_options,
+                    retriever=(kind, spec),
+                    evaluate_answers=evaluate_answers,
+                    grounder=grounding,
+                    judge_prompts=judge_prompts,
+                    fail_fast=fail_fast,
                 )
             scored = [r for r in results if not r.get("skipped")]
             run.metrics = aggregate(scored)
             run.metrics["skipped"] = len(results) - len(scored)
+            run.metrics["errors"] = sum(1 for r in results if r.get("error"))
             for name in ("faithfulness", "correctness"):
                 values = [r[name] for r in scored if r.get(name) is not None]
                 if values:
@@ -175,7 +394,24 @@ def run_evaluation(
     return run
 
 
-def _run_cases(run, cases, mode, names, source_id, model, limit, progress, search_options):
+def _run_cases(
+    run,
+    cases,
+    mode,
+    names,
+    source_id,
+    model,
+    limit,
+    progress,
+    search_options,
+    *,
+    retriever=("search", None),
+    evaluate_answers=False,
+    grounder=None,
+    judge_prompts=None,
+    fail_fast=False,
+):
+    kind, spec = retriever
     results = []
     for done, case in enumerate(cases, start=1):
         level = case.level
@@ -191,23 +427,38 @@ def _run_cases(run, cases, mode, names, source_id, model, limit, progress, searc
         scope = (
             names if names is not None else ([case.collection.name] if case.collection else None)
         )
-        hits = search(
-            case.question,
-            mode=mode,
-            collection=scope,
-            source_id=source_id,
-            limit=limit if level == TestCase.Level.CHUNK else max(DOCUMENT_FETCH, limit),
-            **search_options,
-        )
-        if level == TestCase.Level.CHUNK:
-            retrieved = [hit.chunk_id for hit in hits]
-        else:
-            retrieved = list(dict.fromkeys(hit.document_id for hit in hits))
-        record.update(case_metrics(retrieved[:limit], relevant))
-        record["expected"] = sorted(relevant)
-        record["retrieved"] = retrieved[:limit]
-        if model is not None:
-            record.update(_answer_metrics(model, case, hits))
+        fetch = limit if level == TestCase.Level.CHUNK else max(DOCUMENT_FETCH, limit)
+        with span("evaluation.case", run_id=run.pk, test_case_id=case.pk, retriever=kind) as s:
+            try:
+                hits, answer, error = _retrieve(
+                    kind, spec, case, scope, source_id, fetch, model, mode, search_options
+                )
+            except Exception as exc:
+                if fail_fast:
+                    raise
+                hits, answer, error = [], None, _error_text(exc)
+                logger.warning("evaluation case %s: the retriever failed: %s", case.pk, error)
+            if level == TestCase.Level.CHUNK:
+                retrieved = [hit.chunk_id for hit in hits]
+            else:
+                retrieved = list(dict.fromkeys(hit.document_id for hit in hits))
+            record.update(case_metrics(retrieved[:limit], relevant))
+            record["expected"] = sorted(relevant)
+            record["retrieved"] = retrieved[:limit]
+            if error:
+                record["error"] = error
+            if answer is not None and not evaluate_answers:
+                record["answer"] = answer
+            if evaluate_answers and (hits or answer is not None or not error):
+                record.update(
+                    _answer_metrics(model, case, hits, answer, grounder, judge_prompts or {})
+                )
+            s.set(
+                ndcg_at_10=record["ndcg_at_10"],
+                retrieved=len(retrieved),
+                error=error,
+                faithfulness=record.get("faithfulness"),
+            )
         results.append(record)
         if progress:
             progress(done, len(cases))

@@ -63,6 +63,15 @@ class Command(RagCommand):
         parser.add_argument(
             "--answer-llm", default=None, help="litellm model writing the loop's final answer"
         )
+        parser.add_argument(
+            "--ground",
+            nargs="?",
+            const=True,
+            default=None,
+            metavar="GROUNDER",
+            help="check the answer against its sources (the GROUNDER setting, or llm, "
+            "cross-encoder, embedding, a dotted path) and print the unsupported sentences",
+        )
 
     def handle(self, *args, question, **options):
         try:
@@ -120,6 +129,7 @@ class Command(RagCommand):
             "threshold": options["threshold"],
             "collection": options["collection"],
             "source_id": options["source_id"],
+            "ground": options["ground"] or False,
         }
 
     def _pipeline(self, question, options):
@@ -150,6 +160,8 @@ class Command(RagCommand):
         if options["rerank"]:
             agent.rerank(threshold=options["rerank_threshold"])
         agent.answer(self_correct=options["self_correct"])
+        if options["ground"]:
+            agent.ground(grounder=options["ground"])
         context = agent.context
         if context.error is not None:
             raise CommandError(
@@ -173,6 +185,7 @@ class Command(RagCommand):
             limit=options["limit"],
             max_limit=max(options["limit"], 20),
             threshold=options["threshold"],
+            ground=options["ground"] or False,
             **search_options,
         ).run()
         if options["verbosity"] > 1:
@@ -202,6 +215,18 @@ class Command(RagCommand):
         return result
 
     def _sources(self, answer):
+        grounding = getattr(answer, "grounding", None)
+        if grounding is not None:
+            self.stdout.write(
+                f"\nGrounding ({grounding.grounder}): {grounding.score:.0%} of the answer supported"
+            )
+            for span in grounding.unsupported:
+                ids = ", ".join(str(i) for i in span.chunk_ids)
+                self.stdout.write(
+                    f"  {span.verdict}: {span.text}" + (f" (chunks {ids})" if ids else "")
+                )
+            for warning in grounding.warnings:
+                self.stdout.write(f"  warning: {scrub_text(warning)}")
         if not answer.citations:
             return
         self.stdout.write("\nSources:")

@@ -56,6 +56,29 @@ class Command(RagCommand):
         run.add_argument("--limit", type=positive_int_arg, default=10)
         run.add_argument("--evaluate-answers", action="store_true")
         run.add_argument("--llm")
+        run.add_argument(
+            "--retriever",
+            choices=["search", "agent", "loop"],
+            default="search",
+            help="what answers each case: search() (default), an agent pipeline (--steps) or "
+            "the tool-calling Loop (both use --llm); with --evaluate-answers their own answer "
+            "is judged",
+        )
+        run.add_argument(
+            "--steps",
+            default="rewrite,search,answer",
+            help="the agent's steps, comma-separated (with --retriever agent)",
+        )
+        run.add_argument(
+            "--grounder",
+            help="score faithfulness with a grounder (llm, cross-encoder, embedding or a "
+            "dotted path) instead of the 0-10 judge",
+        )
+        run.add_argument(
+            "--fail-fast",
+            action="store_true",
+            help="fail the run at the first retriever error (default: an empty result)",
+        )
         run.add_argument("--format", choices=["table", "json"], default="table")
         run.add_argument(
             "--fail-under",
@@ -109,6 +132,15 @@ class Command(RagCommand):
             f"or failed LLM answers). {TestCase.objects.count()} test cases in total."
         )
 
+    @staticmethod
+    def _retriever(options):
+        if options["retriever"] != "agent":
+            return options["retriever"]
+        steps = [step.strip() for step in options["steps"].split(",") if step.strip()]
+        if not steps:
+            raise CommandError("--steps needs at least one step name, e.g. search,answer")
+        return steps
+
     def _run(self, options):
         bar = self._progress(options)
         run = run_evaluation(
@@ -119,6 +151,9 @@ class Command(RagCommand):
             evaluate_answers=options["evaluate_answers"],
             llm=options["llm"],
             progress=bar,
+            retriever=self._retriever(options),
+            grounder=options["grounder"],
+            fail_fast=options["fail_fast"],
         )
         bar.close()
         self._print_run(run, options["format"])
