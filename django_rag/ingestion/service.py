@@ -14,8 +14,10 @@ A failure at any point leaves the database as it was.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +36,15 @@ from ..graph.extractors import get_extractor
 from ..models import Document, Job
 from ..models.databases import write_db
 from ..signals import span
-from ..store import delete_document, mark_document, save_pending, write_document
-from ..store.documents import find_duplicate
+from ..store import (
+    DocumentWrite,
+    delete_document,
+    mark_document,
+    save_pending,
+    write_document,
+    write_documents,
+)
+from ..store.documents import find_duplicate, find_duplicates
 from ..validation import (
     clean_collection_name,
     clean_filename,
@@ -105,8 +114,11 @@ def _validate(
     source_id: str | None = None,
     replace: bool = False,
     filename: str = "",
+    check_duplicate: bool = True,
 ):
-    """Check one document's input; return a :class:`_Pending`, or the stored duplicate."""
+    """Check one document's input; return a :class:`_Pending`, or the stored duplicate
+    (``check_duplicate=False`` leaves that to the caller: ``ingest_many`` checks a batch in one
+    query)."""
     source_id = clean_source_id(source_id)
     title = clean_title(title)
     if replace and not source_id:
@@ -120,7 +132,7 @@ def _validate(
     digest = content_hash(parsed.text)
 
     # Cheap dedup before any embedding work; checked again under the lock by the store.
-    existing = find_duplicate(name, source_id, digest)
+    existing = find_duplicate(name, source_id, digest) if check_duplicate else None
     if existing is not None and not replace:
         existing.deduplicated = True
         return existing
@@ -364,10 +376,13 @@ def ingest_many(
     Returns the documents in input order (stored duplicates included, as with ``ingest``).
 
     Every item is validated and chunked before anything is embedded or written, so bad input
-    raises with nothing stored (the error has a note naming ``documents[i]``). Documents are
-    then embedded ``group_size`` at a time and each is written in its own transaction, in
-    order: if the embedder fails, the documents of earlier groups stay stored and
-    :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk.
+    raises with nothing stored (the error has a note naming ``documents[i]``); stored
+    duplicates are found in one query. Documents are then embedded ``group_size`` at a time
+    (the next group on a thread while the previous one is written) and each group is written
+    in one transaction, in order (cut where a source_id comes back, so the result is that of
+    one ``ingest`` per document): if the embedder fails, the documents of earlier groups stay
+    stored and :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk;
+    if a group's write fails, none of its documents is stored.
     """
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
@@ -406,7 +421,7 @@ def _ingest_many(
 ) -> list:
     resolved = get_embedder(embedder)
     results: list = []
-    pending: list[tuple[int, _Pending]] = []
+    validated: list[tuple[int, _Pending]] = []
     for index, item in enumerate(documents):
         try:
             if isinstance(item, str):
@@ -417,51 +432,101 @@ def _ingest_many(
                     f"{', '.join(sorted(_ITEM_KEYS - {'text'}))}"
                 )
             parsed = _text_document(item["text"], item.get("format", format))
-            validated = _validate(
+            checked = _validate(
                 parsed,
                 collection=collection,
                 title=item.get("title", ""),
                 metadata=item.get("metadata"),
                 source_id=item.get("source_id"),
                 replace=replace,
+                check_duplicate=False,
             )
-            if isinstance(validated, _Pending):
-                validated.chunks = chunk_text(
-                    parsed,
-                    chunker=chunker,
-                    embedder=resolved,
-                    chunk_size=chunk_size,
-                    chunk_overlap=chunk_overlap,
-                )
-                pending.append((index, validated))
         except RagError as exc:
             exc.add_note(f"in documents[{index}]")
             raise
-        results.append(validated)
-    for start in range(0, len(pending), group_size):
-        group = pending[start : start + group_size]
-        texts = [chunk.text for _, item in group for chunk in item.chunks]
+        validated.append((index, checked))
+        results.append(checked)
+    # Cheap dedup before any embedding work, one query per thousand documents (the store
+    # checks again under the identity locks).
+    stored: dict = {}
+    if not replace and validated:
+        name = validated[0][1].collection
+        identities = [(p.document.source_id, p.document.content_hash) for _, p in validated]
+        for start in range(0, len(identities), 1000):
+            stored.update(find_duplicates(name, identities[start : start + 1000]))
+    pending: list[tuple[int, _Pending]] = []
+    for index, item in validated:
+        existing = stored.get((item.document.source_id, item.document.content_hash))
+        if existing is not None:
+            existing.deduplicated = True
+            results[index] = existing
+            continue
         try:
-            vectors = embed_texts(resolved, texts)
-        except EmbeddingFailed as exc:
-            position = exc.chunk_index
-            for index, item in group:
-                if position < len(item.chunks):
-                    raise EmbeddingFailed(
-                        f"Embedding documents[{index}] chunk {position} failed: "
-                        f"{exc.__cause__}. Documents before it in earlier groups were stored; "
-                        "this one and the rest were not.",
-                        chunk_index=position,
-                    ) from exc.__cause__
-                position -= len(item.chunks)
+            item.chunks = chunk_text(
+                item.parsed,
+                chunker=chunker,
+                embedder=resolved,
+                chunk_size=chunk_size,
+                chunk_overlap=chunk_overlap,
+            )
+        except RagError as exc:
+            exc.add_note(f"in documents[{index}]")
             raise
-        offset = 0
-        for index, item in group:
-            count = len(item.chunks)
-            own = vectors[offset : offset + count]
-            offset += count
-            results[index] = _store(item, _prepared(item, item.chunks, own, resolved, graph))
+        pending.append((index, item))
+    groups = [pending[start : start + group_size] for start in range(0, len(pending), group_size)]
+    if not groups:
+        return results
+
+    def embed(group) -> list:
+        return embed_texts(resolved, [chunk.text for _, item in group for chunk in item.chunks])
+
+    # The next group is embedded on a thread while this one is written: the model and the
+    # database work at the same time (the model releases the GIL while it computes).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="django_rag-embed") as pool:
+        future = pool.submit(contextvars.copy_context().run, embed, groups[0])
+        for number, group in enumerate(groups):
+            try:
+                vectors = future.result()
+            except EmbeddingFailed as exc:
+                raise _group_failure(exc, group) from exc.__cause__
+            if number + 1 < len(groups):
+                future = pool.submit(contextvars.copy_context().run, embed, groups[number + 1])
+            writes, offset = [], 0
+            for _, item in group:
+                own = vectors[offset : offset + len(item.chunks)]
+                offset += len(item.chunks)
+                prepared = _prepared(item, item.chunks, own, resolved, graph)
+                item.document.error = ""
+                writes.append(
+                    DocumentWrite(
+                        item.document,
+                        [chunk.row() for chunk in prepared.chunks],
+                        replace=item.replace,
+                        extractions=prepared.extractions,
+                    )
+                )
+            written = write_documents(
+                writes, collection=group[0][1].collection, model_name=resolved.model_name
+            )
+            for (index, _), document in zip(group, written, strict=True):
+                document.skipped_chunks = []
+                results[index] = document
     return results
+
+
+def _group_failure(exc: EmbeddingFailed, group) -> EmbeddingFailed:
+    """The embedder's failure in a group, naming the document and its chunk."""
+    position = exc.chunk_index
+    for index, item in group:
+        if position < len(item.chunks):
+            return EmbeddingFailed(
+                f"Embedding documents[{index}] chunk {position} failed: "
+                f"{exc.__cause__}. Documents before it in earlier groups were stored; "
+                "this one and the rest were not.",
+                chunk_index=position,
+            )
+        position -= len(item.chunks)
+    return exc
 
 
 # --- background ingestion -------------------------------------------------------------------
