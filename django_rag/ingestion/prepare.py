@@ -110,10 +110,11 @@ def prepare_chunks(
 
 
 def embed_texts(
-    embedder: Embedder, texts: Sequence[str], *, on_error: str = "raise"
+    embedder: Embedder, texts: Sequence[str], *, on_error: str = "raise", progress=None
 ) -> list[list[float] | None]:
     """Embed ``texts`` in batches. A failure names the first chunk that cannot be embedded;
-    with ``on_error="skip"`` such chunks get None instead (when some chunk embedded)."""
+    with ``on_error="skip"`` such chunks get None instead (when some chunk embedded).
+    ``progress(count)`` is called after each batch with the number of texts it held."""
     vectors: list[list[float] | None] = []
     size = max(1, int(getattr(embedder, "batch_size", 32) or 32))
     for start in range(0, len(texts), size):
@@ -123,6 +124,8 @@ def embed_texts(
         except Exception as exc:
             if on_error == "skip":
                 vectors.extend(_one_by_one(embedder, batch))
+                if progress is not None:
+                    progress(len(batch))
                 continue
             index, cause = _failing_index(embedder, batch, exc)
             raise EmbeddingFailed(
@@ -132,6 +135,8 @@ def embed_texts(
                 "pass on_chunk_error='skip' to store the chunks that embed.",
                 chunk_index=start + index,
             ) from cause
+        if progress is not None:
+            progress(len(batch))
     if on_error == "skip" and texts and all(vector is None for vector in vectors):
         raise EmbeddingFailed(
             "No chunk of this document could be embedded; nothing was written.", chunk_index=0

@@ -53,7 +53,7 @@ from ..validation import (
     clean_text,
     clean_title,
 )
-from .chunkers import TextChunk
+from .chunkers import TextChunk, get_chunker
 from .parsers import Page, ParsedDocument, parse_bytes, parse_file
 from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older imports use this path)
     PreparedChunk,
@@ -446,39 +446,92 @@ def _ingest_many(
             raise
         validated.append((index, checked))
         results.append(checked)
-    # Cheap dedup before any embedding work, one query per thousand documents (the store
-    # checks again under the identity locks).
+    to_write = _without_stored(validated, results, replace)
+    _write_batched(
+        to_write,
+        results,
+        embedder=resolved,
+        chunker=chunker,
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
+        group_size=group_size,
+        graph=graph,
+    )
+    return results
+
+
+def _without_stored(validated: list[tuple[int, _Pending]], results: list, replace: bool) -> list:
+    """Cheap dedup before any embedding work, one query per thousand documents (the store
+    checks again under the identity locks): a stored duplicate goes to ``results[index]``,
+    the others are returned."""
     stored: dict = {}
     if not replace and validated:
         name = validated[0][1].collection
         identities = [(p.document.source_id, p.document.content_hash) for _, p in validated]
         for start in range(0, len(identities), 1000):
             stored.update(find_duplicates(name, identities[start : start + 1000]))
-    pending: list[tuple[int, _Pending]] = []
+    left = []
     for index, item in validated:
         existing = stored.get((item.document.source_id, item.document.content_hash))
         if existing is not None:
             existing.deduplicated = True
             results[index] = existing
-            continue
+        else:
+            left.append((index, item))
+    return left
+
+
+def _write_batched(
+    items: list[tuple[int, _Pending]],
+    results: list,
+    *,
+    embedder: Embedder,
+    chunker,
+    chunk_size,
+    chunk_overlap,
+    group_size: int,
+    graph: bool,
+    errors: dict[int, Exception] | None = None,
+    progress=None,
+) -> None:
+    """Chunk, embed and write validated documents ``group_size`` at a time; ``results[index]``
+    becomes each one's stored document.
+
+    Without ``errors`` the first failure raises (with a note naming ``documents[index]``);
+    with it, a document's failure is recorded there and the others go on (a group whose
+    embedding fails is embedded again document by document). ``progress(done, total)`` is
+    called with chunk counts as batches are embedded (from the embedding thread)."""
+    pending: list[tuple[int, _Pending]] = []
+    for index, item in items:
         try:
             item.chunks = chunk_text(
                 item.parsed,
                 chunker=chunker,
-                embedder=resolved,
+                embedder=embedder,
                 chunk_size=chunk_size,
                 chunk_overlap=chunk_overlap,
             )
         except RagError as exc:
-            exc.add_note(f"in documents[{index}]")
-            raise
+            if errors is None:
+                exc.add_note(f"in documents[{index}]")
+                raise
+            errors[index] = exc
+            continue
         pending.append((index, item))
     groups = [pending[start : start + group_size] for start in range(0, len(pending), group_size)]
     if not groups:
-        return results
+        return
+    total = sum(len(item.chunks) for _, item in pending)
+    done = 0
+
+    def advance(count: int) -> None:
+        nonlocal done
+        done += count
+        progress(done, total)
 
     def embed(group) -> list:
-        return embed_texts(resolved, [chunk.text for _, item in group for chunk in item.chunks])
+        texts = [chunk.text for _, item in group for chunk in item.chunks]
+        return embed_texts(embedder, texts, progress=advance if progress else None)
 
     # The next group is embedded on a thread while this one is written: the model and the
     # database work at the same time (the model releases the GIL while it computes).
@@ -488,14 +541,28 @@ def _ingest_many(
             try:
                 vectors = future.result()
             except EmbeddingFailed as exc:
-                raise _group_failure(exc, group) from exc.__cause__
+                if errors is None:
+                    raise _group_failure(exc, group) from exc.__cause__
+                vectors = None
             if number + 1 < len(groups):
                 future = pool.submit(contextvars.copy_context().run, embed, groups[number + 1])
-            writes, offset = [], 0
-            for _, item in group:
-                own = vectors[offset : offset + len(item.chunks)]
-                offset += len(item.chunks)
-                prepared = _prepared(item, item.chunks, own, resolved, graph)
+            writes, written_indexes, offset = [], [], 0
+            for index, item in group:
+                count = len(item.chunks)
+                try:
+                    if vectors is None:  # the group failed: find which document did
+                        own = embed_texts(embedder, [chunk.text for chunk in item.chunks])
+                    else:
+                        own = vectors[offset : offset + count]
+                    prepared = _prepared(item, item.chunks, own, embedder, graph)
+                except RagError as exc:
+                    if errors is None:
+                        exc.add_note(f"in documents[{index}]")
+                        raise
+                    errors[index] = exc
+                    continue
+                finally:
+                    offset += count
                 item.document.error = ""
                 writes.append(
                     DocumentWrite(
@@ -505,13 +572,15 @@ def _ingest_many(
                         extractions=prepared.extractions,
                     )
                 )
+                written_indexes.append(index)
+            if not writes:
+                continue
             written = write_documents(
-                writes, collection=group[0][1].collection, model_name=resolved.model_name
+                writes, collection=group[0][1].collection, model_name=embedder.model_name
             )
-            for (index, _), document in zip(group, written, strict=True):
+            for index, document in zip(written_indexes, written, strict=True):
                 document.skipped_chunks = []
                 results[index] = document
-    return results
 
 
 def _group_failure(exc: EmbeddingFailed, group) -> EmbeddingFailed:
@@ -527,6 +596,92 @@ def _group_failure(exc: EmbeddingFailed, group) -> EmbeddingFailed:
             )
         position -= len(item.chunks)
     return exc
+
+
+def ingest_files(
+    paths: Iterable[str | Path],
+    *,
+    collection: str | None = None,
+    source_ids: Sequence[str] | None = None,
+    replace: bool = False,
+    title: str = "",
+    metadata: dict | None = None,
+    chunker=None,
+    embedder=None,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+    group_size: int = 64,
+    graph: bool | None = None,
+    progress=None,
+) -> list:
+    """Ingest many files through the batched path of :func:`ingest_many` (what ``rag_ingest``
+    runs): parsed one by one, stored duplicates found in one query, chunks of several files
+    embedded per batch, each group written in one transaction.
+
+    One file's failure does not stop the others: the result has, for each path in order, the
+    stored :class:`Document` (``deduplicated`` as with ``ingest``) or the exception
+    (:class:`~django_rag.exceptions.RagError` or ``OSError``) that file raised. Options that are
+    wrong for every file (``collection``, ``metadata``, ``chunk_size``...) raise at once.
+    ``source_ids`` defaults to each path as given. ``progress(done, total)`` receives chunk
+    counts while embedding runs (from the embedding thread).
+    """
+    paths = [Path(path) for path in paths]
+    if source_ids is not None and len(source_ids) != len(paths):
+        raise InvalidOption(f"{len(source_ids)} source_ids for {len(paths)} paths")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
+    # Options shared by every file are checked once, before any file is read.
+    name = clean_collection_name(collection)
+    clean_title(title)
+    clean_metadata(metadata)
+    options = {
+        key: value
+        for key, value in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
+        if value is not None
+    }
+    get_chunker(chunker, **options)
+    resolved = get_embedder(embedder)
+    with span("ingest_files", collection=name, file_count=len(paths)) as s:
+        results: list = [None] * len(paths)
+        errors: dict[int, Exception] = {}
+        validated: list[tuple[int, _Pending]] = []
+        for index, path in enumerate(paths):
+            try:
+                clean_filename(str(path))
+                parsed = parse_file(path)
+                validated.append(
+                    (
+                        index,
+                        _validate(
+                            parsed,
+                            collection=name,
+                            title=title,
+                            metadata=metadata,
+                            source_id=source_ids[index] if source_ids is not None else str(path),
+                            replace=replace,
+                            filename=path.name,
+                            check_duplicate=False,
+                        ),
+                    )
+                )
+            except (RagError, OSError) as exc:
+                errors[index] = exc
+        _write_batched(
+            _without_stored(validated, results, replace),
+            results,
+            embedder=resolved,
+            chunker=chunker,
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            group_size=group_size,
+            graph=_use_graph(graph),
+            errors=errors,
+            progress=progress,
+        )
+        for index, error in errors.items():
+            results[index] = error
+        s.set(document_count=sum(isinstance(r, Document) for r in results), failed=len(errors))
+        return results
 
 
 # --- background ingestion -------------------------------------------------------------------
