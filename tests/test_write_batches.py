@@ -234,3 +234,31 @@ def test_ingest_files_collects_failures_and_reports_progress(tmp_path):
     with pytest.raises(InvalidOption):
         ingest_files(paths, collection="files", chunk_size=10, chunk_overlap=10)
     assert_statistics_exact()
+
+
+def test_embed_texts_batches_by_length_and_keeps_the_input_order():
+    from django_rag.exceptions import EmbeddingFailed
+    from django_rag.ingestion.prepare import embed_texts
+
+    batches = []
+
+    class Recording(HashingEmbedder):
+        def __init__(self):
+            super().__init__()
+            self.batch_size = 2
+
+        def embed_documents(self, texts):
+            batches.append(list(texts))
+            if any("POISON" in t for t in texts):
+                raise RuntimeError("refused")
+            return super().embed_documents(texts)
+
+    texts = ["a", "ccc ccc ccc", "bb bb", "dddd dddd dddd dddd", "e e"]
+    vectors = embed_texts(Recording(), texts)
+    reference = HashingEmbedder().embed_documents(texts)
+    assert vectors == reference  # each vector in its text's place
+    assert [len(b[0]) >= len(b[-1]) for b in batches] == [True] * len(batches)
+    assert batches[0] == ["dddd dddd dddd dddd", "ccc ccc ccc"]
+    with pytest.raises(EmbeddingFailed) as info:
+        embed_texts(Recording(), ["short", "a much longer POISON text here", "mid text"])
+    assert info.value.chunk_index == 1 and "chunk 1" in str(info.value)
