@@ -83,7 +83,12 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("paths", nargs="+", metavar="PATH")
+        parser.add_argument(
+            "paths",
+            nargs="+",
+            metavar="PATH",
+            help="a file, a directory (walked) or a glob pattern",
+        )
         parser.add_argument(
             "--collection",
             default=None,
