@@ -63,6 +63,10 @@ def test_duplicates_inside_the_batch_and_against_stored_documents():
     for document in Document.objects.filter(collection__name="b"):
         assert document.status == Document.Status.COMPLETED
         assert document.chunks.count() == document.chunk_count > 0
+    # The vectors arrive intact (sent in pgvector's binary format).
+    chunk = Chunk.objects.filter(document=results[1]).order_by("chunk_index").first()
+    expected = HashingEmbedder().embed_documents([chunk.text])[0]
+    assert list(chunk.embedding) == pytest.approx(expected, abs=1e-7)
     # Full-text vectors and lengths were computed in the insert, as index_chunks would.
     rows = chunk_rows("b")
     with connection.cursor() as cursor:
