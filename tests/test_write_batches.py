@@ -11,7 +11,7 @@ from django.db import connection, connections
 import django_rag as rag
 from django_rag.exceptions import InvalidOption, UnsupportedFileType
 from django_rag.ingestion.service import ingest_files
-from django_rag.models import Chunk, Document
+from django_rag.models import Chunk, CorpusDelta, Document, TermDelta
 from django_rag.store import documents, recount_statistics
 from django_rag.testing import HashingEmbedder
 
@@ -126,6 +126,8 @@ def test_a_group_whose_write_fails_leaves_nothing(monkeypatch):
     assert stored == {"old", "s0", "s1"}
     assert before[0] + 2 == Document.objects.count()
     assert_statistics_exact()
+    # The committed group's statistics deltas were folded despite the failure.
+    assert not TermDelta.objects.exists() and not CorpusDelta.objects.exists()
     monkeypatch.setattr(documents, "copy_chunks", original)
     # Nothing half-written blocks the retry.
     rag.ingest_many(items, collection="f", group_size=2, replace=True)
@@ -133,6 +135,7 @@ def test_a_group_whose_write_fails_leaves_nothing(monkeypatch):
     assert set(stored) == {"old", "s0", "s1", "s2", "s3"}
     assert stored["old"].content == text(30)
     assert_statistics_exact()
+    assert not TermDelta.objects.exists() and not CorpusDelta.objects.exists()
 
 
 @pytest.mark.django_db

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextvars
 import hashlib
+import logging
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -44,7 +45,7 @@ from ..store import (
     write_document,
     write_documents,
 )
-from ..store.documents import find_duplicate, find_duplicates
+from ..store.documents import compact_on_commit, find_duplicate, find_duplicates
 from ..validation import (
     clean_collection_name,
     clean_filename,
@@ -63,7 +64,11 @@ from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older impor
     prepare_chunks,
 )
 
+logger = logging.getLogger(__name__)
+
 FORMATS = ("text", "markdown")
+# Batched ingestion folds the BM25 statistics deltas about this often (in chunks).
+COMPACT_EVERY = 2048
 ON_CHUNK_ERROR = ("raise", "skip")
 
 
@@ -533,54 +538,71 @@ def _write_batched(
         texts = [chunk.text for _, item in group for chunk in item.chunks]
         return embed_texts(embedder, texts, progress=advance if progress else None)
 
-    # The next group is embedded on a thread while this one is written: the model and the
-    # database work at the same time (the model releases the GIL while it computes).
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="django_rag-embed") as pool:
-        future = pool.submit(contextvars.copy_context().run, embed, groups[0])
-        for number, group in enumerate(groups):
-            try:
-                vectors = future.result()
-            except EmbeddingFailed as exc:
-                if errors is None:
-                    raise _group_failure(exc, group) from exc.__cause__
-                vectors = None
-            if number + 1 < len(groups):
-                future = pool.submit(contextvars.copy_context().run, embed, groups[number + 1])
-            writes, written_indexes, offset = [], [], 0
-            for index, item in group:
-                count = len(item.chunks)
+    # The statistics deltas are folded every COMPACT_EVERY chunks and at the end (even after a
+    # failure), not after every group.
+    since_compaction = 0
+    try:
+        # The next group is embedded on a thread while this one is written: the model and the
+        # database work at the same time (the model releases the GIL while it computes).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="django_rag-embed") as pool:
+            future = pool.submit(contextvars.copy_context().run, embed, groups[0])
+            for number, group in enumerate(groups):
                 try:
-                    if vectors is None:  # the group failed: find which document did
-                        own = embed_texts(embedder, [chunk.text for chunk in item.chunks])
-                    else:
-                        own = vectors[offset : offset + count]
-                    prepared = _prepared(item, item.chunks, own, embedder, graph)
-                except RagError as exc:
+                    vectors = future.result()
+                except EmbeddingFailed as exc:
                     if errors is None:
-                        exc.add_note(f"in documents[{index}]")
-                        raise
-                    errors[index] = exc
-                    continue
-                finally:
-                    offset += count
-                item.document.error = ""
-                writes.append(
-                    DocumentWrite(
-                        item.document,
-                        [chunk.row() for chunk in prepared.chunks],
-                        replace=item.replace,
-                        extractions=prepared.extractions,
+                        raise _group_failure(exc, group) from exc.__cause__
+                    vectors = None
+                if number + 1 < len(groups):
+                    future = pool.submit(contextvars.copy_context().run, embed, groups[number + 1])
+                writes, written_indexes, offset = [], [], 0
+                for index, item in group:
+                    count = len(item.chunks)
+                    try:
+                        if vectors is None:  # the group failed: find which document did
+                            own = embed_texts(embedder, [chunk.text for chunk in item.chunks])
+                        else:
+                            own = vectors[offset : offset + count]
+                        prepared = _prepared(item, item.chunks, own, embedder, graph)
+                    except RagError as exc:
+                        if errors is None:
+                            exc.add_note(f"in documents[{index}]")
+                            raise
+                        errors[index] = exc
+                        continue
+                    finally:
+                        offset += count
+                    item.document.error = ""
+                    writes.append(
+                        DocumentWrite(
+                            item.document,
+                            [chunk.row() for chunk in prepared.chunks],
+                            replace=item.replace,
+                            extractions=prepared.extractions,
+                        )
                     )
+                    written_indexes.append(index)
+                if not writes:
+                    continue
+                written = write_documents(
+                    writes,
+                    collection=group[0][1].collection,
+                    model_name=embedder.model_name,
+                    compact=False,
                 )
-                written_indexes.append(index)
-            if not writes:
-                continue
-            written = write_documents(
-                writes, collection=group[0][1].collection, model_name=embedder.model_name
-            )
-            for index, document in zip(written_indexes, written, strict=True):
-                document.skipped_chunks = []
-                results[index] = document
+                since_compaction += sum(len(write.chunks) for write in writes)
+                if since_compaction >= COMPACT_EVERY:
+                    compact_on_commit()
+                    since_compaction = 0
+                for index, document in zip(written_indexes, written, strict=True):
+                    document.skipped_chunks = []
+                    results[index] = document
+    finally:
+        if since_compaction:
+            try:
+                compact_on_commit()
+            except Exception:  # the deltas stay for the next compaction; keep the real error
+                logger.exception("folding the statistics deltas after a batched ingest failed")
 
 
 def _group_failure(exc: EmbeddingFailed, group) -> EmbeddingFailed:

@@ -246,8 +246,9 @@ def find_duplicates(
     if not identities:
         return {}
     pairs = sorted(set(identities))
+    db = write_db()
     found = (
-        Document.objects.using(write_db())
+        Document.objects.using(db)
         .filter(
             collection__name=collection,
             status=Document.Status.COMPLETED,
@@ -255,18 +256,18 @@ def find_duplicates(
             source_id__in=sorted({source for source, _ in pairs}),
         )
         .order_by("created_at", "id")  # the newest last: it wins below
+        .values_list("pk", "source_id", "content_hash")
     )
     wanted = set(pairs)
-    duplicates: dict[tuple[str, str], Document] = {}
-    for document in found:
-        key = (document.source_id, document.content_hash)
-        if key in wanted:
-            duplicates[key] = document
-    return duplicates
+    newest = {(source, digest): pk for pk, source, digest in found if (source, digest) in wanted}
+    if not newest:
+        return {}
+    loaded = Document.objects.using(db).in_bulk(list(newest.values()))
+    return {key: loaded[pk] for key, pk in newest.items() if pk in loaded}
 
 
 def write_documents(
-    writes: Sequence[DocumentWrite], *, collection: str, model_name: str
+    writes: Sequence[DocumentWrite], *, collection: str, model_name: str, compact: bool = True
 ) -> list[Document]:
     """Store many new documents with their chunks: what :func:`write_document` does for one,
     with a constant number of statements per batch (identity locks, duplicate check, replaced
@@ -276,6 +277,10 @@ def write_documents(
     ``deduplicated = True``). The batch is written in one transaction, except where an identity
     (collection, source_id) comes back in it: the batch is cut there, so each run is atomic and
     the result is the same as writing the documents one by one, in order.
+
+    ``compact=False`` leaves the statistics deltas for the caller to fold
+    (:func:`~django_rag.store.compact_statistics`; readers count pending deltas either way):
+    a bulk load folds them every few thousand chunks instead of after every group.
     """
     results: list[Document] = []
     run: list[DocumentWrite] = []
@@ -285,16 +290,18 @@ def write_documents(
             raise ValueError("write_documents stores new documents; use write_document")
         key = identity_key(collection, write.document.source_id, write.document.content_hash)
         if key in seen:
-            results.extend(_write_run(run, collection, model_name))
+            results.extend(_write_run(run, collection, model_name, compact))
             run, seen = [], set()
         run.append(write)
         seen.add(key)
     if run:
-        results.extend(_write_run(run, collection, model_name))
+        results.extend(_write_run(run, collection, model_name, compact))
     return results
 
 
-def _write_run(run: list[DocumentWrite], name: str, model_name: str) -> list[Document]:
+def _write_run(
+    run: list[DocumentWrite], name: str, model_name: str, compact: bool
+) -> list[Document]:
     def write() -> list[Document]:
         for item in run:  # a retry after a rollback: the first attempt's keys are void
             item.document.pk = None
@@ -309,12 +316,14 @@ def _write_run(run: list[DocumentWrite], name: str, model_name: str) -> list[Doc
             ),
             transaction.atomic(using=write_db()),
         ):
-            return _write_many(run, name, model_name)
+            return _write_many(run, name, model_name, compact)
 
     return retry_transient(write, what="write_documents")
 
 
-def _write_many(run: list[DocumentWrite], name: str, model_name: str) -> list[Document]:
+def _write_many(
+    run: list[DocumentWrite], name: str, model_name: str, compact: bool
+) -> list[Document]:
     db = write_db()
     identities = [(item.document.source_id, item.document.content_hash) for item in run]
     lock_identities(name, identities)
@@ -366,7 +375,8 @@ def _write_many(run: list[DocumentWrite], name: str, model_name: str) -> list[Do
         if item.extractions is not None:
             persist(collection.pk, own, item.extractions)
         sync_stored(stored, document=item.document)
-    _compact_on_commit(db)
+    if compact:
+        _compact_on_commit(db)
     return results
 
 
@@ -587,6 +597,12 @@ def delete_document(pk: int) -> bool:
             return delete_documents([pk]) > 0
 
     return retry_transient(write, what="delete_document")
+
+
+def compact_on_commit(db: str | None = None) -> None:
+    """Fold the statistics deltas on ``db`` (default: the write database) once the current
+    transaction commits, or now when none is open."""
+    _compact_on_commit(db or write_db())
 
 
 def _compact_on_commit(db: str) -> None:
