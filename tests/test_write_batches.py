@@ -269,3 +269,41 @@ def test_embed_texts_batches_by_length_and_keeps_the_input_order():
     with pytest.raises(EmbeddingFailed) as info:
         embed_texts(Recording(), ["short", "a much longer POISON text here", "mid text"])
     assert info.value.chunk_index == 1 and "chunk 1" in str(info.value)
+
+
+@pytest.mark.django_db
+def test_ingest_many_hands_chunks_to_a_receiving_store_and_stores_the_graph(settings):
+    from django_rag.models import Entity
+    from django_rag.retrieval import MemoryVectorStore, get_vector_store
+
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "VECTOR_STORE": "memory"}
+    store = get_vector_store()
+    assert isinstance(store, MemoryVectorStore)
+    results = rag.ingest_many(
+        [
+            {"text": "Jane Doe met Acme Corp in Berlin.", "source_id": "one"},
+            {"text": "Acme Corp builds drills in Lyon.", "source_id": "two"},
+        ],
+        collection="m",
+        graph=True,
+    )
+    chunk_ids = set(Chunk.objects.filter(collection__name="m").values_list("pk", flat=True))
+    assert len(store) == len(chunk_ids) == sum(d.chunk_count for d in results)
+    hits = rag.search("drills in Lyon", collection="m")
+    assert hits and hits[0].source_id == "two" and hits[0].chunk_id in chunk_ids
+    names = set(Entity.objects.values_list("normalized_name", flat=True))
+    assert {"acme corp", "berlin", "lyon"} <= names
+
+
+@pytest.mark.django_db
+def test_a_failing_receiving_store_rolls_the_group_back(settings):
+    from django_rag.retrieval import MemoryVectorStore
+
+    class Broken(MemoryVectorStore):
+        def store(self, chunks, vectors):
+            raise RuntimeError("index unavailable")
+
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "VECTOR_STORE": Broken()}
+    with pytest.raises(RuntimeError):
+        rag.ingest_many([text(70), text(71)], collection="m")
+    assert not Chunk.objects.exists() and not Document.objects.exists()
