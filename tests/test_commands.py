@@ -197,3 +197,103 @@ def test_rag_ask_checks_collection_and_mode_before_any_llm_call(policies):
         with pytest.raises(CommandError, match="expected an integer >= 1"):
             run("rag_ask", "refunds", "--limit", "0")
     assert llm.calls == []
+class FakeTTY(StringIO):
+    def isatty(self):
+        return True
+
+
+def test_ingest_options_title_metadata_and_chunk_size(files):
+    path = files / "docs" / "nested" / "shipping.txt"
+    path.write_text(" ".join(f"word{i}" for i in range(120)))
+    run(
+        "rag_ingest",
+        str(path),
+        "--collection",
+        "opts",
+        "--title",
+        "Shipping guide",
+        "--metadata",
+        '{"team": "logistics", "tier": 2}',
+        "--chunk-size",
+        "40",
+        "--chunk-overlap",
+        "5",
+    )
+    (doc,) = Document.objects.filter(collection__name="opts")
+    assert doc.title == "Shipping guide"
+    assert doc.metadata["team"] == "logistics" and doc.metadata["tier"] == 2
+    assert doc.chunk_count >= 3  # 120 words in chunks of at most 40 tokens
+    assert all(chunk.token_count <= 40 for chunk in doc.chunks.all())
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--metadata", "{team: 1}"], "--metadata is not valid JSON"),
+        (["--metadata", "[1, 2]"], "--metadata must be a JSON object, got list"),
+        (["--metadata", '{"x": NaN}'], "--metadata"),
+        (["--chunk-size", "10", "--chunk-overlap", "10"], "chunk_overlap"),
+        (["--chunk-size", "0"], "chunk_size"),
+        (["--title", "One title"], "--title names one document but 3 files"),
+    ],
+)
+def test_ingest_option_errors_are_clear_and_store_nothing(files, args, message):
+    with pytest.raises(CommandError, match=message):
+        run("rag_ingest", str(files / "docs"), "--collection", "bad", *args)
+    assert not Document.objects.filter(collection__name="bad").exists()
+
+
+def test_ingest_progress_on_a_tty_only(files):
+    out, err = StringIO(), FakeTTY()
+    call_command("rag_ingest", str(files / "docs"), "--collection", "tty", stdout=out, stderr=err)
+    drawn = err.getvalue()
+    chunks = sum(
+        Document.objects.filter(collection__name="tty").values_list("chunk_count", flat=True)
+    )
+    assert "chunks embedded" in drawn and f"{chunks}/{chunks}" in drawn and "[#" in drawn
+    # Not a terminal: no bar, and the per-file lines and summary are the same.
+    out2, err2 = StringIO(), StringIO()
+    call_command("rag_ingest", str(files / "docs"), "--collection", "tty", stdout=out2, stderr=err2)
+    assert err2.getvalue() == ""
+    assert "3 unchanged" in out2.getvalue()
+
+
+def test_ingest_summarises_skipped_files_by_reason(files):
+    (files / "docs" / "photo.png").write_bytes(b"\x89PNG")
+    output = run("rag_ingest", str(files / "docs"), "--collection", "skip")
+    assert (
+        "2 other file(s) in the directories skipped (no parser for their type: 1 .png, 1 .xyz"
+        in output
+    )
+    assert sum(line.startswith("ingested ") for line in output.splitlines()) == 3
+
+
+def test_ingest_of_a_directory_uses_the_batched_path(files, monkeypatch):
+    from django_rag.ingestion import service
+
+    calls = []
+    original = service.write_documents
+
+    def recording(writes, **kwargs):
+        calls.append(len(writes))
+        return original(writes, **kwargs)
+
+    monkeypatch.setattr(service, "write_documents", recording)
+    run("rag_ingest", str(files / "docs"), "--collection", "batched")
+    assert calls == [3]  # the three files written together, not one ingest per file
+
+
+def test_every_option_with_choices_shows_them_in_help():
+    from django.core.management import get_commands, load_command_class
+
+    for name, app in get_commands().items():
+        if not name.startswith("rag_"):
+            continue
+        parser = load_command_class(app, name).create_parser("manage.py", name)
+        help_text = parser.format_help()
+        for action in parser._actions:
+            if action.choices and not isinstance(action.choices, dict):
+                assert "{" + ",".join(map(str, action.choices)) + "}" in help_text, (
+                    name,
+                    action.dest,
+                )

@@ -14,7 +14,8 @@ from django_rag.exceptions import (
     InvalidOption,
     InvalidText,
 )
-from django_rag.models import Chunk, ChunkQuerySet, Collection, Document
+from django_rag.models import Chunk, Collection, Document
+from django_rag.store import documents
 from django_rag.testing import HashingEmbedder
 
 from .test_parsers import make_pdf
@@ -74,14 +75,14 @@ def test_failing_embedder_leaves_no_rows(failing_embedder):
 
 def test_failure_while_writing_rolls_back(monkeypatch):
     before = counts()
-    # On the queryset class: the store inserts through Chunk.objects.using(<write alias>).
-    original = ChunkQuerySet.bulk_create
+    # The chunk rows are in (the statement ran) when the write fails.
+    original = documents.copy_chunks
 
-    def explode(self, *args, **kwargs):
-        original(self, *args, **kwargs)
+    def explode(*args, **kwargs):
+        original(*args, **kwargs)
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(ChunkQuerySet, "bulk_create", explode)
+    monkeypatch.setattr(documents, "copy_chunks", explode)
     with pytest.raises(RuntimeError):
         rag.ingest(PARAGRAPH * 5, collection="rollback")
     assert counts() == before

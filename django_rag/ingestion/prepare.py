@@ -116,13 +116,18 @@ def embed_texts(
     on_error: str = "raise",
     progress: Callable[[int, int], None] | None = None,
 ) -> list[list[float] | None]:
-    """Embed ``texts`` in batches. A failure names the first chunk that cannot be embedded;
-    with ``on_error="skip"`` such chunks get None instead (when some chunk embedded).
-    ``progress(done, total)`` is called after each batch (a background job's report)."""
+    """Embed ``texts`` in batches, longest first. A failure names a chunk that cannot be
+    embedded (its index in ``texts``); with ``on_error="skip"`` such chunks get None instead
+    (when some chunk embedded). ``progress(done, total)`` is called after each batch (a
+    background job's report, a command's progress bar)."""
+    # Batches of similar lengths: a batch is padded to its longest text, so mixing short and
+    # long chunks wastes model time (SentenceTransformer.encode sorts the same way).
+    order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+    ordered = [texts[i] for i in order]
     vectors: list[list[float] | None] = []
     size = max(1, int(getattr(embedder, "batch_size", 32) or 32))
-    for start in range(0, len(texts), size):
-        batch = list(texts[start : start + size])
+    for start in range(0, len(ordered), size):
+        batch = ordered[start : start + size]
         try:
             vectors.extend(embedder.embed_documents(batch))
         except Exception as exc:
@@ -132,12 +137,13 @@ def embed_texts(
                     progress(len(vectors), len(texts))
                 continue
             index, cause = _failing_index(embedder, batch, exc)
+            position = order[start + index]
             raise EmbeddingFailed(
-                f"Embedding chunk {start + index} failed with {type(cause).__name__}: "
+                f"Embedding chunk {position} failed with {type(cause).__name__}: "
                 f"{scrub_text(cause)}. "
                 "Nothing was written; fix the embedder (or the text) and ingest again, or "
                 "pass on_chunk_error='skip' to store the chunks that embed.",
-                chunk_index=start + index,
+                chunk_index=position,
             ) from cause
         if progress is not None:
             progress(len(vectors), len(texts))
@@ -145,7 +151,10 @@ def embed_texts(
         raise EmbeddingFailed(
             "No chunk of this document could be embedded; nothing was written.", chunk_index=0
         )
-    return vectors
+    result: list[list[float] | None] = [None] * len(texts)
+    for position, vector in zip(order, vectors, strict=True):
+        result[position] = vector
+    return result
 
 
 def _one_by_one(embedder: Embedder, batch: list[str]) -> list[list[float] | None]:

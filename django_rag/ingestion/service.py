@@ -14,8 +14,11 @@ A failure at any point leaves the database as it was.
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
+import logging
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,8 +37,15 @@ from ..graph.extractors import get_extractor
 from ..models import Document, Job
 from ..models.databases import write_db
 from ..signals import span
-from ..store import delete_document, mark_document, save_pending, write_document
-from ..store.documents import find_duplicate
+from ..store import (
+    DocumentWrite,
+    delete_document,
+    mark_document,
+    save_pending,
+    write_document,
+    write_documents,
+)
+from ..store.documents import compact_on_commit, find_duplicate, find_duplicates
 from ..validation import (
     clean_collection_name,
     clean_filename,
@@ -44,7 +54,7 @@ from ..validation import (
     clean_text,
     clean_title,
 )
-from .chunkers import TextChunk
+from .chunkers import TextChunk, get_chunker
 from .parsers import Page, ParsedDocument, parse_bytes, parse_file
 from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older imports use this path)
     PreparedChunk,
@@ -54,7 +64,11 @@ from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older impor
     prepare_chunks,
 )
 
+logger = logging.getLogger(__name__)
+
 FORMATS = ("text", "markdown")
+# Batched ingestion folds the BM25 statistics deltas about this often (in chunks).
+COMPACT_EVERY = 2048
 ON_CHUNK_ERROR = ("raise", "skip")
 
 
@@ -105,8 +119,11 @@ def _validate(
     source_id: str | None = None,
     replace: bool = False,
     filename: str = "",
+    check_duplicate: bool = True,
 ):
-    """Check one document's input; return a :class:`_Pending`, or the stored duplicate."""
+    """Check one document's input; return a :class:`_Pending`, or the stored duplicate
+    (``check_duplicate=False`` leaves that to the caller: ``ingest_many`` checks a batch in one
+    query)."""
     source_id = clean_source_id(source_id)
     title = clean_title(title)
     if replace and not source_id:
@@ -120,7 +137,7 @@ def _validate(
     digest = content_hash(parsed.text)
 
     # Cheap dedup before any embedding work; checked again under the lock by the store.
-    existing = find_duplicate(name, source_id, digest)
+    existing = find_duplicate(name, source_id, digest) if check_duplicate else None
     if existing is not None and not replace:
         existing.deduplicated = True
         return existing
@@ -368,10 +385,13 @@ def ingest_many(
     Returns the documents in input order (stored duplicates included, as with ``ingest``).
 
     Every item is validated and chunked before anything is embedded or written, so bad input
-    raises with nothing stored (the error has a note naming ``documents[i]``). Documents are
-    then embedded ``group_size`` at a time and each is written in its own transaction, in
-    order: if the embedder fails, the documents of earlier groups stay stored and
-    :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk.
+    raises with nothing stored (the error has a note naming ``documents[i]``); stored
+    duplicates are found in one query. Documents are then embedded ``group_size`` at a time
+    (the next group on a thread while the previous one is written) and each group is written
+    in one transaction, in order (cut where a source_id comes back, so the result is that of
+    one ``ingest`` per document): if the embedder fails, the documents of earlier groups stay
+    stored and :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk;
+    if a group's write fails, none of its documents is stored.
     """
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
@@ -410,7 +430,7 @@ def _ingest_many(
 ) -> list:
     resolved = get_embedder(embedder)
     results: list = []
-    pending: list[tuple[int, _Pending]] = []
+    validated: list[tuple[int, _Pending]] = []
     for index, item in enumerate(documents):
         try:
             if isinstance(item, str):
@@ -421,51 +441,275 @@ def _ingest_many(
                     f"{', '.join(sorted(_ITEM_KEYS - {'text'}))}"
                 )
             parsed = _text_document(item["text"], item.get("format", format))
-            validated = _validate(
+            checked = _validate(
                 parsed,
                 collection=collection,
                 title=item.get("title", ""),
                 metadata=item.get("metadata"),
                 source_id=item.get("source_id"),
                 replace=replace,
+                check_duplicate=False,
             )
-            if isinstance(validated, _Pending):
-                validated.chunks = chunk_text(
-                    parsed,
-                    chunker=chunker,
-                    embedder=resolved,
-                    chunk_size=chunk_size,
-                    chunk_overlap=chunk_overlap,
-                )
-                pending.append((index, validated))
         except RagError as exc:
             exc.add_note(f"in documents[{index}]")
             raise
-        results.append(validated)
-    for start in range(0, len(pending), group_size):
-        group = pending[start : start + group_size]
-        texts = [chunk.text for _, item in group for chunk in item.chunks]
-        try:
-            vectors = embed_texts(resolved, texts)
-        except EmbeddingFailed as exc:
-            position = exc.chunk_index
-            for index, item in group:
-                if position < len(item.chunks):
-                    raise EmbeddingFailed(
-                        f"Embedding documents[{index}] chunk {position} failed: "
-                        f"{exc.__cause__}. Documents before it in earlier groups were stored; "
-                        "this one and the rest were not.",
-                        chunk_index=position,
-                    ) from exc.__cause__
-                position -= len(item.chunks)
-            raise
-        offset = 0
-        for index, item in group:
-            count = len(item.chunks)
-            own = vectors[offset : offset + count]
-            offset += count
-            results[index] = _store(item, _prepared(item, item.chunks, own, resolved, graph))
+        validated.append((index, checked))
+        results.append(checked)
+    to_write = _without_stored(validated, results, replace)
+    _write_batched(
+        to_write,
+        results,
+        embedder=resolved,
+        chunker=chunker,
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
+        group_size=group_size,
+        graph=graph,
+    )
     return results
+
+
+def _without_stored(validated: list[tuple[int, _Pending]], results: list, replace: bool) -> list:
+    """Cheap dedup before any embedding work, one query per thousand documents (the store
+    checks again under the identity locks): a stored duplicate goes to ``results[index]``,
+    the others are returned."""
+    stored: dict = {}
+    if not replace and validated:
+        name = validated[0][1].collection
+        identities = [(p.document.source_id, p.document.content_hash) for _, p in validated]
+        for start in range(0, len(identities), 1000):
+            stored.update(find_duplicates(name, identities[start : start + 1000]))
+    left = []
+    for index, item in validated:
+        existing = stored.get((item.document.source_id, item.document.content_hash))
+        if existing is not None:
+            existing.deduplicated = True
+            results[index] = existing
+        else:
+            left.append((index, item))
+    return left
+
+
+def _write_batched(
+    items: list[tuple[int, _Pending]],
+    results: list,
+    *,
+    embedder: Embedder,
+    chunker,
+    chunk_size,
+    chunk_overlap,
+    group_size: int,
+    graph: bool,
+    errors: dict[int, Exception] | None = None,
+    progress=None,
+) -> None:
+    """Chunk, embed and write validated documents ``group_size`` at a time; ``results[index]``
+    becomes each one's stored document.
+
+    Without ``errors`` the first failure raises (with a note naming ``documents[index]``);
+    with it, a document's failure is recorded there and the others go on (a group whose
+    embedding fails is embedded again document by document). ``progress(done, total)`` is
+    called with chunk counts as batches are embedded (from the embedding thread)."""
+    pending: list[tuple[int, _Pending]] = []
+    for index, item in items:
+        try:
+            item.chunks = chunk_text(
+                item.parsed,
+                chunker=chunker,
+                embedder=embedder,
+                chunk_size=chunk_size,
+                chunk_overlap=chunk_overlap,
+            )
+        except RagError as exc:
+            if errors is None:
+                exc.add_note(f"in documents[{index}]")
+                raise
+            errors[index] = exc
+            continue
+        pending.append((index, item))
+    groups = [pending[start : start + group_size] for start in range(0, len(pending), group_size)]
+    if not groups:
+        return
+    total = sum(len(item.chunks) for _, item in pending)
+    done = 0
+
+    def embed(group) -> list:
+        texts = [chunk.text for _, item in group for chunk in item.chunks]
+        before = done  # groups are embedded one after another
+
+        def advance(count: int, _of: int) -> None:
+            nonlocal done
+            done = before + count
+            progress(done, total)
+
+        return embed_texts(embedder, texts, progress=advance if progress else None)
+
+    # The statistics deltas are folded every COMPACT_EVERY chunks and at the end (even after a
+    # failure), not after every group.
+    since_compaction = 0
+    try:
+        # The next group is embedded on a thread while this one is written: the model and the
+        # database work at the same time (the model releases the GIL while it computes).
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="django_rag-embed") as pool:
+            future = pool.submit(contextvars.copy_context().run, embed, groups[0])
+            for number, group in enumerate(groups):
+                try:
+                    vectors = future.result()
+                except EmbeddingFailed as exc:
+                    if errors is None:
+                        raise _group_failure(exc, group) from exc.__cause__
+                    vectors = None
+                if number + 1 < len(groups):
+                    future = pool.submit(contextvars.copy_context().run, embed, groups[number + 1])
+                writes, written_indexes, offset = [], [], 0
+                for index, item in group:
+                    count = len(item.chunks)
+                    try:
+                        if vectors is None:  # the group failed: find which document did
+                            own = embed_texts(embedder, [chunk.text for chunk in item.chunks])
+                        else:
+                            own = vectors[offset : offset + count]
+                        prepared = _prepared(item, item.chunks, own, embedder, graph)
+                    except RagError as exc:
+                        if errors is None:
+                            exc.add_note(f"in documents[{index}]")
+                            raise
+                        errors[index] = exc
+                        continue
+                    finally:
+                        offset += count
+                    item.document.error = ""
+                    writes.append(
+                        DocumentWrite(
+                            item.document,
+                            [chunk.row() for chunk in prepared.chunks],
+                            replace=item.replace,
+                            extractions=prepared.extractions,
+                        )
+                    )
+                    written_indexes.append(index)
+                if not writes:
+                    continue
+                written = write_documents(
+                    writes,
+                    collection=group[0][1].collection,
+                    model_name=embedder.model_name,
+                    compact=False,
+                )
+                since_compaction += sum(len(write.chunks) for write in writes)
+                if since_compaction >= COMPACT_EVERY:
+                    compact_on_commit()
+                    since_compaction = 0
+                for index, document in zip(written_indexes, written, strict=True):
+                    document.skipped_chunks = []
+                    results[index] = document
+    finally:
+        if since_compaction:
+            try:
+                compact_on_commit()
+            except Exception:  # the deltas stay for the next compaction; keep the real error
+                logger.exception("folding the statistics deltas after a batched ingest failed")
+
+
+def _group_failure(exc: EmbeddingFailed, group) -> EmbeddingFailed:
+    """The embedder's failure in a group, naming the document and its chunk."""
+    position = exc.chunk_index
+    for index, item in group:
+        if position < len(item.chunks):
+            return EmbeddingFailed(
+                f"Embedding documents[{index}] chunk {position} failed: "
+                f"{exc.__cause__}. Documents before it in earlier groups were stored; "
+                "this one and the rest were not.",
+                chunk_index=position,
+            )
+        position -= len(item.chunks)
+    return exc
+
+
+def ingest_files(
+    paths: Iterable[str | Path],
+    *,
+    collection: str | None = None,
+    source_ids: Sequence[str] | None = None,
+    replace: bool = False,
+    title: str = "",
+    metadata: dict | None = None,
+    chunker=None,
+    embedder=None,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+    group_size: int = 64,
+    graph: bool | None = None,
+    progress=None,
+) -> list:
+    """Ingest many files through the batched path of :func:`ingest_many` (what ``rag_ingest``
+    runs): parsed one by one, stored duplicates found in one query, chunks of several files
+    embedded per batch, each group written in one transaction.
+
+    One file's failure does not stop the others: the result has, for each path in order, the
+    stored :class:`Document` (``deduplicated`` as with ``ingest``) or the exception
+    (:class:`~django_rag.exceptions.RagError` or ``OSError``) that file raised. Options that are
+    wrong for every file (``collection``, ``metadata``, ``chunk_size``...) raise at once.
+    ``source_ids`` defaults to each path as given. ``progress(done, total)`` receives chunk
+    counts while embedding runs (from the embedding thread).
+    """
+    paths = [Path(path) for path in paths]
+    if source_ids is not None and len(source_ids) != len(paths):
+        raise InvalidOption(f"{len(source_ids)} source_ids for {len(paths)} paths")
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
+    # Options shared by every file are checked once, before any file is read.
+    name = clean_collection_name(collection)
+    clean_title(title)
+    clean_metadata(metadata)
+    options = {
+        key: value
+        for key, value in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
+        if value is not None
+    }
+    get_chunker(chunker, **options)
+    resolved = get_embedder(embedder)
+    with span("ingest_files", collection=name, file_count=len(paths)) as s:
+        results: list = [None] * len(paths)
+        errors: dict[int, Exception] = {}
+        validated: list[tuple[int, _Pending]] = []
+        for index, path in enumerate(paths):
+            try:
+                clean_filename(str(path))
+                parsed = parse_file(path)
+                validated.append(
+                    (
+                        index,
+                        _validate(
+                            parsed,
+                            collection=name,
+                            title=title,
+                            metadata=metadata,
+                            source_id=source_ids[index] if source_ids is not None else str(path),
+                            replace=replace,
+                            filename=path.name,
+                            check_duplicate=False,
+                        ),
+                    )
+                )
+            except (RagError, OSError) as exc:
+                errors[index] = exc
+        _write_batched(
+            _without_stored(validated, results, replace),
+            results,
+            embedder=resolved,
+            chunker=chunker,
+            chunk_size=chunk_size,
+            chunk_overlap=chunk_overlap,
+            group_size=group_size,
+            graph=_use_graph(graph),
+            errors=errors,
+            progress=progress,
+        )
+        for index, error in errors.items():
+            results[index] = error
+        s.set(document_count=sum(isinstance(r, Document) for r in results), failed=len(errors))
+        return results
 
 
 # --- background ingestion -------------------------------------------------------------------

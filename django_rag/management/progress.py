@@ -27,10 +27,10 @@ class ProgressBar:
         self.done += 1
         self._draw(label)
 
-    def __call__(self, done: int, total: int) -> None:
+    def __call__(self, done: int, total: int, label: str = "") -> None:
         """Use the bar as a ``progress(done, total)`` callback of a service function."""
         self.done, self.total = done, max(total, 1)
-        self._draw()
+        self._draw(label)
 
     def _draw(self, label: str = "") -> None:
         if not self.enabled:

@@ -11,16 +11,19 @@ table. Every entry point (``ingest*``, ``ingest_many``, background ingestion, re
 
 from .documents import (
     ChunkRow,
+    DocumentWrite,
     delete_document,
     delete_documents,
     mark_document,
     save_pending,
     write_document,
+    write_documents,
 )
 from .statistics import compact_statistics, recount_statistics, recount_term_bounds
 
 __all__ = [
     "ChunkRow",
+    "DocumentWrite",
     "compact_statistics",
     "delete_document",
     "delete_documents",
@@ -29,4 +32,5 @@ __all__ = [
     "recount_term_bounds",
     "save_pending",
     "write_document",
+    "write_documents",
 ]

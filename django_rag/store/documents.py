@@ -3,6 +3,7 @@
 Lock order, the same in every transaction that writes documents (so no cycle can form):
 
 1. the identity lock of the (collection, source) being written (advisory, transaction level);
+   a batch (:func:`write_documents`) takes the locks of all its identities, in key order;
 2. the rows of the documents being replaced or deleted, in id order (``FOR UPDATE``);
 3. their chunks and the rows that hang on chunks (only ever reached through 2);
 4. the collection's graph lock (advisory), when graph rows change.
@@ -18,21 +19,27 @@ reads included: a replica that searches use may lag, and a write must decide on 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import struct
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 from django.db import DatabaseError, connections, models, transaction
+from django.db.backends.postgresql.psycopg_any import is_psycopg3
+from django.utils import timezone
 
-from ..conf import scrub_text
+from ..conf import get_setting, scrub_text
 from ..models import Chunk, Collection, Document
 from ..models.databases import write_db
+from ..models.fulltext import LENGTH_SQL
 from ..signals import span
 from .graph import persist, sweep_orphans
-from .statistics import compact_statistics, search_vectors
-from .vector_stores import sync_deleted, sync_stored
+from .statistics import compact_statistics
+from .vector_stores import _receiving_store, sync_deleted, sync_stored
 
 logger = logging.getLogger(__name__)
 
@@ -203,35 +210,324 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
     return document
 
 
+@dataclass
+class DocumentWrite:
+    """One new document of a batch for :func:`write_documents`."""
+
+    document: Document  # new, unsaved
+    chunks: Sequence[ChunkRow]
+    replace: bool = False
+    extractions: Sequence[Any] | None = None
+
+
+def identity_key(collection: str, source_id: str, content_hash: str) -> str:
+    """The advisory-lock key of a (collection, source) identity (content hash without source)."""
+    return f"django_rag:document:{collection}:{source_id or '#' + content_hash}"
+
+
+def lock_identities(collection: str, identities: Sequence[tuple[str, str]]) -> None:
+    """:func:`lock_identity` for many (source_id, content_hash) pairs, in one statement and in
+    the order of the lock keys, so two batches sharing identities cannot deadlock."""
+    keys = sorted({identity_key(collection, source, digest) for source, digest in identities})
+    with connections[write_db()].cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_advisory_xact_lock(k)) FROM ("
+            "SELECT DISTINCT hashtextextended(key, 0) AS k FROM unnest(%s::text[]) AS key "
+            "ORDER BY 1) AS keys",
+            [keys],
+        )
+
+
+def find_duplicates(
+    collection: str, identities: Sequence[tuple[str, str]]
+) -> dict[tuple[str, str], Document]:
+    """:func:`find_duplicate` for many (source_id, content_hash) pairs in one query: the newest
+    completed document of each pair that has one."""
+    if not identities:
+        return {}
+    pairs = sorted(set(identities))
+    db = write_db()
+    found = (
+        Document.objects.using(db)
+        .filter(
+            collection__name=collection,
+            status=Document.Status.COMPLETED,
+            content_hash__in=sorted({digest for _, digest in pairs}),
+            source_id__in=sorted({source for source, _ in pairs}),
+        )
+        .order_by("created_at", "id")  # the newest last: it wins below
+        .values_list("pk", "source_id", "content_hash")
+    )
+    wanted = set(pairs)
+    newest = {(source, digest): pk for pk, source, digest in found if (source, digest) in wanted}
+    if not newest:
+        return {}
+    loaded = Document.objects.using(db).in_bulk(list(newest.values()))
+    return {key: loaded[pk] for key, pk in newest.items() if pk in loaded}
+
+
+def write_documents(
+    writes: Sequence[DocumentWrite], *, collection: str, model_name: str, compact: bool = True
+) -> list[Document]:
+    """Store many new documents with their chunks: what :func:`write_document` does for one,
+    with a constant number of statements per batch (identity locks, duplicate check, replaced
+    documents, document rows, chunk rows) instead of per document.
+
+    Returns the documents in input order: stored ones, or the stored duplicate (with
+    ``deduplicated = True``). The batch is written in one transaction, except where an identity
+    (collection, source_id) comes back in it: the batch is cut there, so each run is atomic and
+    the result is the same as writing the documents one by one, in order.
+
+    ``compact=False`` leaves the statistics deltas for the caller to fold
+    (:func:`~django_rag.store.compact_statistics`; readers count pending deltas either way):
+    a bulk load folds them every few thousand chunks instead of after every group.
+    """
+    results: list[Document] = []
+    run: list[DocumentWrite] = []
+    seen: set[str] = set()
+    for write in writes:
+        if write.document.pk is not None:
+            raise ValueError("write_documents stores new documents; use write_document")
+        key = identity_key(collection, write.document.source_id, write.document.content_hash)
+        if key in seen:
+            results.extend(_write_run(run, collection, model_name, compact))
+            run, seen = [], set()
+        run.append(write)
+        seen.add(key)
+    if run:
+        results.extend(_write_run(run, collection, model_name, compact))
+    return results
+
+
+def _write_run(
+    run: list[DocumentWrite], name: str, model_name: str, compact: bool
+) -> list[Document]:
+    def write() -> list[Document]:
+        for item in run:  # a retry after a rollback: the first attempt's keys are void
+            item.document.pk = None
+            item.document._state.adding = True
+        with (
+            span(
+                "vector_store.store",
+                backend="PgVectorStore",
+                collection=name,
+                document_count=len(run),
+                chunk_count=sum(len(item.chunks) for item in run),
+            ),
+            transaction.atomic(using=write_db()),
+        ):
+            return _write_many(run, name, model_name, compact)
+
+    return retry_transient(write, what="write_documents")
+
+
+def _write_many(
+    run: list[DocumentWrite], name: str, model_name: str, compact: bool
+) -> list[Document]:
+    db = write_db()
+    identities = [(item.document.source_id, item.document.content_hash) for item in run]
+    lock_identities(name, identities)
+    collection = get_collection(name)
+    duplicates = find_duplicates(name, identities)
+    replaced = sorted({item.document.source_id for item in run if item.replace})
+    if replaced:
+        keep = [document.pk for document in duplicates.values()]
+        delete_documents(
+            Document.objects.using(db)
+            .filter(collection=collection, source_id__in=replaced)
+            .exclude(pk__in=keep)
+            .values_list("pk", flat=True)
+        )
+    results: list[Document] = []
+    new: list[DocumentWrite] = []
+    for item, identity in zip(run, identities, strict=True):
+        duplicate = duplicates.get(identity)
+        if duplicate is not None:
+            duplicate.deduplicated = True
+            results.append(duplicate)
+            continue
+        document = item.document
+        document.collection = collection
+        document.status = Document.Status.COMPLETED
+        document.chunk_count = len(item.chunks)
+        document.deduplicated = False
+        new.append(item)
+        results.append(document)
+    if not new:
+        return results
+    Document.objects.using(db).bulk_create([item.document for item in new])
+    needs_rows = _receiving_store() is not None or any(item.extractions is not None for item in new)
+    ids = copy_chunks(
+        [(item.document.pk, row) for item in new for row in item.chunks],
+        collection_id=collection.pk,
+        model_name=model_name,
+    )
+    offset = 0
+    for item in new:
+        own = ids[offset : offset + len(item.chunks)]
+        offset += len(item.chunks)
+        if not needs_rows:
+            continue
+        stored = [
+            _chunk(item.document, collection, row, model_name, pk)
+            for row, pk in zip(item.chunks, own, strict=True)
+        ]
+        if item.extractions is not None:
+            persist(collection.pk, own, item.extractions)
+        sync_stored(stored, document=item.document)
+    if compact:
+        _compact_on_commit(db)
+    return results
+
+
+def _chunk(document, collection, row: ChunkRow, model_name: str, pk: int) -> Chunk:
+    """The in-memory Chunk of a row just inserted (for the graph and a receiving store)."""
+    return Chunk(
+        pk=pk,
+        document=document,
+        collection=collection,
+        chunk_index=row.chunk_index,
+        text=row.text,
+        token_count=row.token_count,
+        start_char=row.start_char,
+        end_char=row.end_char,
+        page_start=row.page_start,
+        page_end=row.page_end,
+        metadata=row.metadata,
+        embedding=list(row.embedding),
+        embedding_model=model_name,
+    )
+
+
+def copy_chunks(
+    rows: Sequence[tuple[int, ChunkRow]], *, collection_id: int, model_name: str
+) -> list[int]:
+    """Insert ``(document id, row)`` pairs in one statement and return their ids, in order.
+
+    The full-text vector and its length are computed in the same statement (one pass, every
+    index entry written once); the statistics triggers fire once for the whole set. With
+    psycopg 3 the rows travel as binary parameters (vectors in pgvector's binary format, no
+    text formatting of floats); with psycopg 2 as text."""
+    if not rows:
+        return []
+    db = write_db()
+    config = get_setting("TEXT_SEARCH_CONFIG")
+    length = LENGTH_SQL.format(v="v")
+    sql = f"""
+        INSERT INTO {Chunk._meta.db_table}
+            (document_id, collection_id, chunk_index, text, token_count, start_char, end_char,
+             page_start, page_end, metadata, embedding, embedding_model, search_vector,
+             fts_length, created_at)
+        SELECT r.document_id, %s, r.chunk_index, r.text, r.token_count, r.start_char,
+               r.end_char, r.page_start, r.page_end, r.metadata, r.embedding::vector, %s, v,
+               {length}, %s
+        FROM unnest(%s::bigint[], %s::integer[], %s::text[], %s::integer[], %s::integer[],
+                    %s::integer[], %s::integer[], %s::integer[], %s::jsonb[], {{vectors}})
+             WITH ORDINALITY
+             AS r(document_id, chunk_index, text, token_count, start_char, end_char,
+                  page_start, page_end, metadata, embedding, n)
+             CROSS JOIN LATERAL to_tsvector(%s::regconfig, r.text) AS v
+        ORDER BY r.n
+        RETURNING id, document_id, chunk_index
+    """
+    columns = [
+        [pk for pk, _ in rows],
+        [row.chunk_index for _, row in rows],
+        [row.text for _, row in rows],
+        [row.token_count for _, row in rows],
+        [row.start_char for _, row in rows],
+        [row.end_char for _, row in rows],
+        [row.page_start for _, row in rows],
+        [row.page_end for _, row in rows],
+        [json.dumps(row.metadata or {}) for _, row in rows],
+    ]
+    connection = connections[db]
+    connection.ensure_connection()
+    if is_psycopg3:
+        with _binary_cursor(connection) as cursor:
+            vectors = _packed_vectors([row.embedding for _, row in rows])
+            cursor.execute(
+                sql.replace("{vectors}", "%b"),
+                [collection_id, model_name, timezone.now(), *columns, vectors, config],
+            )
+            fetched = cursor.fetchall()
+    else:  # pragma: no cover - psycopg 2
+        with connection.cursor() as cursor:
+            vectors = [_vector_text(row.embedding) for _, row in rows]
+            cursor.execute(
+                sql.replace("{vectors}", "%s::text[]"),
+                [collection_id, model_name, timezone.now(), *columns, vectors, config],
+            )
+            fetched = cursor.fetchall()
+    returned = {(document, index): pk for pk, document, index in fetched}
+    return [returned[(pk, row.chunk_index)] for pk, row in rows]
+
+
+class _PackedVector:
+    """A vector in pgvector's binary format (dimensions, unused, big-endian float4s)."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+
+def _packed_vectors(vectors: Sequence[Sequence[float]]) -> list[_PackedVector]:
+    matrix = np.asarray(vectors, dtype=">f4")
+    header = struct.pack(">HH", matrix.shape[1], 0)
+    return [_PackedVector(header + row.tobytes()) for row in matrix]
+
+
+def _binary_cursor(connection):
+    """A server-side-binding psycopg cursor on Django's connection (so inside its transaction)
+    that sends :class:`_PackedVector` lists as ``vector[]`` in binary."""
+    import psycopg
+    from psycopg.adapt import Dumper
+    from psycopg.pq import Format
+    from psycopg.types import TypeInfo
+
+    raw = connection.connection
+    cached = getattr(connection, "_django_rag_vector_type", None)
+    if cached is None or cached[0] is not raw:
+        info = TypeInfo.fetch(raw, "vector")
+        if info is None:
+            raise DatabaseError("the pgvector extension is not installed in this database")
+
+        class VectorDumper(Dumper):
+            format = Format.BINARY
+            oid = info.oid
+
+            def dump(self, obj):
+                return obj.data
+
+        cached = (raw, info, VectorDumper)
+        connection._django_rag_vector_type = cached
+    _, info, dumper = cached
+    cursor = psycopg.Cursor(raw)
+    info.register(cursor)
+    cursor.adapters.register_dumper(_PackedVector, dumper)
+    return cursor
+
+
+def _vector_text(vector: Sequence[float]) -> str:
+    return "[" + ",".join(map(repr, map(float, vector))) + "]"
+
+
 def insert_chunks(
     document: Document, collection: Collection, chunks: Sequence[ChunkRow], model_name: str
 ) -> list[Chunk]:
+    """Insert a document's chunks (one statement, see :func:`copy_chunks`); returns them."""
     # Full-text vectors go in with the rows (an UPDATE afterwards would insert every chunk
     # into the HNSW index twice); triggers record the BM25 statistics in this transaction.
-    db = write_db()
-    vectors = search_vectors([chunk.text for chunk in chunks], using=db)
-    return Chunk.objects.using(db).bulk_create(
-        [
-            Chunk(
-                document=document,
-                collection=collection,
-                chunk_index=chunk.chunk_index,
-                text=chunk.text,
-                token_count=chunk.token_count,
-                start_char=chunk.start_char,
-                end_char=chunk.end_char,
-                page_start=chunk.page_start,
-                page_end=chunk.page_end,
-                metadata=chunk.metadata,
-                embedding=list(chunk.embedding),
-                embedding_model=model_name,
-                search_vector=vector,
-                fts_length=length,
-            )
-            for chunk, (vector, length) in zip(chunks, vectors, strict=True)
-        ],
-        batch_size=500,
+    ids = copy_chunks(
+        [(document.pk, chunk) for chunk in chunks],
+        collection_id=collection.pk,
+        model_name=model_name,
     )
+    return [
+        _chunk(document, collection, chunk, model_name, pk)
+        for chunk, pk in zip(chunks, ids, strict=True)
+    ]
 
 
 def delete_chunks(chunks: models.QuerySet) -> list[int]:
@@ -301,6 +597,12 @@ def delete_document(pk: int) -> bool:
             return delete_documents([pk]) > 0
 
     return retry_transient(write, what="delete_document")
+
+
+def compact_on_commit(db: str | None = None) -> None:
+    """Fold the statistics deltas on ``db`` (default: the write database) once the current
+    transaction commits, or now when none is open."""
+    _compact_on_commit(db or write_db())
 
 
 def _compact_on_commit(db: str) -> None:

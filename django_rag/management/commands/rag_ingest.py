@@ -1,14 +1,18 @@
 import glob
+import json
 import os
 import stat
+import threading
+from collections import Counter
 from pathlib import Path
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from django_rag.exceptions import RagError
 from django_rag.ingestion.parsers import parser_registry
-from django_rag.ingestion.service import ingest_file
-from django_rag.management.progress import ProgressBar
+from django_rag.ingestion.service import ingest_files
+from django_rag.management.progress import ProgressBar, RagCommand
+from django_rag.validation import clean_metadata
 
 
 def expand_paths(patterns: list[str], extensions: set[str]) -> tuple[list[Path], list[Path]]:
@@ -45,11 +49,46 @@ def is_regular_file(path: Path) -> bool:
         return True  # let ingestion report the real error (missing file, permissions)
 
 
-class Command(BaseCommand):
-    help = "Ingest files (text, Markdown, PDF): paths, directories (walked) or glob patterns."
+def parse_metadata(value: str | None) -> dict | None:
+    """``--metadata``: a JSON object, checked as ``ingest`` checks metadata."""
+    if value is None:
+        return None
+    try:
+        metadata = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise CommandError(
+            f"--metadata is not valid JSON ({exc.msg} at character {exc.pos}); "
+            """give an object, e.g. --metadata '{"team": "support"}'"""
+        ) from exc
+    if not isinstance(metadata, dict):
+        raise CommandError(
+            f"--metadata must be a JSON object, got {type(metadata).__name__}; "
+            """e.g. --metadata '{"team": "support"}'"""
+        )
+    try:
+        return clean_metadata(metadata)
+    except RagError as exc:
+        raise CommandError(f"--metadata: {exc}") from exc
+
+
+def by_extension(paths: list[Path]) -> str:
+    counts = Counter(path.suffix.lower() or "(no extension)" for path in paths)
+    return ", ".join(f"{count} {suffix}" for suffix, count in sorted(counts.items()))
+
+
+class Command(RagCommand):
+    help = (
+        "Ingest files (text, Markdown, PDF): paths, directories (walked) or glob patterns. "
+        "Files are embedded in batches and written a group at a time."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("paths", nargs="+", metavar="PATH")
+        parser.add_argument(
+            "paths",
+            nargs="+",
+            metavar="PATH",
+            help="a file, a directory (walked) or a glob pattern",
+        )
         parser.add_argument(
             "--collection",
             default=None,
@@ -61,16 +100,56 @@ class Command(BaseCommand):
             help="document identity; only with a single file (default: the path)",
         )
         parser.add_argument(
+            "--title",
+            default=None,
+            help="document title; only with a single file (default: from the file)",
+        )
+        parser.add_argument(
+            "--metadata",
+            default=None,
+            metavar="JSON",
+            help="""metadata for every document, a JSON object, e.g. '{"team": "support"}'""",
+        )
+        parser.add_argument(
+            "--chunk-size",
+            type=int,
+            default=None,
+            metavar="TOKENS",
+            help="chunk size in tokens (default: the CHUNKER setting)",
+        )
+        parser.add_argument(
+            "--chunk-overlap",
+            type=int,
+            default=None,
+            metavar="TOKENS",
+            help="tokens shared by consecutive chunks (default: the CHUNKER setting)",
+        )
+        parser.add_argument(
             "--replace",
             action="store_true",
             help="replace the stored document with the same source id",
         )
         parser.add_argument("--quiet", action="store_true", help="print only the summary")
 
-    def handle(self, *args, paths, collection, source_id, replace, quiet, **options):
+    def handle(
+        self,
+        *args,
+        paths,
+        collection,
+        source_id,
+        title,
+        metadata,
+        chunk_size,
+        chunk_overlap,
+        replace,
+        quiet,
+        **options,
+    ):
+        metadata = parse_metadata(metadata)
         files, unsupported = expand_paths(paths, set(parser_registry()))
-        if source_id and len(files) != 1:
-            raise CommandError(f"--source-id names one document but {len(files)} files were given")
+        for flag, value in (("--source-id", source_id), ("--title", title)):
+            if value and len(files) != 1:
+                raise CommandError(f"{flag} names one document but {len(files)} files were given")
         if not files:
             raise CommandError(
                 "No files to ingest (directories are searched for supported extensions"
@@ -81,55 +160,65 @@ class Command(BaseCommand):
                 )
             )
         verbosity = options.get("verbosity", 1)
-        if not quiet and verbosity >= 2:
-            for path in unsupported:
-                self.stdout.write(f"skipped {path}: no parser for this file type")
-        progress = ProgressBar(len(files), self.stderr, enabled=not quiet)
-        created = unchanged = chunks = skipped = 0
+        regular = [path for path in files if is_regular_file(path)]
+        irregular = [path for path in files if path not in set(regular)]
+        progress = ProgressBar(1, self.stderr, enabled=not quiet)
+        lock = threading.Lock()
+
+        def report(done: int, total: int) -> None:
+            with lock:  # called from the embedding thread
+                progress(done, total, "chunks embedded")
+
+        try:
+            outcomes = ingest_files(
+                regular,
+                collection=collection,
+                source_ids=[source_id or str(path) for path in regular],
+                replace=replace,
+                title=title or "",
+                metadata=metadata,
+                chunk_size=chunk_size,
+                chunk_overlap=chunk_overlap,
+                progress=report if progress.enabled else None,
+            )
+        except RagError as exc:  # an option wrong for every file
+            raise CommandError(str(exc)) from exc
+        finally:
+            with lock:
+                progress.close()
+        created = unchanged = chunks = 0
         failures: list[tuple[Path, str]] = []
-        for path in files:
-            # One file's failure is reported once, here, and the batch goes on.
-            if not is_regular_file(path):
-                skipped += 1
-                line = f"skipped {path}: not a regular file"
+        lines = {path: f"skipped {path}: not a regular file" for path in irregular}
+        for path, outcome in zip(regular, outcomes, strict=True):
+            if isinstance(outcome, Exception):
+                # One file's failure is reported once, here, and the others went on.
+                failures.append((path, f"{type(outcome).__name__}: {outcome}"))
+                lines[path] = self.style.ERROR(f"FAILED {path}: {outcome}")
+            elif outcome.deduplicated:
+                unchanged += 1
+                lines[path] = f"unchanged {path}"
             else:
-                try:
-                    document = ingest_file(
-                        path,
-                        collection=collection,
-                        source_id=source_id or str(path),
-                        replace=replace,
-                    )
-                except (RagError, OSError) as exc:
-                    failures.append((path, f"{type(exc).__name__}: {exc}"))
-                    line = self.style.ERROR(f"FAILED {path}: {exc}")
-                else:
-                    if document.deduplicated:
-                        unchanged += 1
-                        line = f"unchanged {path}"
-                    else:
-                        created += 1
-                        chunks += document.chunk_count
-                        line = (
-                            f"ingested {path}: {document.chunk_count} chunks "
-                            f"(document {document.pk})"
-                        )
-            progress.advance(path.name)
-            if not quiet:
-                if progress.enabled:
-                    self.stderr.write("\r", ending="")
-                self.stdout.write(line)
-        progress.close()
+                created += 1
+                chunks += outcome.chunk_count
+                lines[path] = (
+                    f"ingested {path}: {outcome.chunk_count} chunks (document {outcome.pk})"
+                )
+        if not quiet:
+            for path in files:
+                self.stdout.write(lines[path])
+            if verbosity >= 2:
+                for path in unsupported:
+                    self.stdout.write(f"skipped {path}: no parser for this file type")
         summary = (
             f"{len(files)} file(s): {created} ingested ({chunks} chunks), {unchanged} unchanged, "
             f"{len(failures)} failed"
         )
-        if skipped:
-            summary += f", {skipped} skipped (not a regular file)"
+        if irregular:
+            summary += f", {len(irregular)} skipped (not a regular file)"
         if unsupported:
             summary += (
                 f"; {len(unsupported)} other file(s) in the directories skipped "
-                "(no parser for their type"
+                f"(no parser for their type: {by_extension(unsupported)}"
                 + (")" if verbosity >= 2 and not quiet else "; -v 2 lists them)")
             )
         self.stdout.write(summary)
