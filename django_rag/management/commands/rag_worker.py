@@ -1,12 +1,11 @@
 import signal
 import threading
 
-from django.core.management.base import BaseCommand
-
 from django_rag import background
+from django_rag.management.progress import RagCommand
 
 
-class Command(BaseCommand):
+class Command(RagCommand):
     help = (
         "Run background jobs queued in the database (DJANGO_RAG['BACKGROUND'] = 'worker'): claim "
         "one at a time (SELECT ... FOR UPDATE SKIP LOCKED, so any number of workers share the "
