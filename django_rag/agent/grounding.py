@@ -29,12 +29,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..conf import build_component, get_setting, scrub_text
-from ..exceptions import ConfigurationError, LLMResponseError, MissingDependency
+from ..exceptions import ConfigurationError, LLMResponseError
 from ..llm import get_llm, parse_json
 from ..llm.prompting import quote
+from ..rerankers.cross_encoder import load_cross_encoder
 from ..results import VERDICTS, Answer, GroundedSpan, Grounding, SearchResult
 from ..signals import span
-from ..utils import load_once
 from .prompts import DATA_NOTICE, sources_block
 
 logger = logging.getLogger(__name__)
@@ -363,16 +363,9 @@ class CrossEncoderGrounder(Grounder):
 
     @property
     def model(self):
-        def load():
-            try:
-                from sentence_transformers import CrossEncoder
-            except ImportError as exc:
-                raise MissingDependency(
-                    "sentence-transformers", "local", "The cross-encoder grounder"
-                ) from exc
-            return CrossEncoder(self.model_name, max_length=self.max_length, device=self.device)
-
-        return load_once(("cross-encoder", self.model_name, self.max_length, self.device), load)
+        return load_cross_encoder(
+            self.model_name, max_length=self.max_length, device=self.device, kind="grounder"
+        )
 
     def _label_indices(self, model, width: int) -> tuple[int, int | None]:
         if self.labels is not None:

@@ -33,20 +33,8 @@ class CrossEncoderReranker(Reranker):
 
     @property
     def model(self):
-        def load():
-            try:
-                from sentence_transformers import CrossEncoder
-            except ImportError as exc:
-                raise MissingDependency(
-                    "sentence-transformers", "local", "The cross-encoder reranker"
-                ) from exc
-            return CrossEncoder(self.model_name, max_length=self.max_length, device=self.device)
-
-        return load_model(
-            ("cross-encoder", self.model_name, self.max_length, self.device),
-            load,
-            model=self.model_name,
-            kind="reranker",
+        return load_cross_encoder(
+            self.model_name, max_length=self.max_length, device=self.device, kind="reranker"
         )
 
     def preload(self) -> None:
@@ -59,3 +47,19 @@ class CrossEncoderReranker(Reranker):
             show_progress_bar=False,
         )
         return [float(value) for value in scores]
+
+
+def load_cross_encoder(name: str, *, max_length: int, device: str | None, kind: str):
+    """A sentence-transformers ``CrossEncoder``, loaded once per process for every component
+    (``kind``: ``"reranker"``, ``"grounder"``) that names the same model, length and device."""
+
+    def load():
+        try:
+            from sentence_transformers import CrossEncoder
+        except ImportError as exc:
+            raise MissingDependency(
+                "sentence-transformers", "local", f"The cross-encoder {kind}"
+            ) from exc
+        return CrossEncoder(name, max_length=max_length, device=device)
+
+    return load_model(("cross-encoder", name, max_length, device), load, model=name, kind=kind)
