@@ -307,3 +307,60 @@ def test_a_failing_receiving_store_rolls_the_group_back(settings):
     with pytest.raises(RuntimeError):
         rag.ingest_many([text(70), text(71)], collection="m")
     assert not Chunk.objects.exists() and not Document.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_ingest_files_keeps_the_other_files_when_one_fails_to_store(tmp_path, monkeypatch):
+    from django.db import DataError
+
+    paths = []
+    for i in range(4):
+        path = tmp_path / f"f{i}.txt"
+        path.write_text(text(80 + i) + f" marker{i}")
+        paths.append(path)
+    original = documents.copy_chunks
+
+    def refuse_f2(rows, **kwargs):
+        if any("marker2" in row.text for _, row in rows):
+            raise DataError("value too long for this column")
+        return original(rows, **kwargs)
+
+    monkeypatch.setattr(documents, "copy_chunks", refuse_f2)
+    results = ingest_files(paths, collection="store-failure", group_size=2)
+    # f2's group (f2, f3) failed as a whole, then each was written alone: only f2 is lost.
+    assert isinstance(results[2], DataError) and "too long" in str(results[2])
+    assert all(isinstance(results[i], Document) for i in (0, 1, 3))
+    stored = Document.objects.filter(collection__name="store-failure")
+    assert sorted(d.original_filename for d in stored) == ["f0.txt", "f1.txt", "f3.txt"]
+    assert all(d.chunk_count == d.chunks.count() > 0 for d in stored)
+    assert_statistics_exact()
+
+
+@pytest.mark.django_db
+def test_chunk_rows_are_inserted_in_slices_and_errors_are_djangos(monkeypatch):
+    from django.db import DatabaseError
+
+    monkeypatch.setattr(documents, "COPY_ROWS", 3)  # 3 rows per INSERT
+    statements = []
+    original = documents._copy_chunks
+    monkeypatch.setattr(
+        documents,
+        "_copy_chunks",
+        lambda rows, **kw: statements.append(len(rows)) or original(rows, **kw),
+    )
+    long_text = "\n\n".join(f"Paragraph {i}. " + " ".join(WORDS * 3) for i in range(12))
+    document = rag.ingest(long_text, collection="sliced", chunk_size=40, chunk_overlap=0)
+    assert document.chunk_count > 3 and sum(statements) == document.chunk_count
+    assert max(statements) == 3
+    rows = list(document.chunks.order_by("chunk_index").values_list("chunk_index", "text"))
+    assert [index for index, _ in rows] == list(range(document.chunk_count))
+    assert rows[0][1].startswith("Paragraph 0.")
+    assert_statistics_exact()
+    # A value PostgreSQL refuses comes back as Django's DatabaseError (what retries and callers
+    # catch), not as a raw driver exception.
+    row = documents.ChunkRow(chunk_index=0, text="hello", embedding=[0.1] * 384)
+    with pytest.raises(DatabaseError):
+        with connection.cursor():
+            documents.copy_chunks(
+                [(document.pk, row)], collection_id=document.collection_id, model_name="m" * 300
+            )

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from django.db import DatabaseError, connections
+
 from ..background import enqueue
 from ..conf import graph_setting
 from ..embeddings import Embedder, active_dimensions, get_embedder
@@ -391,7 +393,8 @@ def ingest_many(
     in one transaction, in order (cut where a source_id comes back, so the result is that of
     one ``ingest`` per document): if the embedder fails, the documents of earlier groups stay
     stored and :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk;
-    if a group's write fails, none of its documents is stored.
+    if a group's write fails, the error is raised: earlier groups stay stored, and so do the
+    earlier runs of the failing group when it was cut at a repeated source_id.
     """
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
@@ -542,7 +545,11 @@ def _write_batched(
             done = before + count
             progress(done, total)
 
-        return embed_texts(embedder, texts, progress=advance if progress else None)
+        try:
+            return embed_texts(embedder, texts, progress=advance if progress else None)
+        finally:
+            # A progress callback (a job's report) may have used the database on this thread.
+            connections.close_all()
 
     # The statistics deltas are folded every COMPACT_EVERY chunks and at the end (even after a
     # failure), not after every group.
@@ -590,17 +597,20 @@ def _write_batched(
                     written_indexes.append(index)
                 if not writes:
                     continue
-                written = write_documents(
+                written = _write_group(
                     writes,
+                    written_indexes,
+                    errors,
                     collection=group[0][1].collection,
                     model_name=embedder.model_name,
-                    compact=False,
                 )
                 since_compaction += sum(len(write.chunks) for write in writes)
                 if since_compaction >= COMPACT_EVERY:
                     compact_on_commit()
                     since_compaction = 0
                 for index, document in zip(written_indexes, written, strict=True):
+                    if document is None:  # its write failed: recorded in ``errors``
+                        continue
                     document.skipped_chunks = []
                     results[index] = document
     finally:
@@ -609,6 +619,37 @@ def _write_batched(
                 compact_on_commit()
             except Exception:  # the deltas stay for the next compaction; keep the real error
                 logger.exception("folding the statistics deltas after a batched ingest failed")
+
+
+def _write_group(
+    writes: list[DocumentWrite],
+    indexes: list[int],
+    errors: dict[int, Exception] | None,
+    *,
+    collection: str,
+    model_name: str,
+) -> list[Document | None]:
+    """Write a group in one transaction. When recording ``errors`` (one file's failure must not
+    stop the others) and the group's write fails, its documents are written one by one, so only
+    the failing ones are lost; each failure is recorded under its index (None in the result)."""
+    try:
+        return write_documents(writes, collection=collection, model_name=model_name, compact=False)
+    except (RagError, DatabaseError):
+        if errors is None or connections[write_db()].in_atomic_block:
+            raise
+    written: list[Document | None] = []
+    for index, write in zip(indexes, writes, strict=True):
+        write.document.pk = None  # the failed attempt's keys were rolled back
+        write.document._state.adding = True
+        try:
+            (document,) = write_documents(
+                [write], collection=collection, model_name=model_name, compact=False
+            )
+        except (RagError, DatabaseError) as exc:
+            errors[index] = exc
+            document = None
+        written.append(document)
+    return written
 
 
 def _group_failure(exc: EmbeddingFailed, group) -> EmbeddingFailed:

@@ -355,7 +355,7 @@ def _write_many(
         results.append(document)
     if not new:
         return results
-    Document.objects.using(db).bulk_create([item.document for item in new])
+    Document.objects.using(db).bulk_create([item.document for item in new], batch_size=1000)
     needs_rows = _receiving_store() is not None or any(item.extractions is not None for item in new)
     ids = copy_chunks(
         [(item.document.pk, row) for item in new for row in item.chunks],
@@ -399,7 +399,25 @@ def _chunk(document, collection, row: ChunkRow, model_name: str, pk: int) -> Chu
     )
 
 
+COPY_ROWS = 1000  # rows per INSERT: a statement stays far below PostgreSQL's 1 GB message cap
+
+
 def copy_chunks(
+    rows: Sequence[tuple[int, ChunkRow]], *, collection_id: int, model_name: str
+) -> list[int]:
+    """Insert ``(document id, row)`` pairs, ``COPY_ROWS`` per statement, and return their ids,
+    in order (run it inside the writing transaction)."""
+    ids: list[int] = []
+    for start in range(0, len(rows), COPY_ROWS):
+        ids.extend(
+            _copy_chunks(
+                rows[start : start + COPY_ROWS], collection_id=collection_id, model_name=model_name
+            )
+        )
+    return ids
+
+
+def _copy_chunks(
     rows: Sequence[tuple[int, ChunkRow]], *, collection_id: int, model_name: str
 ) -> list[int]:
     """Insert ``(document id, row)`` pairs in one statement and return their ids, in order.
@@ -444,7 +462,9 @@ def copy_chunks(
     connection = connections[db]
     connection.ensure_connection()
     if is_psycopg3:
-        with _binary_cursor(connection) as cursor:
+        # A raw psycopg cursor: its errors become Django's (retry_transient and callers catch
+        # django.db.DatabaseError) only through wrap_database_errors.
+        with connection.wrap_database_errors, _binary_cursor(connection) as cursor:
             vectors = _packed_vectors([row.embedding for _, row in rows])
             cursor.execute(
                 sql.replace("{vectors}", "%b"),

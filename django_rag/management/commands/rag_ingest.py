@@ -160,8 +160,9 @@ class Command(RagCommand):
                 )
             )
         verbosity = options.get("verbosity", 1)
-        regular = [path for path in files if is_regular_file(path)]
-        irregular = [path for path in files if path not in set(regular)]
+        regular, irregular = [], []
+        for path in files:
+            (regular if is_regular_file(path) else irregular).append(path)
         progress = ProgressBar(1, self.stderr, enabled=not quiet)
         lock = threading.Lock()
 
