@@ -2,6 +2,7 @@
 model library they do not need, check their input before any model loads, and keep stdout
 for their output. Timings are in benchmarks/command_timing.py, not here."""
 
+import importlib
 import json
 import os
 import subprocess
@@ -246,6 +247,10 @@ def test_a_model_load_is_one_event_with_progress_bars_off(events, monkeypatch):
     from django_rag.embeddings.loading import load_model
 
     monkeypatch.setattr(utils, "_loaded", {})
+    # scripts/bootstrap.sh exports HF_HUB_DISABLE_PROGRESS_BARS=1, which the hub reads once at
+    # import and which then overrides enable_progress_bars(): act as a fresh environment.
+    hub_tqdm = importlib.import_module("huggingface_hub.utils.tqdm")
+    monkeypatch.setattr(hub_tqdm, "HF_HUB_DISABLE_PROGRESS_BARS", None)
     seen = []
 
     def loader():
