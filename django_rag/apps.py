@@ -1,6 +1,7 @@
 import logging
 import os
 import sys
+from pathlib import Path
 
 from django.apps import AppConfig
 
@@ -34,7 +35,7 @@ def preloads_here(argv: list[str], environ=os.environ) -> bool:
     """Whether this process preloads models in ``ready()`` (when ``PRELOAD_MODELS`` is on):
     a WSGI/ASGI server process or ``runserver``'s serving child, not the autoreloader's parent,
     not other management commands, not Celery (its worker processes preload themselves)."""
-    if is_celery(argv):
+    if is_celery(argv) or _is_pytest(argv):
         return False
     command = management_command(argv)
     if command is None:
@@ -43,6 +44,14 @@ def preloads_here(argv: list[str], environ=os.environ) -> bool:
         return False
     # With the autoreloader, the parent only watches files; the child has RUN_MAIN set.
     return environ.get("RUN_MAIN") == "true" or "--noreload" in argv
+
+
+def _is_pytest(argv: list[str]) -> bool:
+    """A test run (``pytest`` or ``python -m pytest``): tests load the models they use."""
+    if not argv:
+        return False
+    path = Path(argv[0])
+    return path.name.startswith(("pytest", "py.test")) or path.parent.name == "pytest"
 
 
 def preload() -> None:

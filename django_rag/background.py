@@ -18,6 +18,7 @@ progress, a heartbeat while running, result or error.
 
 from __future__ import annotations
 
+import contextvars
 import importlib.util
 import logging
 import os
@@ -145,7 +146,11 @@ def task_for(job: Job) -> str | None:
 def worker_name() -> str:
     thread = threading.current_thread()
     suffix = "" if thread is threading.main_thread() else f":{thread.name}"
-    return f"{socket.gethostname()}:{os.getpid()}{suffix}"
+    return f"{_process_name()}{suffix}"
+
+
+def _process_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 # --- queueing -------------------------------------------------------------------------------
@@ -197,7 +202,7 @@ def enqueue(
         # Inside a transaction (ATOMIC_REQUESTS, a caller's atomic block) the worker must not
         # look for rows that are not committed yet: send when the transaction commits (outside
         # one, at once, so a broker failure reaches the caller as BackgroundUnavailable).
-        transaction.on_commit(send)
+        transaction.on_commit(send, using=router.db_for_write(Job))
         return job
     if runner == THREAD:
 
@@ -210,7 +215,7 @@ def enqueue(
                 ) from exc
 
         # The pool's threads use their own connections: they must find the rows committed.
-        transaction.on_commit(submit)
+        transaction.on_commit(submit, using=router.db_for_write(Job))
         return job
     if runner == WORKER:
         return job  # pending with runner="worker": a rag_worker claims it
@@ -276,6 +281,12 @@ def heartbeat(job: Job) -> Iterator[None]:
     """Beat ``job``'s heartbeat every ``JOBS["HEARTBEAT_SECONDS"]`` while the block runs (a
     daemon thread, so a hung or killed process stops beating and its job shows as stalled)."""
     interval = jobs_setting("HEARTBEAT_SECONDS")
+    if connections[router.db_for_write(Job)].in_atomic_block:
+        # Inside the caller's transaction (inline work under ATOMIC_REQUESTS, say) no other
+        # process could see the beats, and the beating connection would wait on the row this
+        # transaction may hold: no heartbeat.
+        yield
+        return
     stop = threading.Event()
 
     def beat() -> None:
@@ -295,7 +306,7 @@ def heartbeat(job: Job) -> Iterator[None]:
         yield
     finally:
         stop.set()
-        thread.join()
+        thread.join(timeout=interval + 5)  # a beat stuck on a lock must not hold the work
 
 
 # --- stalled jobs and retries ---------------------------------------------------------------
@@ -382,10 +393,42 @@ def run(job: Job) -> None:
     if task_name is None:
         job.fail(JobNotRetryable(f"No task runs jobs of kind {job.kind!r}."))
         return
+    token = _claimed.set(job.pk)  # claim() took it: the task must not take it again
     try:
         _TASKS[task_name](job_id=job.pk)
     except Exception:
         logger.exception("Job %s (%s) failed", job.pk, task_name)
+    finally:
+        _claimed.reset(token)
+
+
+# The job a rag_worker claimed and is running in this context.
+_claimed: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "django_rag_claimed_job", default=None
+)
+
+
+def take(job_id: int) -> bool:
+    """Take a job for the runner about to run it, in one conditional update. Pending, failed (a
+    Celery retry) and stalled jobs are taken, and so is a job running in another process (a
+    message Celery delivers again after its worker died). A job running in this process with
+    a live heartbeat is not: a job queued twice here (a retry of a job still waiting for a
+    pool thread) runs once at a time. Neither is a completed job. The caller leaves a job it
+    could not take alone."""
+    if _claimed.get() == job_id:
+        return True
+    cutoff = timezone.now() - timedelta(seconds=jobs_setting("STALLED_AFTER_SECONDS"))
+    here = _process_name()
+    in_this_process = Q(worker=here) | Q(worker__startswith=f"{here}:")
+    takeable = Q(status__in=[Job.Status.PENDING, Job.Status.FAILED]) | Q(
+        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True) | ~in_this_process,
+        status=Job.Status.RUNNING,
+    )
+    return bool(
+        Job.objects.using(router.db_for_write(Job))
+        .filter(takeable, pk=job_id)
+        .update(status=Job.Status.RUNNING, heartbeat_at=timezone.now(), worker=worker_name())
+    )
 
 
 def work(

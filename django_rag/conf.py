@@ -328,6 +328,13 @@ def check_background_settings() -> None:
         )
     for name in _JOBS_NUMBERS:
         jobs_setting(name)
+    beat, stalled = jobs_setting("HEARTBEAT_SECONDS"), jobs_setting("STALLED_AFTER_SECONDS")
+    if stalled <= 2 * beat:
+        raise ConfigurationError(
+            "JOBS.STALLED_AFTER_SECONDS",
+            stalled,
+            f"must be more than twice HEARTBEAT_SECONDS ({beat}), or live jobs show as stalled",
+        )
 
 
 def embedding_dimensions() -> int:

@@ -12,7 +12,7 @@ import logging
 from django.db import InterfaceError, OperationalError, router
 
 from . import maintenance
-from .background import heartbeat, register
+from .background import heartbeat, register, take
 from .evaluation import generate_test_cases as generate
 from .evaluation import run_evaluation as evaluate
 from .exceptions import EmbeddingFailed, LLMError
@@ -44,9 +44,9 @@ OPTIONS = {
 
 def _run(job_id: int, body) -> None:
     # Where jobs are written: a replica may not have the row the task was sent for yet.
-    job = Job.objects.using(router.db_for_write(Job)).get(pk=job_id)
-    if job.status == Job.Status.COMPLETED:
+    if not take(job_id):  # completed, or another runner has it
         return
+    job = Job.objects.using(router.db_for_write(Job)).get(pk=job_id)
     job.start()
     try:
         with heartbeat(job):

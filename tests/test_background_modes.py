@@ -182,7 +182,7 @@ def test_a_killed_workers_job_is_stalled_and_a_retry_completes_it(tmp_path, staf
     config = {
         "EMBEDDER": "hashing",
         "BACKGROUND": "worker",
-        "JOBS": {"STALLED_AFTER_SECONDS": 1},
+        "JOBS": {"STALLED_AFTER_SECONDS": 1, "HEARTBEAT_SECONDS": 0.1},
     }
     with override_settings(DJANGO_RAG=config):
         document = rag.ingest(TEXT, collection="manuals", source_id="pump", background=True)
@@ -341,3 +341,69 @@ def test_a_failed_queued_reembed_is_retried(failing_embedder):
     job.refresh_from_db()
     assert (job.status, job.attempts, job.error) == ("completed", 2, "")
     assert set(Chunk.objects.values_list("embedding_model", flat=True)) == {"hashing-bow"}
+
+
+def test_a_job_queued_twice_runs_once_at_a_time():
+    """A retry of a job still waiting in a queue (it looks stalled: no heartbeat yet) queues it
+    a second time; the runners take it with one conditional update, so its work runs once."""
+    runs, entered, release = [], threading.Event(), threading.Event()
+
+    def body(job):
+        runs.append(job.pk)
+        entered.set()
+        release.wait(30)
+        return {"ok": True}
+
+    from django_rag import tasks
+
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "inline"}):
+        job = Job.objects.create(kind=Job.Kind.INGEST, params={})
+        first = threading.Thread(target=lambda: tasks._run(job.pk, body))
+        first.start()
+        assert entered.wait(30)
+        try:
+            # The second delivery finds the job running with a live heartbeat: it leaves it.
+            tasks._run(job.pk, body)
+            assert runs == [job.pk]
+        finally:
+            release.set()
+            first.join(30)
+        assert status(job.pk) == "completed"
+        # Delivered again once completed: nothing runs, and a late failure cannot undo it.
+        tasks._run(job.pk, body)
+        Job.objects.get(pk=job.pk).fail(RuntimeError("a late duplicate failed"))
+        assert runs == [job.pk] and status(job.pk) == "completed"
+    connections.close_all()
+
+
+def test_the_heartbeat_stays_out_of_the_callers_transaction():
+    """Inline work inside a caller's transaction beats no heartbeat: a beat on another
+    connection would wait on the row that transaction holds, and the work would never end."""
+    from django.db import transaction
+
+    config = {
+        "EMBEDDER": "hashing",
+        "JOBS": {"HEARTBEAT_SECONDS": 0.05, "STALLED_AFTER_SECONDS": 1},
+    }
+    with override_settings(DJANGO_RAG=config):
+        job = Job.objects.create(kind=Job.Kind.INGEST, params={}, status=Job.Status.RUNNING)
+        with transaction.atomic():
+            Job.objects.filter(pk=job.pk).update(error="locked by this transaction")
+            with background.heartbeat(job):
+                time.sleep(0.3)  # several beat intervals: none may block on the row lock
+        # The block returned, and no beating thread is left waiting on the row.
+        assert not [t for t in threading.enumerate() if t.name == f"django-rag-heartbeat-{job.pk}"]
+
+
+def test_a_stall_limit_within_two_heartbeats_is_refused():
+    from django_rag.checks import check_settings
+
+    with override_settings(
+        DJANGO_RAG={
+            "EMBEDDER": "hashing",
+            "JOBS": {"HEARTBEAT_SECONDS": 60, "STALLED_AFTER_SECONDS": 100},
+        }
+    ):
+        errors = check_settings()
+        assert [e.id for e in errors] == ["django_rag.E005"]
+        assert "STALLED_AFTER_SECONDS" in errors[0].msg and "twice" in errors[0].msg

@@ -97,7 +97,8 @@ class Job(models.Model):
         self.status = self.Status.FAILED
         self.error = scrub_text(f"{type(exc).__name__}: {exc}")[:4000]
         self.finished_at = timezone.now()
-        type(self).objects.filter(pk=self.pk).update(
+        # A late failure of a duplicate run never undoes a completed job.
+        type(self).objects.filter(pk=self.pk).exclude(status=self.Status.COMPLETED).update(
             status=self.status, error=self.error, finished_at=self.finished_at
         )
 
