@@ -13,7 +13,8 @@ echo "== migrate (embedded PostgreSQL in example_project/.pgdata)"
 python manage.py migrate --verbosity 0
 python manage.py check --database default
 echo "== ingest the sample corpus"
-python manage.py rag_ingest sample_corpus --collection handbook
+# --replace: a second run after an upgrade that parses a file differently replaces it.
+python manage.py rag_ingest sample_corpus --collection handbook --replace
 search() {
   echo
   echo "== rag_search $*"
