@@ -509,28 +509,52 @@ class ChunkQuerySet(models.QuerySet):
             if parsed.terms and not index
             else None
         )
-        ids = {pk for pk, _ in self.without_excluded(parsed).semantic_hits(vector, limit=pool)}
-        if parsed.match is not None:
-            ids |= {pk for pk, _ in self.fulltext_hits(parsed, limit=pool, weights=weights)}
-        if not ids:
-            return []
-        rows = (
-            self.model.objects.using(self.db)
-            .filter(pk__in=ids)
-            .annotate(distance=CosineDistance("embedding", vector))
+        semantic = dict(self.without_excluded(parsed).semantic_hits(vector, limit=pool))
+        fulltext = (
+            dict(self.fulltext_hits(parsed, limit=pool, weights=weights))
+            if parsed.match is not None
+            else {}
         )
-        if index:
-            # The index's statistics for each candidate (its score, negated back).
-            rows = rows.with_index_bm25(parsed).annotate(
-                fulltext_score=Value(0.0, output_field=FloatField()) - F("bm25_distance")
+        if not semantic and not fulltext:
+            return []
+        if not index and weights is None:  # no word to score: every BM25 is 0
+            fulltext = dict.fromkeys(semantic, 0.0)
+        # Each side's ranking already computed its score for its own candidates (the same SQL
+        # expression, so the same value): only the missing scores are computed, the costly
+        # BM25 only for chunks the full-text side did not return.
+        missing = sorted(pk for pk in semantic.keys() | fulltext.keys() if pk not in semantic
+                         or pk not in fulltext)  # fmt: skip
+        if missing:
+            rows = (
+                self.model.objects.using(self.db)
+                .filter(pk__in=missing)
+                .annotate(distance=CosineDistance("embedding", vector))
             )
-        elif weights is not None:
-            rows = rows.with_bm25(weights, weights.boosts(parsed))
-        else:
-            rows = rows.annotate(fulltext_score=Value(0.0, output_field=FloatField()))
+            if index or weights is not None:
+                if index:
+                    # The index's statistics for each candidate (its score, negated back).
+                    sql, params = score_sql(parsed.words)
+                    sql = f"0.0 - ({sql})"
+                else:
+                    sql, params = bm25_sql(weights, weights.boosts(parsed))
+                if fulltext:
+                    pk_column = f'{self.model._meta.db_table}."{self.model._meta.pk.column}"'
+                    sql = f"CASE WHEN {pk_column} = ANY(%s) THEN NULL ELSE {sql} END"
+                    params = [list(fulltext), *params]
+                score = RawSQL(sql, params, output_field=FloatField())
+            else:
+                score = Value(None, output_field=FloatField())
+            for pk, distance, bm25 in rows.annotate(fulltext_score=score).values_list(
+                "pk", "distance", "fulltext_score"
+            ):
+                semantic.setdefault(pk, 1.0 - float(distance))
+                if bm25 is not None:
+                    fulltext.setdefault(pk, bm25)
+        # In primary-key order, as the single scoring query used to return them (ties in
+        # fusion keep this order).
         scored = [
-            SimpleNamespace(pk=pk, semantic_score=1.0 - float(distance), fulltext_score=bm25)
-            for pk, distance, bm25 in rows.values_list("pk", "distance", "fulltext_score")
+            SimpleNamespace(pk=pk, semantic_score=semantic[pk], fulltext_score=fulltext[pk])
+            for pk in sorted(semantic.keys() & fulltext.keys())
         ]
         fused = fuse(
             scored,
