@@ -98,6 +98,66 @@ def test_a_semantic_search_is_one_round_trip_and_matches_the_chunk_path():
         assert results and [r.to_dict() for r in results] == [e.to_dict() for e in expected]
 
 
+def test_fulltext_and_hybrid_read_statistics_once_and_match_the_chunk_path():
+    """Full-text and hybrid searches read the BM25 statistics in one statement (corpus and
+    terms together, once for both halves of hybrid; none on the pg_textsearch backend), load no
+    Chunk objects, and return what the
+    queryset path returns (same rows, order and scores)."""
+    from django.test.utils import CaptureQueriesContext
+
+    from django_rag.conf import search_setting
+    from django_rag.embeddings import get_embedder
+    from django_rag.models.textsearch import fulltext_backend
+
+    texts = [
+        "Quokkas and wombats are marsupials of Australia.",
+        "A quokka stew would be a terrible idea.",
+        "Wombat burrows are cube shaped, as are their droppings.",
+        "Kangaroos hop; wombats dig; quokkas smile.",
+        "Marsupials carry their young in a pouch.",
+    ]
+    for i, text in enumerate(texts):
+        rag.ingest(text, collection="zoo", source_id=f"z{i}", metadata={"n": i})
+    rag.ingest("Wombats are not quokkas, said the koala.", collection="other", source_id="k")
+    vector = get_embedder().embed_query("quokka wombat marsupials")
+    for collection in (None, "zoo"):
+        chunks = Chunk.objects.all()
+        scope = None
+        if collection:
+            chunks = chunks.filter(collection__name=collection)
+            scope = [Collection.objects.get(name=collection).pk]
+        for mode in ("fulltext", "hybrid"):
+            rag.search("quokka wombat marsupials", mode=mode, collection=collection)  # warm
+            with CaptureQueriesContext(connection) as captured:
+                results = rag.search(
+                    "quokka wombat marsupials", mode=mode, limit=4, collection=collection
+                )
+            sql = [" ".join(q["sql"].split()) for q in captured.captured_queries]
+            # The pg_textsearch backend reads its statistics from the index instead.
+            reads = 1 if fulltext_backend() == "sql" else 0
+            assert sum("django_rag_corpus" in q for q in sql) == reads, sql
+            assert sum("django_rag_term" in q for q in sql) == reads, sql
+            orm_load = 'SELECT "django_rag_chunk"."id", "django_rag_chunk"."document_id"'
+            assert not any(q.startswith(orm_load) for q in sql), sql
+            if mode == "fulltext":
+                rows = chunks.fulltext("quokka wombat marsupials", limit=4, statistics_from=scope)
+            else:
+                rows = chunks.hybrid(
+                    vector,
+                    "quokka wombat marsupials",
+                    limit=4,
+                    statistics_from=scope,
+                    fusion=search_setting("FUSION"),
+                    rrf_k=search_setting("RRF_K"),
+                    semantic_weight=search_setting("SEMANTIC_WEIGHT"),
+                    fulltext_weight=search_setting("FULLTEXT_WEIGHT"),
+                    candidates=search_setting("CANDIDATES"),
+                )
+            expected = [SearchResult.from_chunk(c).to_dict() for c in rows]
+            assert len(results) == 4
+            assert [r.to_dict() for r in results] == expected
+
+
 def test_collections_scope_and_unknown_names():
     rag.ingest("alpha text about apples", collection="one")
     rag.ingest("beta text about apples", collection="two")

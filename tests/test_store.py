@@ -83,6 +83,8 @@ def test_a_lost_connection_during_full_text_search_is_not_a_configuration_error(
     class Dropped:
         """The query-parsing connection, as after the server went away."""
 
+        in_atomic_block = False  # autocommit, as a search outside a transaction runs
+
         def cursor(self):
             raise OperationalError("server closed the connection unexpectedly")
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 
 from django.db import (
@@ -208,6 +209,36 @@ def term_statistics(
         }
 
 
+def _statistics(
+    terms: list[str], using: str = "default", collection_ids: Sequence[int] | None = None
+) -> tuple[int, int, dict[str, tuple[int, int | None, int | None]]]:
+    """:func:`corpus_statistics` and :func:`term_statistics` in one round trip (and one
+    snapshot): ``(chunks, total length, term statistics)``."""
+    where, params = _scope(collection_ids)
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "WITH c AS (SELECT coalesce(sum(chunk_count), 0), coalesce(sum(total_length), 0) "
+            f"FROM (SELECT chunk_count, total_length FROM django_rag_corpus WHERE true{where} "
+            "UNION ALL SELECT chunk_count, total_length FROM django_rag_corpus_delta "
+            f"WHERE true{where}) s), "
+            "t AS (SELECT term, sum(n), max(max_tf), min(min_length) FROM ("
+            "SELECT term, document_frequency AS n, max_tf, min_length FROM django_rag_term "
+            f"WHERE term = ANY(%s){where} "
+            "UNION ALL SELECT term, delta, max_tf, min_length FROM django_rag_term_delta "
+            f"WHERE term = ANY(%s){where}"
+            ") s GROUP BY term) "
+            "SELECT * FROM c LEFT JOIN t ON true",
+            [*params, *params, list(terms), *params, list(terms), *params],
+        )
+        rows = cursor.fetchall()
+    stored = {
+        term: (int(n), None if tf is None else int(tf), None if length is None else int(length))
+        for _, _, term, n, tf, length in rows
+        if term is not None
+    }
+    return int(rows[0][0]), int(rows[0][1]), stored
+
+
 def term_frequencies(
     terms: list[str], using: str = "default", collection_ids: Sequence[int] | None = None
 ) -> dict[str, int]:
@@ -316,8 +347,12 @@ def parse_query(
         "phrase_list": phrases,
         "words": [*free, *" ".join(phrases).split()],
     }
+    connection = connections[using]
+    # Inside a transaction a savepoint keeps a rejected configuration from breaking it; in
+    # autocommit mode the statement is its own transaction (no BEGIN/COMMIT round trips).
+    guard = transaction.atomic(using=using) if connection.in_atomic_block else nullcontext()
     try:
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        with guard, connection.cursor() as cursor:
             cursor.execute(sql, params)
             free_terms, phrase_terms, excluded_terms, phrase_queries, phrase_lexemes, words = (
                 cursor.fetchone()
@@ -403,9 +438,8 @@ def term_weights(
 ) -> TermWeights:
     """Document frequencies and BM25 inverse document frequencies of ``terms``, from the
     statistics of the collections ``collection_ids`` (None: the whole database)."""
-    total, total_length = corpus_statistics(using, collection_ids)
+    total, total_length, stored = _statistics(terms, using, collection_ids)
     average_length = (total_length / total) if total else 1.0
-    stored = term_statistics(terms, using, collection_ids)
     frequencies = [max(0, stored[term][0]) if term in stored else 0 for term in terms]
     # Lucene's BM25 idf: never negative, even for a term in most chunks.
     idf = [math.log(1 + (total - df + 0.5) / (df + 0.5)) for df in frequencies]

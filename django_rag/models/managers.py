@@ -123,6 +123,47 @@ class ChunkQuerySet(models.QuerySet):
             rows.append(row)
         return rows
 
+    def results_for(self, items) -> list[SearchResult]:
+        """:class:`~django_rag.results.SearchResult` objects for ranked ``items`` (each with
+        ``pk``, ``score``, ``semantic_score`` and ``fulltext_score``), in their order, read
+        in one statement. An item whose chunk was deleted since it was ranked is left out."""
+        if not items:
+            return []
+        ranked = "SELECT * FROM unnest(%s::bigint[], %s::int[])"
+        sql = _with_result_columns(self.model, ranked)
+        with connections[self.db].cursor() as cursor:
+            cursor.execute(sql, [[item.pk for item in items], list(range(len(items)))])
+            rows = {row[0]: row for row in cursor.fetchall()}
+        results = []
+        for item in items:
+            row = rows.get(item.pk)
+            if row is None:
+                continue
+            (pk, _, text, document_id, chunk_index, collection, source_id, title, filename,
+             page_start, page_end, start_char, end_char, document_metadata,
+             chunk_metadata) = row  # fmt: skip
+            results.append(
+                SearchResult(
+                    chunk_id=pk,
+                    text=text,
+                    score=item.score,
+                    document_id=document_id,
+                    chunk_index=chunk_index,
+                    collection=collection,
+                    source_id=source_id,
+                    title=title,
+                    filename=filename,
+                    page_start=page_start,
+                    page_end=page_end,
+                    start_char=start_char,
+                    end_char=end_char,
+                    metadata={**_json(document_metadata), **_json(chunk_metadata)},
+                    semantic_score=item.semantic_score,
+                    fulltext_score=item.fulltext_score,
+                )
+            )
+        return results
+
     def semantic(
         self, vector: Sequence[float], *, limit: int, threshold: float | None = None
     ) -> list:
@@ -330,6 +371,18 @@ class ChunkQuerySet(models.QuerySet):
             hits = [hit for hit in hits if hit[1] >= threshold]
         return self.load_hits(hits, score_field="fulltext_score")
 
+    def fulltext_results(self, query, *, limit: int, threshold: float | None = None, **options):
+        """:meth:`fulltext` as :class:`~django_rag.results.SearchResult` objects, their columns
+        read in one statement (no Chunk objects)."""
+        hits = self.fulltext_hits(query, limit=limit, **options)
+        return self.results_for(
+            [
+                SimpleNamespace(pk=pk, score=score, semantic_score=None, fulltext_score=score)
+                for pk, score in hits
+                if threshold is None or score >= threshold
+            ]
+        )
+
     def fulltext_hits(
         self,
         query,
@@ -477,7 +530,12 @@ class ChunkQuerySet(models.QuerySet):
 
     # --- hybrid ------------------------------------------------------------------------------
 
-    def hybrid(
+    def hybrid_results(self, vector: Sequence[float], query, *, limit: int, **options) -> list:
+        """:meth:`hybrid` as :class:`~django_rag.results.SearchResult` objects, their columns
+        read in one statement (no Chunk objects)."""
+        return self.results_for(self._hybrid(vector, query, limit=limit, **options))
+
+    def _hybrid(
         self,
         vector: Sequence[float],
         query,
@@ -509,28 +567,52 @@ class ChunkQuerySet(models.QuerySet):
             if parsed.terms and not index
             else None
         )
-        ids = {pk for pk, _ in self.without_excluded(parsed).semantic_hits(vector, limit=pool)}
-        if parsed.match is not None:
-            ids |= {pk for pk, _ in self.fulltext_hits(parsed, limit=pool, weights=weights)}
-        if not ids:
-            return []
-        rows = (
-            self.model.objects.using(self.db)
-            .filter(pk__in=ids)
-            .annotate(distance=CosineDistance("embedding", vector))
+        semantic = dict(self.without_excluded(parsed).semantic_hits(vector, limit=pool))
+        fulltext = (
+            dict(self.fulltext_hits(parsed, limit=pool, weights=weights))
+            if parsed.match is not None
+            else {}
         )
-        if index:
-            # The index's statistics for each candidate (its score, negated back).
-            rows = rows.with_index_bm25(parsed).annotate(
-                fulltext_score=Value(0.0, output_field=FloatField()) - F("bm25_distance")
+        if not semantic and not fulltext:
+            return []
+        if not index and weights is None:  # no word to score: every BM25 is 0
+            fulltext = dict.fromkeys(semantic, 0.0)
+        # Each side's ranking already computed its score for its own candidates (the same SQL
+        # expression, so the same value): only the missing scores are computed, the costly
+        # BM25 only for chunks the full-text side did not return.
+        missing = sorted(pk for pk in semantic.keys() | fulltext.keys() if pk not in semantic
+                         or pk not in fulltext)  # fmt: skip
+        if missing:
+            rows = (
+                self.model.objects.using(self.db)
+                .filter(pk__in=missing)
+                .annotate(distance=CosineDistance("embedding", vector))
             )
-        elif weights is not None:
-            rows = rows.with_bm25(weights, weights.boosts(parsed))
-        else:
-            rows = rows.annotate(fulltext_score=Value(0.0, output_field=FloatField()))
+            if index or weights is not None:
+                if index:
+                    # The index's statistics for each candidate (its score, negated back).
+                    sql, params = score_sql(parsed.words)
+                    sql = f"0.0 - ({sql})"
+                else:
+                    sql, params = bm25_sql(weights, weights.boosts(parsed))
+                if fulltext:
+                    pk_column = f'{self.model._meta.db_table}."{self.model._meta.pk.column}"'
+                    sql = f"CASE WHEN {pk_column} = ANY(%s) THEN NULL ELSE {sql} END"
+                    params = [list(fulltext), *params]
+                score = RawSQL(sql, params, output_field=FloatField())
+            else:
+                score = Value(None, output_field=FloatField())
+            for pk, distance, bm25 in rows.annotate(fulltext_score=score).values_list(
+                "pk", "distance", "fulltext_score"
+            ):
+                semantic.setdefault(pk, 1.0 - float(distance))
+                if bm25 is not None:
+                    fulltext.setdefault(pk, bm25)
+        # In primary-key order, as the single scoring query used to return them (ties in
+        # fusion keep this order).
         scored = [
-            SimpleNamespace(pk=pk, semantic_score=1.0 - float(distance), fulltext_score=bm25)
-            for pk, distance, bm25 in rows.values_list("pk", "distance", "fulltext_score")
+            SimpleNamespace(pk=pk, semantic_score=semantic[pk], fulltext_score=fulltext[pk])
+            for pk in sorted(semantic.keys() & fulltext.keys())
         ]
         fused = fuse(
             scored,
@@ -542,7 +624,13 @@ class ChunkQuerySet(models.QuerySet):
         )
         if threshold is not None:
             fused = [item for item in fused if item.score >= threshold]
-        fused = fused[:limit]
+        return fused[:limit]
+
+    def hybrid(self, vector: Sequence[float], query, *, limit: int, **options) -> list:
+        """Semantic and BM25 rankings fused, best first (options: see :meth:`hybrid_results`).
+
+        Chunks get ``semantic_score``, ``fulltext_score`` and the fused ``score``."""
+        fused = self._hybrid(vector, query, limit=limit, **options)
         chunks = self.load_hits([(item.pk, item.score) for item in fused], score_field="score")
         by_pk = {item.pk: item for item in fused}
         for chunk in chunks:

@@ -126,29 +126,28 @@ class PgVectorStore(VectorStore):
             return chunks.semantic_results(
                 request.vector, limit=request.limit, threshold=request.threshold
             )
+        # Result columns are read in one statement after the ranking (no Chunk objects).
         if request.mode == "fulltext":
-            rows = chunks.fulltext(
+            return chunks.fulltext_results(
                 request.query,
                 limit=request.limit,
                 threshold=request.threshold,
                 syntax=request.syntax,
                 statistics_from=scope,
             )
-        else:
-            rows = chunks.hybrid(
-                request.vector,
-                request.query,
-                limit=request.limit,
-                threshold=request.threshold,
-                fusion=request.fusion,
-                rrf_k=request.rrf_k,
-                semantic_weight=request.semantic_weight,
-                fulltext_weight=request.fulltext_weight,
-                candidates=request.candidates,
-                syntax=request.syntax,
-                statistics_from=scope,
-            )
-        return [SearchResult.from_chunk(row) for row in rows]
+        return chunks.hybrid_results(
+            request.vector,
+            request.query,
+            limit=request.limit,
+            threshold=request.threshold,
+            fusion=request.fusion,
+            rrf_k=request.rrf_k,
+            semantic_weight=request.semantic_weight,
+            fulltext_weight=request.fulltext_weight,
+            candidates=request.candidates,
+            syntax=request.syntax,
+            statistics_from=scope,
+        )
 
     # The rows written by django_rag.store are this store's data: nothing to hand over.
     def store(self, chunks, vectors) -> None:
