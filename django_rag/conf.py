@@ -337,11 +337,23 @@ def check_background_settings() -> None:
         )
 
 
+MAX_DIMENSIONS = 2000  # pgvector's HNSW limit for `vector` columns
+
+
 def embedding_dimensions() -> int:
     dims = get_setting("EMBEDDING_DIMENSIONS")
-    if not isinstance(dims, int) or isinstance(dims, bool) or dims <= 0 or dims > 16000:
+    if not isinstance(dims, int) or isinstance(dims, bool) or dims <= 0:
+        raise ConfigurationError("EMBEDDING_DIMENSIONS", dims, "must be a positive integer")
+    if dims > MAX_DIMENSIONS:
+        # pgvector's HNSW index takes `vector` columns of at most 2,000 dimensions: migrate
+        # would fail creating it. Say so before, with what to do.
         raise ConfigurationError(
-            "EMBEDDING_DIMENSIONS", dims, "must be a positive integer (pgvector allows up to 16000)"
+            "EMBEDDING_DIMENSIONS",
+            dims,
+            f"is above {MAX_DIMENSIONS}, the most pgvector's HNSW index takes for vector "
+            "columns; use an embedding model of at most 2,000 dimensions, or one that can "
+            "shorten its vectors (OpenAI's text-embedding-3 models take dimensions=1536, for "
+            "example) and set EMBEDDING_DIMENSIONS to that size",
         )
     return dims
 

@@ -90,6 +90,23 @@ def test_invalid_settings_are_e005(settings):
     assert ids(check_settings()) == ["django_rag.E005"]
 
 
+def test_dimensions_above_the_hnsw_limit_are_e005_before_migrate(settings):
+    """pgvector's HNSW index takes vector columns of at most 2,000 dimensions: migrate would
+    fail creating it, so the check says what to do first."""
+    settings.DJANGO_RAG = {
+        "EMBEDDER": {"BACKEND": "hashing", "OPTIONS": {"dimensions": 3072}},
+        "EMBEDDING_DIMENSIONS": 3072,
+    }
+    errors = check_settings()
+    assert [e.id for e in errors] == ["django_rag.E005"]
+    assert "2000" in errors[0].msg and "dimensions=1536" in errors[0].msg
+    settings.DJANGO_RAG = {
+        "EMBEDDER": {"BACKEND": "hashing", "OPTIONS": {"dimensions": 2000}},
+        "EMBEDDING_DIMENSIONS": 2000,
+    }
+    assert check_settings() == []
+
+
 def test_settings_cache_resets_on_override(settings):
     settings.DJANGO_RAG = {"DEFAULT_COLLECTION": "first"}
     assert get_settings()["DEFAULT_COLLECTION"] == "first"
