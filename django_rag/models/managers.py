@@ -95,6 +95,30 @@ def _with_result_columns(model, ranked_sql: str) -> str:
     )
 
 
+def _result(row, **scores) -> SearchResult:
+    """A :class:`SearchResult` from a row of :func:`_with_result_columns` (its second column,
+    the ranking's own value, is not used) and the scores to give it."""
+    (pk, _, text, document_id, chunk_index, collection, source_id, title, filename,
+     page_start, page_end, start_char, end_char, document_metadata,
+     chunk_metadata) = row  # fmt: skip
+    return SearchResult(
+        chunk_id=pk,
+        text=text,
+        document_id=document_id,
+        chunk_index=chunk_index,
+        collection=collection,
+        source_id=source_id,
+        title=title,
+        filename=filename,
+        page_start=page_start,
+        page_end=page_end,
+        start_char=start_char,
+        end_char=end_char,
+        metadata={**_json(document_metadata), **_json(chunk_metadata)},
+        **scores,
+    )
+
+
 class ChunkQuerySet(models.QuerySet):
     def _for_results(self):
         return self.select_related("document", "collection").defer(
@@ -139,25 +163,10 @@ class ChunkQuerySet(models.QuerySet):
             row = rows.get(item.pk)
             if row is None:
                 continue
-            (pk, _, text, document_id, chunk_index, collection, source_id, title, filename,
-             page_start, page_end, start_char, end_char, document_metadata,
-             chunk_metadata) = row  # fmt: skip
             results.append(
-                SearchResult(
-                    chunk_id=pk,
-                    text=text,
+                _result(
+                    row,
                     score=item.score,
-                    document_id=document_id,
-                    chunk_index=chunk_index,
-                    collection=collection,
-                    source_id=source_id,
-                    title=title,
-                    filename=filename,
-                    page_start=page_start,
-                    page_end=page_end,
-                    start_char=start_char,
-                    end_char=end_char,
-                    metadata={**_json(document_metadata), **_json(chunk_metadata)},
                     semantic_score=item.semantic_score,
                     fulltext_score=item.fulltext_score,
                 )
@@ -200,31 +209,9 @@ class ChunkQuerySet(models.QuerySet):
         the exact scan. Same rows, order and completeness as :meth:`semantic_hits`."""
         results = []
         for row in self._nearest(vector, limit, columns=True):
-            (pk, distance, text, document_id, chunk_index, collection, source_id, title,
-             filename, page_start, page_end, start_char, end_char, document_metadata,
-             chunk_metadata) = row  # fmt: skip
-            score = 1.0 - float(distance)
-            if threshold is not None and score < threshold:
-                continue
-            results.append(
-                SearchResult(
-                    chunk_id=pk,
-                    text=text,
-                    score=score,
-                    document_id=document_id,
-                    chunk_index=chunk_index,
-                    collection=collection,
-                    source_id=source_id,
-                    title=title,
-                    filename=filename,
-                    page_start=page_start,
-                    page_end=page_end,
-                    start_char=start_char,
-                    end_char=end_char,
-                    metadata={**_json(document_metadata), **_json(chunk_metadata)},
-                    semantic_score=score,
-                )
-            )
+            score = 1.0 - float(row[1])  # row[1]: the cosine distance
+            if threshold is None or score >= threshold:
+                results.append(_result(row, score=score, semantic_score=score))
         return results
 
     def _nearest(self, vector: Sequence[float], limit: int, *, columns: bool = False) -> list:
