@@ -45,14 +45,28 @@ from .conf import background_setting, jobs_setting, on_reset, scrub_text
 from .exceptions import (
     BackgroundUnavailable,
     ConfigurationError,
+    EmbeddingFailed,
     JobNotRetryable,
+    LLMError,
     MissingDependency,
 )
-from .models import Job
+from .models import Document, Job
+from .models.databases import on_live_connection
 
 logger = logging.getLogger("django_rag.background")
 
 CELERY, THREAD, WORKER, INLINE = "celery", "thread", "worker", "inline"
+
+# Worth another attempt: provider hiccups and lost database connections. Celery retries them
+# (django_rag.tasks), and so do rag_worker and the thread pool, with the same backoff.
+TRANSIENT = (EmbeddingFailed, LLMError, OperationalError, InterfaceError)
+MAX_RETRIES = 5
+BACKOFF_MAX_SECONDS = 60
+
+
+def backoff(attempt: int) -> float:
+    """Seconds to wait before attempt ``attempt + 1``: 1, 2, 4... up to a minute."""
+    return float(min(2 ** max(attempt - 1, 0), BACKOFF_MAX_SECONDS))
 
 
 def _celery_configured() -> bool:
@@ -266,11 +280,56 @@ def _run_in_thread(task_name: str, job_id: int) -> None:
     try:
         Job.objects.filter(pk=job_id).update(worker=worker_name())
         _TASKS[task_name](job_id=job_id)
+    except TRANSIENT as exc:
+        delay = _queue_again_later(job_id, exc, THREAD)
+        if delay is not None:
+            timer = threading.Timer(delay, _submit_again, args=(task_name, job_id))
+            timer.daemon = True
+            timer.start()
     except Exception:
         # The job row has the error (the task marks it failed); the log has the traceback.
         logger.exception("Background job %s (%s) failed", job_id, task_name)
     finally:
         connections.close_all()  # this thread's connections only
+
+
+def _submit_again(task_name: str, job_id: int) -> None:
+    try:
+        _pool().submit(_run_in_thread, task_name, job_id)
+    except RuntimeError:  # shutting down: the job stays pending and shows as stalled
+        logger.warning("Job %s could not be queued again: the process is stopping", job_id)
+
+
+def _queue_again_later(job_id: int, exc: BaseException, runner: str) -> float | None:
+    """After a transient failure (recorded on the job by the task), queue the job again with
+    backoff while attempts are left: back to pending, not before ``backoff(attempts)`` seconds.
+    Returns the delay, or None when the job stays failed."""
+    logger.warning("Job %s failed (%s: %s)", job_id, type(exc).__name__, scrub_text(exc))
+    db = router.db_for_write(Job)
+
+    def requeue() -> float | None:
+        job = Job.objects.using(db).filter(pk=job_id, status=Job.Status.FAILED).first()
+        if job is None or job.attempts > MAX_RETRIES:
+            return None
+        delay = backoff(job.attempts)
+        queued = (
+            Job.objects.using(db)
+            .filter(pk=job_id, status=Job.Status.FAILED)
+            .update(
+                status=Job.Status.PENDING,
+                runner=runner,
+                worker="",
+                finished_at=None,
+                not_before=timezone.now() + timedelta(seconds=delay),
+                heartbeat_at=timezone.now(),
+            )
+        )
+        return delay if queued else None
+
+    delay = on_live_connection(db, requeue)
+    if delay is not None:
+        logger.info("Job %s queued again in %.0f s (transient failure)", job_id, delay)
+    return delay
 
 
 # --- heartbeat ------------------------------------------------------------------------------
@@ -319,6 +378,27 @@ def _stalled_q() -> Q:
     )
 
 
+def _cannot_run_again(job: Job) -> str:
+    """Why running ``job`` again could not work ("" when it could)."""
+    if job.status == Job.Status.SUPERSEDED:
+        return "it was superseded (a newer version of its document was written first)"
+    if job.kind == Job.Kind.INGEST:
+        document_id = job.params.get("document_id")
+        if not Document.objects.using(router.db_for_write(Job)).filter(pk=document_id).exists():
+            return "its document was deleted or replaced by a newer version"
+    return ""
+
+
+def retryable(job: Job, *, stalled_after: float | None = None) -> bool:
+    """Whether :func:`retry` would queue ``job`` again (what the dashboard offers)."""
+    after = jobs_setting("STALLED_AFTER_SECONDS") if stalled_after is None else stalled_after
+    return (
+        (job.status == Job.Status.FAILED or job.is_stalled(after))
+        and task_for(job) is not None
+        and not _cannot_run_again(job)
+    )
+
+
 def stalled(queryset: QuerySet[Job] | None = None) -> QuerySet[Job]:
     """Jobs pending or running with no heartbeat for ``JOBS["STALLED_AFTER_SECONDS"]``: their
     worker died (or nothing picked them up)."""
@@ -338,6 +418,9 @@ def retry(job: Job, *, runner: str | None = None) -> Job:
             f"Job {job.pk} ({job.kind}) was run by a command, not queued: run the command "
             "again (rag_reembed --resume continues a re-embed)."
         )
+    why_not = _cannot_run_again(job)
+    if why_not:
+        raise JobNotRetryable(f"Job {job.pk} cannot be retried: {why_not}.")
     runner = runner or mode()
     requeued = (
         Job.objects.filter(pk=job.pk)
@@ -364,6 +447,37 @@ def retry(job: Job, *, runner: str | None = None) -> Job:
 # --- rag_worker -----------------------------------------------------------------------------
 
 
+def recover_orphaned() -> list[int]:
+    """Jobs marked running by a process of this host that no longer exists (killed, crashed,
+    the machine rebooted): failed with why, and queued again for rag_worker when they were
+    queued for it (else left failed for a retry). Run when a worker starts, so such a job
+    does not wait ``STALLED_AFTER_SECONDS`` to be noticed. Returns the ids recovered."""
+    host = socket.gethostname()
+    recovered = []
+    for job in Job.objects.filter(status=Job.Status.RUNNING, worker__startswith=f"{host}:"):
+        pid = job.worker.split(":")[1]
+        if not pid.isdigit() or _alive(int(pid)) or int(pid) == os.getpid():
+            continue
+        job.fail(RuntimeError(f"its worker process ({job.worker}) is gone"))
+        if job.runner == WORKER:
+            Job.objects.filter(pk=job.pk, status=Job.Status.FAILED).update(
+                status=Job.Status.PENDING, worker="", finished_at=None, heartbeat_at=timezone.now()
+            )
+        logger.warning("Job %s was running in a process that is gone (%s)", job.pk, job.worker)
+        recovered.append(job.pk)
+    return recovered
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
 def claim(worker: str | None = None) -> Job | None:
     """Take the oldest job queued for rag_worker, or None. ``SKIP LOCKED``: concurrent workers
     never wait for each other and never take the same job."""
@@ -373,6 +487,7 @@ def claim(worker: str | None = None) -> Job | None:
             Job.objects.using(db)
             .select_for_update(skip_locked=True)
             .filter(runner=WORKER, status=Job.Status.PENDING)
+            .filter(Q(not_before__isnull=True) | Q(not_before__lte=timezone.now()))
             .order_by("created_at", "pk")
             .first()
         )
@@ -396,6 +511,8 @@ def run(job: Job) -> None:
     token = _claimed.set(job.pk)  # claim() took it: the task must not take it again
     try:
         _TASKS[task_name](job_id=job.pk)
+    except TRANSIENT as exc:
+        _queue_again_later(job.pk, exc, WORKER)  # a worker claims it after the backoff
     except Exception:
         logger.exception("Job %s (%s) failed", job.pk, task_name)
     finally:

@@ -171,6 +171,37 @@ class DocumentNotFound(RagError, LookupError):
     code = "document_not_found"
 
 
+class DocumentSuperseded(RagError):
+    """A write came too late: a newer version of the same (collection, source_id) was submitted
+    after it and has already replaced or deleted the source, so this older version was not
+    stored. Nothing is lost (the newer version is what the caller asked for last); a
+    background job that meets this ends as ``superseded``."""
+
+    code = "document_superseded"
+
+    def __init__(self, collection: str, source_id: str, version: int, newer: int = 0):
+        by = (
+            f"was overtaken by version {newer}, submitted after it and already written"
+            if newer
+            else "was replaced by a newer version or deleted before it was written"
+        )
+        super().__init__(
+            f"Not stored: version {version} of source {source_id!r} in collection "
+            f"{collection!r} {by}. Nothing to do unless you expected this call to be the "
+            "newest.",
+            collection=collection,
+            source_id=source_id,
+            version=version,
+            newer=newer,
+        )
+        self.collection, self.source_id, self.version, self.newer = (
+            collection,
+            source_id,
+            version,
+            newer,
+        )
+
+
 class EmbeddingFailed(RagError):
     """The embedder failed; nothing was written."""
 

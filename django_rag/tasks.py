@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 
-from django.db import InterfaceError, OperationalError, router
+from django.db import router
 
 from . import maintenance
-from .background import heartbeat, register, take
+from .background import BACKOFF_MAX_SECONDS, MAX_RETRIES, TRANSIENT, heartbeat, register, take
 from .evaluation import generate_test_cases as generate
 from .evaluation import run_evaluation as evaluate
-from .exceptions import EmbeddingFailed, LLMError
+from .exceptions import DocumentSuperseded
 from .graph import build_graph as build
 from .graph import detect_communities as detect
 from .graph import summarize_communities as summarize
@@ -30,15 +30,13 @@ except ImportError:  # inline only
         return lambda func: func
 
 
-# Worth another attempt: provider hiccups and lost database connections.
-TRANSIENT = (EmbeddingFailed, LLMError, OperationalError, InterfaceError)
 OPTIONS = {
     "acks_late": True,
     "reject_on_worker_lost": True,
     "autoretry_for": TRANSIENT,
     "retry_backoff": True,
-    "retry_backoff_max": 60,
-    "max_retries": 5,
+    "retry_backoff_max": BACKOFF_MAX_SECONDS,
+    "max_retries": MAX_RETRIES,
 }
 
 
@@ -51,6 +49,9 @@ def _run(job_id: int, body) -> None:
     try:
         with heartbeat(job):
             result = body(job)
+    except DocumentSuperseded as exc:  # a newer version won: not a failure, nothing to retry
+        job.supersede(exc)
+        return
     except BaseException as exc:
         job.fail(exc)
         raise

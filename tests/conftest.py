@@ -30,6 +30,8 @@ def background_default(mode):
     finally:
         conf.DEFAULTS["BACKGROUND"] = previous
         conf.get_settings.cache_clear()
+
+
 def pytest_collection_modifyitems(config, items):
     """On the pg_textsearch run (scripts/test-textsearch.sh) tests of the SQL backend's
     per-collection statistics are skipped: the index ranks with statistics of its own,

@@ -48,6 +48,8 @@ class GatedEmbedder(HashingEmbedder):
         if not self.gate.wait(120):
             raise TimeoutError("the test never opened the gate")
         return super()._embed(texts)
+
+
 class SentenceTransformersMiniLM(SentenceTransformerEmbedder):
     """The bundled MiniLM loaded through sentence-transformers (tests/test_command_startup.py:
     its progress bars must stay off the terminal)."""

@@ -197,6 +197,8 @@ def test_rag_ask_checks_collection_and_mode_before_any_llm_call(policies):
         with pytest.raises(CommandError, match="expected an integer >= 1"):
             run("rag_ask", "refunds", "--limit", "0")
     assert llm.calls == []
+
+
 class FakeTTY(StringIO):
     def isatty(self):
         return True

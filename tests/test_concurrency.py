@@ -25,6 +25,7 @@ from django_rag.models import (
     CorpusDelta,
     CorpusStatistic,
     Document,
+    SourceVersion,
     TermDelta,
     TermStatistic,
 )
@@ -77,7 +78,7 @@ def test_eight_writers_replacing_and_deleting_overlapping_identities():
     deadline = time.monotonic() + SECONDS
     written = []  # (identity, content) of every write that returned
     lock = threading.Lock()
-    counts = {"replace": 0, "delete": 0, "not_found": 0}
+    counts = {"replace": 0, "delete": 0, "not_found": 0, "superseded": 0}
 
     def writer(index):
         rng = random.Random(index)
@@ -95,6 +96,12 @@ def test_eight_writers_replacing_and_deleting_overlapping_identities():
                     chunk_size=20,
                     chunk_overlap=0,
                 )
+                if document.superseded:
+                    # Submitted before another writer's version of the identity that was
+                    # stored first: the newer one stays (and is returned), this one is not.
+                    with lock:
+                        counts["superseded"] += 1
+                    continue
                 assert document.chunk_count == Chunk.objects.filter(document=document).count() or (
                     not Document.objects.filter(pk=document.pk).exists()  # replaced meanwhile
                 )
@@ -141,6 +148,9 @@ def test_eight_writers_replacing_and_deleting_overlapping_identities():
         assert document.status == "completed"
         assert document.content in texts[key]
         assert document.chunks.count() == document.chunk_count > 0
+        # No write older than the identity's last replace was stored after it.
+        fence = SourceVersion.objects.get(collection=document.collection, source_id=key[1])
+        assert document.version == fence.version
     assert not Chunk.objects.exclude(document__in=Document.objects.all()).exists()
     assert_statistics_exact()
     compact_statistics()

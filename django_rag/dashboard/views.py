@@ -773,9 +773,7 @@ def _decorate(jobs):
     after = background.describe().get("stalled_after_seconds") or 0
     for job in jobs:
         job.stalled = bool(after) and job.is_stalled(after)
-        job.retryable = (job.stalled or job.status == Job.Status.FAILED) and bool(
-            background.task_for(job)
-        )
+        job.retryable = background.retryable(job, stalled_after=after)
         job.result_rows = _result_rows(job.result)
         job.duration_text = _duration(job.duration)
     return jobs

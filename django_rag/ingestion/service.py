@@ -30,6 +30,7 @@ from ..conf import graph_setting
 from ..embeddings import Embedder, active_dimensions, get_embedder
 from ..exceptions import (
     DocumentNotFound,
+    DocumentSuperseded,
     EmbeddingFailed,
     InvalidOption,
     RagError,
@@ -43,6 +44,7 @@ from ..store import (
     DocumentWrite,
     delete_document,
     mark_document,
+    next_versions,
     save_pending,
     write_document,
     write_documents,
@@ -156,6 +158,13 @@ def _validate(
     return _Pending(name, document, parsed, replace)
 
 
+def _take_versions(validated: Sequence[_Pending]) -> None:
+    """Give submitted documents their versions (one statement), before anything is embedded or
+    queued: the order of versions is the order of the calls, whatever runs them later."""
+    for item, version in zip(validated, next_versions(len(validated)), strict=True):
+        item.document.version = version
+
+
 def _use_graph(graph: bool | None) -> bool:
     return bool(graph_setting("ENABLED") if graph is None else graph)
 
@@ -214,16 +223,39 @@ def _store(pending: _Pending, prepared: Prepared) -> Document:
         if prepared.skipped
         else ""
     )
-    document = write_document(
-        pending.document,
-        [item.row() for item in prepared.chunks],
-        collection=pending.collection,
-        model_name=prepared.model_name,
-        replace=pending.replace,
-        extractions=prepared.extractions,
-    )
+    try:
+        document = write_document(
+            pending.document,
+            [item.row() for item in prepared.chunks],
+            collection=pending.collection,
+            model_name=prepared.model_name,
+            replace=pending.replace,
+            extractions=prepared.extractions,
+        )
+    except DocumentSuperseded as exc:
+        if pending.document.pk is not None:
+            raise  # a queued document: its job ends superseded
+        return _superseded(pending, exc)
+    document.superseded = False
     document.skipped_chunks = prepared.skipped
     return document
+
+
+def _superseded(pending: _Pending, exc: DocumentSuperseded) -> Document:
+    """What a foreground write overtaken by a newer version of its identity returns: like a
+    duplicate, the document stored for the identity now (the newest), flagged
+    ``superseded = True``, or its own unsaved document when the source was deleted."""
+    current = (
+        Document.objects.using(write_db())
+        .filter(collection__name=pending.collection, source_id=pending.document.source_id)
+        .order_by("-version")
+        .first()
+    ) or pending.document
+    logger.info("%s", exc)
+    current.superseded = True
+    current.deduplicated = False
+    current.skipped_chunks = []
+    return current
 
 
 # --- public entry points ----------------------------------------------------------------------
@@ -326,6 +358,7 @@ def _ingest_parsed(
         if not isinstance(pending, _Pending):
             s.set(document_id=pending.pk, chunk_count=pending.chunk_count, deduplicated=True)
             return pending
+        _take_versions([pending])
         use_graph = _use_graph(graph)
         if background:
             if chunker is not None or embedder is not None:
@@ -413,7 +446,7 @@ def ingest_many(
         )
         s.set(
             document_count=len(results),
-            chunk_count=sum(document.chunk_count for document in results),
+            chunk_count=sum(getattr(document, "chunk_count", 0) for document in results),
         )
         return results
 
@@ -458,6 +491,7 @@ def _ingest_many(
             raise
         validated.append((index, checked))
         results.append(checked)
+    _take_versions([item for _, item in validated])
     to_write = _without_stored(validated, results, replace)
     _write_batched(
         to_write,
@@ -611,6 +645,9 @@ def _write_batched(
                 for index, document in zip(written_indexes, written, strict=True):
                     if document is None:  # its write failed: recorded in ``errors``
                         continue
+                    if isinstance(document, DocumentSuperseded):  # a newer version won
+                        results[index] = _superseded(dict(group)[index], document)
+                        continue
                     document.skipped_chunks = []
                     results[index] = document
     finally:
@@ -735,6 +772,7 @@ def ingest_files(
                 )
             except (RagError, OSError) as exc:
                 errors[index] = exc
+        _take_versions([item for _, item in validated])
         _write_batched(
             _without_stored(validated, results, replace),
             results,
@@ -771,6 +809,8 @@ def _enqueue(pending: _Pending, options: dict[str, Any]) -> Document:
             # For the jobs page: which collection (its access scope) and which document.
             "collection": pending.collection,
             "title": document.title or document.original_filename or "",
+            "source_id": document.source_id,
+            "version": document.version,
             "replace": pending.replace,
             "format": pending.parsed.format,
             "pages": [[p.number, p.start, p.end] for p in pending.parsed.pages],
@@ -796,8 +836,13 @@ def process_pending(job: Job) -> Document:
     document = (
         Document.objects.using(write_db())
         .select_related("collection")
-        .get(pk=params["document_id"])
+        .filter(pk=params["document_id"])
+        .first()
     )
+    if document is None:  # a newer version's replace (or a delete) removed it while it waited
+        raise DocumentSuperseded(
+            params.get("collection", ""), params.get("source_id", ""), params.get("version", 0)
+        )
     if document.status == Document.Status.COMPLETED:
         return document
     mark_document(document.pk, Document.Status.PROCESSING)
@@ -819,6 +864,8 @@ def process_pending(job: Job) -> Document:
             progress=job.report,  # the jobs page shows chunks embedded / chunks
         )
         return _store(pending, prepared)
+    except DocumentSuperseded:
+        raise  # its pending row is gone with it
     except BaseException as exc:
         mark_document(document.pk, Document.Status.FAILED, f"{type(exc).__name__}: {exc}")
         raise

@@ -1,4 +1,4 @@
-from .documents import Chunk, Collection, Document
+from .documents import Chunk, Collection, Document, SourceVersion
 from .evaluation import Relevance, Run, TestCase
 from .fulltext import CorpusDelta, CorpusStatistic, TermDelta, TermStatistic
 from .graph import Community, Entity, EntityMention, GraphChunk, Relationship
@@ -17,6 +17,7 @@ __all__ = [
     "CorpusDelta",
     "CorpusStatistic",
     "Document",
+    "SourceVersion",
     "Job",
     "Relevance",
     "Run",

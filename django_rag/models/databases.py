@@ -14,10 +14,30 @@ through the search alias, so a search sees one consistent database.
 
 from __future__ import annotations
 
-from django.db import connections, router
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import InterfaceError, OperationalError, connections, router
 
 from ..conf import search_setting
 from ..exceptions import ConfigurationError, InvalidOption
+
+T = TypeVar("T")
+
+
+def on_live_connection(alias: str, write: Callable[[], T]) -> T:
+    """Run ``write``; when it fails because the connection was lost (the server restarted, the
+    backend was terminated), run it once more on a fresh connection. What records a failure
+    must outlive the connection the failure broke. Inside a transaction nothing is retried:
+    the error goes to the caller, whose transaction is lost anyway."""
+    try:
+        return write()
+    except (OperationalError, InterfaceError):
+        connection = connections[alias]
+        if connection.in_atomic_block:
+            raise
+        connection.close()  # the next query opens a new one
+        return write()
 
 
 def search_db(alias: str | None = None) -> str:

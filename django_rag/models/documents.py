@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
+from django.db.models import Func
 from pgvector.django import HnswIndex
 
 from ..exceptions import CollectionNotEmpty
@@ -33,6 +34,18 @@ class Collection(models.Model):
         return super().delete(*args, **kwargs)
 
 
+# Versions order the writes of one (collection, source_id): taken from this sequence when a
+# document is submitted (before any embedding), so their order is the order of the calls.
+VERSION_SEQUENCE = "django_rag_document_version"
+
+
+class NextVersion(Func):
+    """``nextval`` of the document version sequence (the column's database default)."""
+
+    template = f"nextval('{VERSION_SEQUENCE}')"
+    output_field = models.BigIntegerField()
+
+
 class Document(models.Model):
     class Status(models.TextChoices):
         PENDING = "pending", "Pending"
@@ -54,6 +67,14 @@ class Document(models.Model):
     content_type = models.CharField(max_length=100, default="text/plain")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+    # Submission order (django_rag.store.documents.next_versions): a replace deletes only the
+    # older versions of its identity, and a write older than the identity's SourceVersion is
+    # superseded (docs/architecture.md, "The newest version wins").
+    version = models.BigIntegerField(db_default=NextVersion(), editable=False)
+
+    # Set on what ingest returns: True when the call stored nothing because a newer version of
+    # the same (collection, source_id) was written first (this is then that newer document).
+    superseded = False
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -74,6 +95,29 @@ class Document(models.Model):
             words = self.content[:300].split()
             return " ".join(words[:8]) + ("…" if len(words) > 8 else "")
         return f"Document {self.pk}"
+
+
+class SourceVersion(models.Model):
+    """The newest version that replaced or deleted the documents of a (collection, source_id):
+    a write of an older version comes too late and is superseded. Written under the identity's
+    lock by the store; a deleted source keeps its row (a tombstone) so that an older job still
+    queued for it cannot bring it back."""
+
+    collection = models.ForeignKey(Collection, on_delete=models.CASCADE, related_name="+")
+    source_id = models.CharField(max_length=512)
+    version = models.BigIntegerField()
+    deleted = models.BooleanField(default=False)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["collection", "source_id"], name="django_rag_source_version_uniq"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.source_id} @ {self.version}"
 
 
 class Chunk(models.Model):

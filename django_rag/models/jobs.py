@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db import models
+from django.db import models, router
 from django.utils import timezone
 
 from ..conf import scrub_text
+from .databases import on_live_connection
 
 
 class Job(models.Model):
@@ -19,6 +20,9 @@ class Job(models.Model):
         RUNNING = "running", "Running"
         COMPLETED = "completed", "Completed"
         FAILED = "failed", "Failed"
+        # Overtaken: a newer version of its (collection, source_id) was stored or deleted it
+        # first, so this job's older version was not written (nothing to retry).
+        SUPERSEDED = "superseded", "Superseded"
 
     class Kind(models.TextChoices):
         """Every kind of job; a task's kind is its name with dashes (see django_rag.tasks)."""
@@ -54,6 +58,8 @@ class Job(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(null=True, blank=True)
     attempts = models.PositiveIntegerField(default=0)
+    # A job queued again after a transient failure waits until then (backoff).
+    not_before = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -97,10 +103,28 @@ class Job(models.Model):
         self.status = self.Status.FAILED
         self.error = scrub_text(f"{type(exc).__name__}: {exc}")[:4000]
         self.finished_at = timezone.now()
-        # A late failure of a duplicate run never undoes a completed job.
-        type(self).objects.filter(pk=self.pk).exclude(status=self.Status.COMPLETED).update(
-            status=self.status, error=self.error, finished_at=self.finished_at
+        self._end()
+
+    def _end(self) -> None:
+        # On a fresh connection when the failure broke this one (the job must not stay
+        # "running" with no runner). A late end of a duplicate run never undoes a completed job.
+        on_live_connection(
+            router.db_for_write(type(self)),
+            lambda: (
+                type(self)
+                .objects.filter(pk=self.pk)
+                .exclude(status=self.Status.COMPLETED)
+                .update(status=self.status, error=self.error, finished_at=self.finished_at)
+            ),
         )
+
+    def supersede(self, exc: BaseException) -> None:
+        """Mark the job superseded: a newer version of what it was writing got there first,
+        so its work is void and nothing is left to retry."""
+        self.status = self.Status.SUPERSEDED
+        self.error = scrub_text(str(exc))[:4000]
+        self.finished_at = timezone.now()
+        self._end()
 
     def report(self, done: int, total: int) -> None:
         """Record progress (any process can read it); progress is also a heartbeat."""

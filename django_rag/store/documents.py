@@ -12,6 +12,11 @@ The BM25 statistics are appended by triggers and never waited on (see
 :mod:`django_rag.store.statistics`). A deadlock or serialization failure that PostgreSQL still
 reports (another application's locks, say) is retried when the write owns its transaction.
 
+Writes of one identity are ordered by version (docs/architecture.md, "The newest version wins"):
+each document takes a version from a sequence when it is submitted; a replace deletes only the
+older versions of its identity and records its own in the identity's :class:`SourceVersion`
+row, and a write older than that row is superseded (not stored) instead of deleting newer work.
+
 Everything here runs on the write database (:func:`~django_rag.models.databases.write_db`),
 reads included: a replica that searches use may lag, and a write must decide on the primary.
 """
@@ -33,8 +38,10 @@ from django.db.backends.postgresql.psycopg_any import is_psycopg3
 from django.utils import timezone
 
 from ..conf import get_setting, scrub_text
-from ..models import Chunk, Collection, Document
-from ..models.databases import write_db
+from ..exceptions import DocumentSuperseded
+from ..models import Chunk, Collection, Document, SourceVersion
+from ..models.databases import on_live_connection, write_db
+from ..models.documents import VERSION_SEQUENCE
 from ..models.fulltext import LENGTH_SQL
 from ..signals import span
 from .graph import persist, sweep_orphans
@@ -93,6 +100,88 @@ def lock_identity(collection: str, source_id: str, content_hash: str) -> None:
         )
 
 
+def next_versions(count: int) -> list[int]:
+    """``count`` new document versions, ascending, in one statement. Taken when a document is
+    submitted (before it is embedded or queued), so versions follow the order of the calls."""
+    if count <= 0:
+        return []
+    with connections[write_db()].cursor() as cursor:
+        cursor.execute(
+            "SELECT nextval(%s::regclass) FROM generate_series(1, %s)", [VERSION_SEQUENCE, count]
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def _has_version(document: Document) -> bool:
+    return isinstance(document.version, int)
+
+
+def _ensure_versions(documents: Sequence[Document]) -> None:
+    missing = [document for document in documents if not _has_version(document)]
+    for document, version in zip(missing, next_versions(len(missing)), strict=True):
+        document.version = version
+
+
+def _fences(collection: Collection, source_ids: Sequence[str]) -> dict[str, int]:
+    """The identities' :class:`SourceVersion` (the newest replace or delete written)."""
+    wanted = sorted({source for source in source_ids if source})
+    if not wanted:
+        return {}
+    return dict(
+        SourceVersion.objects.using(write_db())
+        .filter(collection=collection, source_id__in=wanted)
+        .values_list("source_id", "version")
+    )
+
+
+def _raise_fences(collection: Collection, versions: dict[str, int], *, deleted: bool) -> None:
+    """Record that ``versions`` (source_id -> version) replaced (or deleted) their identities;
+    a fence only ever moves forward."""
+    if not versions:
+        return
+    sources = sorted(versions)
+    table = SourceVersion._meta.db_table
+    with connections[write_db()].cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {table} AS f (collection_id, source_id, version, deleted, updated_at)
+            SELECT %s, s, v, %s, now() FROM unnest(%s::text[], %s::bigint[]) AS u (s, v)
+            ON CONFLICT (collection_id, source_id) DO UPDATE
+            SET version = EXCLUDED.version, deleted = EXCLUDED.deleted, updated_at = now()
+            WHERE f.version < EXCLUDED.version
+            """,
+            [collection.pk, deleted, sources, [versions[source] for source in sources]],
+        )
+
+
+def _older_versions(collection: Collection, versions: dict[str, int], keep: set[int]) -> list[int]:
+    """Ids of the documents of each identity older than its version in ``versions``."""
+    if not versions:
+        return []
+    rows = (
+        Document.objects.using(write_db())
+        .filter(collection=collection, source_id__in=sorted(versions))
+        .values_list("pk", "source_id", "version")
+    )
+    return sorted(
+        pk for pk, source, version in rows if version < versions[source] and pk not in keep
+    )
+
+
+@dataclass
+class _Superseded:
+    """What a write returns from inside its transaction when it came too late (raised as
+    :class:`DocumentSuperseded` once the transaction has committed the pending row's removal)."""
+
+    collection: str
+    source_id: str
+    version: int
+    newer: int
+
+    def error(self) -> DocumentSuperseded:
+        return DocumentSuperseded(self.collection, self.source_id, self.version, self.newer)
+
+
 def find_duplicate(collection: str, source_id: str, content_hash: str) -> Document | None:
     """The newest completed document of this identity with this content, if any (read on the
     write database: a replica may not have it yet)."""
@@ -127,10 +216,18 @@ def save_pending(document: Document, collection: str) -> Document:
 
 
 def mark_document(document_id: int, status: str, error: str = "") -> None:
-    """Set a pending document's status (``processing``, ``failed`` with its error)."""
-    Document.objects.using(write_db()).filter(pk=document_id).exclude(
-        status=Document.Status.COMPLETED
-    ).update(status=status, error=scrub_text(error)[:2000])
+    """Set a pending document's status (``processing``, ``failed`` with its error); a failure
+    is recorded on a fresh connection when the one it broke is gone."""
+    db = write_db()
+    on_live_connection(
+        db,
+        lambda: (
+            Document.objects.using(db)
+            .filter(pk=document_id)
+            .exclude(status=Document.Status.COMPLETED)
+            .update(status=status, error=scrub_text(error)[:2000])
+        ),
+    )
 
 
 def write_document(
@@ -145,12 +242,17 @@ def write_document(
     """Store ``document`` with its chunks (and their graph extractions) in one transaction.
 
     ``document`` is new (unsaved) or a pending one a worker completes. With ``replace``, the
-    other documents of the same (collection, source_id) go in the same transaction, with the
-    graph entities only they mentioned. A new document whose content equals a stored one of the
-    same identity is not stored again: the stored one is returned with ``deduplicated = True``.
+    older versions of the same (collection, source_id) go in the same transaction, with the
+    graph entities only they mentioned (a newer version still pending stays). A new document
+    whose content equals a stored one of the same identity is not stored again: the stored one
+    is returned with ``deduplicated = True``.
+
+    Raises :class:`~django_rag.exceptions.DocumentSuperseded` when a newer version of the
+    identity has already replaced or deleted it (a pending document is then removed).
     """
 
     new = document.pk is None
+    _ensure_versions([document])
 
     def write() -> Document:
         if new:  # a retry after a rollback: the first attempt's primary key is void
@@ -167,26 +269,38 @@ def write_document(
         ):
             return _write(document, chunks, collection, model_name, replace, extractions)
 
-    return retry_transient(write, what="write_document")
+    result = retry_transient(write, what="write_document")
+    if isinstance(result, _Superseded):
+        raise result.error()
+    return result
 
 
-def _write(document, chunks, name, model_name, replace, extractions) -> Document:
+def _write(document, chunks, name, model_name, replace, extractions) -> Document | _Superseded:
     db = write_db()
     lock_identity(name, document.source_id, document.content_hash)
     collection = get_collection(name)
     if document.pk is not None:
-        # A pending document: it may have been deleted meanwhile, or completed by an earlier
-        # delivery of the same task.
+        # A pending document: it may have been deleted meanwhile (by a newer version's replace,
+        # or by hand), or completed by an earlier delivery of the same task.
         current = Document.objects.using(db).select_for_update().filter(pk=document.pk).first()
-        if current is None or current.status == Document.Status.COMPLETED:
-            return current or document
+        if current is None:
+            newer = _fences(collection, [document.source_id]).get(document.source_id, 0)
+            return _Superseded(name, document.source_id, document.version, newer)
+        if current.status == Document.Status.COMPLETED:
+            return current
+    newer = _fences(collection, [document.source_id]).get(document.source_id)
+    if newer is not None and newer > document.version:
+        if document.pk is not None:
+            delete_documents([document.pk])
+        return _Superseded(name, document.source_id, document.version, newer)
     duplicate = find_duplicate(name, document.source_id, document.content_hash)
     if replace:
-        others = Document.objects.using(db).filter(
-            collection=collection, source_id=document.source_id
-        )
-        keep = {pk for pk in (duplicate and duplicate.pk, document.pk) if pk is not None}
-        delete_documents(others.exclude(pk__in=keep).values_list("pk", flat=True))
+        versions = {document.source_id: document.version}
+        _raise_fences(collection, versions, deleted=False)
+        # A pending document is written even when a stored one has its content (it replaces
+        # it); a new one is not stored again.
+        keep = {document.pk} if document.pk is not None else {duplicate and duplicate.pk}
+        delete_documents(_older_versions(collection, versions, keep))
     if duplicate is not None and document.pk is None:
         duplicate.deduplicated = True
         return duplicate
@@ -268,26 +382,30 @@ def find_duplicates(
 
 def write_documents(
     writes: Sequence[DocumentWrite], *, collection: str, model_name: str, compact: bool = True
-) -> list[Document]:
+) -> list[Document | DocumentSuperseded]:
     """Store many new documents with their chunks: what :func:`write_document` does for one,
-    with a constant number of statements per batch (identity locks, duplicate check, replaced
-    documents, document rows, chunk rows) instead of per document.
+    with a constant number of statements per batch (identity locks, versions, duplicate check,
+    replaced documents, document rows, chunk rows) instead of per document.
 
-    Returns the documents in input order: stored ones, or the stored duplicate (with
-    ``deduplicated = True``). The batch is written in one transaction, except where an identity
-    (collection, source_id) comes back in it: the batch is cut there, so each run is atomic and
-    the result is the same as writing the documents one by one, in order.
+    Returns, in input order, the stored document, the stored duplicate (with
+    ``deduplicated = True``) or, for a document a newer version of its identity has already
+    replaced or deleted, a :class:`~django_rag.exceptions.DocumentSuperseded` (not raised: the
+    rest of the batch is stored). The batch is written in one transaction, except where an
+    identity (collection, source_id) comes back in it: the batch is cut there, so each run is
+    atomic and the result is the same as writing the documents one by one, in order.
 
     ``compact=False`` leaves the statistics deltas for the caller to fold
     (:func:`~django_rag.store.compact_statistics`; readers count pending deltas either way):
     a bulk load folds them every few thousand chunks instead of after every group.
     """
-    results: list[Document] = []
+    results: list[Document | DocumentSuperseded] = []
     run: list[DocumentWrite] = []
     seen: set[str] = set()
     for write in writes:
         if write.document.pk is not None:
             raise ValueError("write_documents stores new documents; use write_document")
+    _ensure_versions([write.document for write in writes])
+    for write in writes:
         key = identity_key(collection, write.document.source_id, write.document.content_hash)
         if key in seen:
             results.extend(_write_run(run, collection, model_name, compact))
@@ -301,8 +419,8 @@ def write_documents(
 
 def _write_run(
     run: list[DocumentWrite], name: str, model_name: str, compact: bool
-) -> list[Document]:
-    def write() -> list[Document]:
+) -> list[Document | DocumentSuperseded]:
+    def write() -> list[Document | _Superseded]:
         for item in run:  # a retry after a rollback: the first attempt's keys are void
             item.document.pk = None
             item.document._state.adding = True
@@ -318,29 +436,40 @@ def _write_run(
         ):
             return _write_many(run, name, model_name, compact)
 
-    return retry_transient(write, what="write_documents")
+    written = retry_transient(write, what="write_documents")
+    return [item.error() if isinstance(item, _Superseded) else item for item in written]
 
 
 def _write_many(
     run: list[DocumentWrite], name: str, model_name: str, compact: bool
-) -> list[Document]:
+) -> list[Document | _Superseded]:
     db = write_db()
     identities = [(item.document.source_id, item.document.content_hash) for item in run]
     lock_identities(name, identities)
     collection = get_collection(name)
+    fences = _fences(collection, [source for source, _ in identities])
+    late = {
+        index: fences[item.document.source_id]
+        for index, item in enumerate(run)
+        if fences.get(item.document.source_id, 0) > item.document.version
+    }
     duplicates = find_duplicates(name, identities)
-    replaced = sorted({item.document.source_id for item in run if item.replace})
+    replaced = {
+        item.document.source_id: item.document.version
+        for index, item in enumerate(run)
+        if item.replace and index not in late
+    }
     if replaced:
-        keep = [document.pk for document in duplicates.values()]
-        delete_documents(
-            Document.objects.using(db)
-            .filter(collection=collection, source_id__in=replaced)
-            .exclude(pk__in=keep)
-            .values_list("pk", flat=True)
-        )
-    results: list[Document] = []
+        _raise_fences(collection, replaced, deleted=False)
+        keep = {document.pk for document in duplicates.values()}
+        delete_documents(_older_versions(collection, replaced, keep))
+    results: list[Document | _Superseded] = []
     new: list[DocumentWrite] = []
-    for item, identity in zip(run, identities, strict=True):
+    for index, (item, identity) in enumerate(zip(run, identities, strict=True)):
+        if index in late:
+            document = item.document
+            results.append(_Superseded(name, document.source_id, document.version, late[index]))
+            continue
         duplicate = duplicates.get(identity)
         if duplicate is not None:
             duplicate.deduplicated = True
@@ -617,6 +746,29 @@ def delete_document(pk: int) -> bool:
             return delete_documents([pk]) > 0
 
     return retry_transient(write, what="delete_document")
+
+
+def delete_source(collection: str, source_id: str, *, version: int | None = None) -> int:
+    """Delete every document of ``(collection, source_id)`` older than ``version`` (a new
+    version when None: everything stored or pending now), and record the deletion so that an
+    older write still queued or running for the source is superseded instead of bringing it
+    back. Returns how many documents were deleted."""
+    if not source_id:
+        raise ValueError("delete_source needs a source_id")
+    if version is None:
+        (version,) = next_versions(1)
+    collection_row = Collection.objects.using(write_db()).filter(name=collection).first()
+    if collection_row is None:
+        return 0
+
+    def write() -> int:
+        with transaction.atomic(using=write_db()):
+            lock_identity(collection, source_id, "")
+            versions = {source_id: version}
+            _raise_fences(collection_row, versions, deleted=True)
+            return delete_documents(_older_versions(collection_row, versions, set()))
+
+    return retry_transient(write, what="delete_source")
 
 
 def compact_on_commit(db: str | None = None) -> None:

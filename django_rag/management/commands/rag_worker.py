@@ -27,6 +27,8 @@ class Command(RagCommand):
         )
 
     def handle(self, *args, **options):
+        for job_id in background.recover_orphaned():
+            self.stdout.write(f"Job {job_id}: its worker process is gone; recovered.")
         if options["requeue_stalled"]:
             self._requeue()
             if options["requeue_only"]:
