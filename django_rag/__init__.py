@@ -12,6 +12,10 @@ The public API is small::
     result = rag.Loop("Compare plan A and B", collection="plans").run()   # tool-calling agent
     rag.delete(doc)
 
+    @rag.indexed(text=["title", "body"], where={"published": True})   # a model kept in sync
+    class Article(models.Model): ...
+    hits = rag.with_objects(rag.search("refunds"), user=request.user)  # hit.object: the row
+
 Names are imported lazily so ``import django_rag`` works before Django is set up. The search
 code lives in ``django_rag.retrieval``: a subpackage called ``search`` would replace the
 ``search()`` function on this module as soon as it was imported.
@@ -29,6 +33,8 @@ _EXPORTS = {
     "ingest_bytes": "django_rag.ingestion.service",
     "ingest_many": "django_rag.ingestion.service",
     "delete": "django_rag.ingestion.service",
+    "indexed": "django_rag.sync",
+    "with_objects": "django_rag.sync",
     "search": "django_rag.retrieval.service",
     "SearchResult": "django_rag.retrieval.results",
     "ask": "django_rag.agent.answer",

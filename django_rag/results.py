@@ -6,7 +6,8 @@ nothing of django_rag's.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -85,6 +86,9 @@ class SearchResult:
     fulltext_score: float | None = None
     rerank_score: float | None = None
     graph_score: float | None = None
+    # The model row a hit of a registered model comes from, once loaded by
+    # django_rag.sync.with_objects (never serialised).
+    object: Any = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -97,8 +101,12 @@ class SearchResult:
         return f"{where} p.{self.page_start}-{self.page_end}"
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict with every field (the serialisation contract)."""
-        return asdict(self)
+        """A JSON-ready dict with every field but ``object`` (the serialisation contract)."""
+        return {
+            item.name: copy.deepcopy(getattr(self, item.name))
+            for item in fields(self)
+            if item.name != "object"
+        }
 
     @classmethod
     def from_chunk(cls, chunk) -> SearchResult:

@@ -21,6 +21,8 @@ from .graph import detect_communities as detect
 from .graph import summarize_communities as summarize
 from .ingestion.service import process_pending
 from .models import Job
+from .sync import reconcile
+from .sync import sync_row as sync_one_row
 
 try:
     from celery import shared_task
@@ -131,6 +133,26 @@ def generate_test_cases(job_id: int) -> None:
     def body(job):
         result = generate(progress=_progress(job), **job.params)
         return {"created": len(result.created), "skipped": result.skipped}
+
+    _run(job_id, body)
+
+
+@register("sync_row")
+@shared_task(name="django_rag.sync_row", **OPTIONS)
+def sync_row(job_id: int) -> None:
+    """:func:`django_rag.sync.sync_row`: bring one registered row's document in step."""
+
+    _run(job_id, lambda job: sync_one_row(**job.params))
+
+
+@register("sync")
+@shared_task(name="django_rag.sync", **OPTIONS)
+def sync(job_id: int) -> None:
+    """:func:`django_rag.sync.reconcile` with the job's options (the dashboard's Reconcile)."""
+
+    def body(job):
+        reports = reconcile(progress=_progress(job), **job.params)
+        return {"reports": [report.to_dict() for report in reports]}
 
     _run(job_id, body)
 

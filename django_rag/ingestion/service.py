@@ -397,6 +397,34 @@ def _ingest_parsed(
         return document
 
 
+def ingest_source(
+    text: str,
+    *,
+    collection: str,
+    source_id: str,
+    version: int,
+    title: str = "",
+    metadata: dict | None = None,
+    format: str = "text",
+) -> Document:
+    """Replace ``(collection, source_id)`` with ``text`` at ``version``, a version taken earlier
+    (:func:`~django_rag.store.next_versions`) when the change was made: model sync takes it as
+    the row's change commits, so the order of changes decides what stays, not the order the
+    jobs run in. Returns the stored document (``superseded`` when a newer version won)."""
+    pending = _validate(
+        _text_document(text, format),
+        collection=collection,
+        title=title,
+        metadata=metadata,
+        source_id=source_id,
+        replace=True,
+        check_duplicate=False,
+    )
+    pending.document.version = version
+    prepared = prepare_document(pending, embedder=get_embedder(), graph=_use_graph(None))
+    return _store(pending, prepared)
+
+
 _ITEM_KEYS = {"text", "title", "metadata", "source_id", "format"}
 
 

@@ -36,6 +36,8 @@ class Job(models.Model):
         SUMMARIZE_COMMUNITIES = "summarize-communities", "Summarise communities"
         RUN_EVALUATION = "run-evaluation", "Run an evaluation"
         GENERATE_TEST_CASES = "generate-test-cases", "Generate test cases"
+        SYNC_ROW = "sync-row", "Index a changed row"
+        SYNC = "sync", "Reconcile indexed models"
 
     kind = models.CharField(max_length=50, choices=Kind.choices)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)

@@ -18,6 +18,7 @@ from .documents import (
     mark_document,
     next_versions,
     save_pending,
+    touch_source,
     write_document,
     write_documents,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "recount_statistics",
     "recount_term_bounds",
     "save_pending",
+    "touch_source",
     "write_document",
     "write_documents",
 ]

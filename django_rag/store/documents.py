@@ -771,6 +771,47 @@ def delete_source(collection: str, source_id: str, *, version: int | None = None
     return retry_transient(write, what="delete_source")
 
 
+def touch_source(
+    collection: str,
+    source_id: str,
+    version: int,
+    *,
+    title: str | None = None,
+    metadata: dict | None = None,
+) -> Document | None:
+    """Record that ``version`` of ``(collection, source_id)`` found its stored document current
+    (same text), so an older write still running for the source is superseded; ``title`` and
+    ``metadata``, when given, update that document in place (no re-embedding). Returns the
+    document, or None when none is stored or a newer version got there first."""
+    db = write_db()
+
+    def write() -> Document | None:
+        with transaction.atomic(using=db):
+            lock_identity(collection, source_id, "")
+            row = Collection.objects.using(db).filter(name=collection).first()
+            if row is None or _fences(row, [source_id]).get(source_id, 0) > version:
+                return None
+            _raise_fences(row, {source_id: version}, deleted=False)
+            document = (
+                Document.objects.using(db)
+                .filter(collection=row, source_id=source_id, status=Document.Status.COMPLETED)
+                .order_by("-version")
+                .first()
+            )
+            changes = {
+                field: value
+                for field, value in (("title", title), ("metadata", metadata))
+                if value is not None and getattr(document, field, value) != value
+            }
+            if document is not None and changes:
+                for field, value in changes.items():
+                    setattr(document, field, value)
+                document.save(using=db, update_fields=[*changes, "updated_at"])
+            return document
+
+    return retry_transient(write, what="touch_source")
+
+
 def compact_on_commit(db: str | None = None) -> None:
     """Fold the statistics deltas on ``db`` (default: the write database) once the current
     transaction commits, or now when none is open."""
