@@ -148,11 +148,14 @@ def sync_row(job_id: int) -> None:
 @register("sync")
 @shared_task(name="django_rag.sync", **OPTIONS)
 def sync(job_id: int) -> None:
-    """:func:`django_rag.sync.reconcile` with the job's options (the dashboard's Reconcile)."""
+    """:func:`django_rag.sync.reconcile` for the job's model (the dashboard's Check and
+    Reconcile)."""
 
     def body(job):
-        reports = reconcile(progress=_progress(job), **job.params)
-        return {"reports": [report.to_dict() for report in reports]}
+        (report,) = reconcile(progress=_progress(job), **job.params)
+        result = report.to_dict()
+        result["errors"] = result["errors"][:5]
+        return result
 
     _run(job_id, body)
 

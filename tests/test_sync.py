@@ -251,3 +251,28 @@ def test_models_stay_indexed_with_a_real_celery_worker(request, tmp_path):
         assert Job.objects.filter(kind="sync-row", runner="celery", status="completed").exists()
     finally:
         worker.stop()
+
+
+def test_the_sync_page_shows_counts_and_checks_then_reconciles(staff):
+    from django.urls import reverse
+
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "inline"}):
+        Article.objects.create(title="Indexed", body="Saved through the ORM.")
+        Note.objects.bulk_create([Note(body="Made by bulk_create."), Note(body="Another.")])
+        url = reverse("django_rag_dashboard:sync")
+        page = staff.get(url).content.decode()
+        assert 'data-model="syncapp.note"' in page and "not checked" in page
+        note_row = page[page.index('id="model-syncapp.note"') :]
+        assert '<td class="rows">2</td>' in note_row and '<td class="missing">2</td>' in note_row
+        response = staff.post(url, {"model": "syncapp.note", "action": "check"})
+        assert response.status_code == 302
+        assert not Document.objects.filter(collection__name="notes").exists()  # a dry run
+        page = staff.get(url).content.decode()
+        note_row = page[page.index('id="model-syncapp.note"') :]
+        assert '<td class="stale">2 ' in note_row
+        confirm = staff.post(url, {"model": "syncapp.note", "action": "reconcile"})
+        assert b"Reconcile syncapp.note?" in confirm.content  # asks first
+        staff.post(url, {"model": "syncapp.note", "action": "reconcile", "confirmed": "yes"})
+        assert_index_matches_rows()
+        assert staff.post(url, {"model": "auth.user", "action": "check"}).status_code == 302
+        assert Job.objects.filter(kind="sync").count() == 2  # the unknown model started nothing

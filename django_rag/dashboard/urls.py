@@ -22,6 +22,7 @@ urlpatterns = [
     path("evaluation/", views.evaluation, name="evaluation"),
     path("evaluation/runs/<int:pk>/", views.evaluation_run, name="evaluation_run"),
     path("evaluation/jobs/", views.evaluation_jobs, name="evaluation_jobs"),
+    path("sync/", views.sync_page, name="sync"),
     path("jobs/", views.jobs, name="jobs"),
     path("jobs/<int:pk>/retry/", views.retry_job, name="retry_job"),
     path("info/", views.info, name="info"),

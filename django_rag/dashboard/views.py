@@ -13,7 +13,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from .. import background
+from .. import background, sync
 from ..agent import Agent, ask
 from ..agent.steps import STEPS
 from ..background import start
@@ -854,6 +854,76 @@ def jobs(request):
     if request.headers.get("HX-Request"):
         return render(request, "django_rag/dashboard/_jobs.html", context)
     return render(request, "django_rag/dashboard/jobs.html", _context(request, **context))
+
+
+SYNC_JOBS = [Job.Kind.SYNC, Job.Kind.SYNC_ROW]
+
+
+@dashboard_view
+def sync_page(request):
+    """Indexed models: rows, documents, what is missing, pending or failed, what a check found
+    stale; Check (a dry run) and Reconcile (rag_sync) as background jobs."""
+    allowed = request.rag_collections
+    models = [row for row in sync.status() if allowed is None or row["collection"] in allowed]
+    if request.method == "POST":
+        action = request.POST.get("action", "")
+        model = param(request, "model", method="POST", max_length=255)
+        if action not in ("check", "reconcile") or model not in {m["model"] for m in models}:
+            messages.error(request, "Unknown or forbidden action.")
+            return redirect("django_rag_dashboard:sync")
+        if action == "reconcile" and (
+            page := _confirm(
+                request,
+                title=f"Reconcile {model}?",
+                message="Rows without a document are indexed, changed rows replace their "
+                "document (embedding them again), documents of rows that are gone or no longer "
+                "indexed are deleted. Unchanged rows are left alone.",
+                button="Reconcile",
+            )
+        ):
+            return page
+        row = next(m for m in models if m["model"] == model)
+        _start(
+            request,
+            "sync",
+            model=model,
+            dry_run=action == "check",
+            collection=None if allowed is None else row["collection"],
+        )
+        return redirect("django_rag_dashboard:sync")
+    checks = Job.objects.filter(
+        kind=Job.Kind.SYNC, status=Job.Status.COMPLETED, params__dry_run=True
+    ).order_by("-finished_at")
+    for row in models:
+        last = checks.filter(params__model=row["model"]).first()
+        row["stale"] = (
+            sum(last.result.get(key, 0) for key in ("added", "replaced", "updated", "deleted"))
+            if last is not None
+            else None
+        )
+        row["checked_at"] = last.finished_at if last is not None else None
+    jobs = _jobs(request, SYNC_JOBS)
+    if request.headers.get("HX-Request"):
+        return render(
+            request,
+            "django_rag/dashboard/_jobs.html",
+            {
+                "jobs": jobs,
+                "polling": _polling(jobs),
+                "jobs_url": reverse("django_rag_dashboard:sync"),
+            },
+        )
+    return render(
+        request,
+        "django_rag/dashboard/sync.html",
+        _context(
+            request,
+            models=models,
+            jobs=jobs,
+            polling=_polling(jobs),
+            jobs_url=reverse("django_rag_dashboard:sync"),
+        ),
+    )
 
 
 @require_POST

@@ -174,6 +174,7 @@ def reconcile(
     dry_run: bool = False,
     batch_size: int = 500,
     progress: Callable[[int, int], None] | None = None,
+    **_: Any,
 ) -> list[SyncReport]:
     """Make the documents of registered models equal their indexed rows: add missing rows,
     replace changed ones (by content hash: unchanged text is never embedded again), update
