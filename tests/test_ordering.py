@@ -204,3 +204,44 @@ def test_a_batch_replace_keeps_a_newer_pending_version():
     assert Job.objects.get(pk=pending.pk).status == "superseded"
     assert stored_texts() == [("batch v3", "completed")]
     assert not Document.objects.filter(pk=older[0].pk).exists()
+
+
+def test_versions_with_transient_failures_retried_in_random_order(hashing):
+    """Some attempts fail (a provider hiccup); the failed jobs are retried in a random order,
+    duplicates included, while the others run: still exactly the newest version is stored."""
+    failing = {"version 6.", "version 3."}  # the newest and one older: their first attempt
+    lock = threading.Lock()
+
+    class Flaky(type(hashing)):
+        def _embed(self, texts):
+            with lock:
+                hit = {mark for mark in failing if any(mark in text for text in texts)}
+                failing.difference_update(hit)
+            if hit:
+                raise ConnectionError("provider hiccup")
+            return super()._embed(texts)
+
+    with override_settings(DJANGO_RAG={"EMBEDDER": Flaky(), "BACKGROUND": "worker"}):
+        jobs = queue_versions(6)
+        rng = random.Random(11)
+        order = [job.pk for job in jobs]
+        rng.shuffle(order)
+        for job_id in order:
+            try:  # the task body itself: a failure stays on the job (no automatic requeue)
+                background._TASKS["ingest_document"](job_id=job_id)
+            except Exception:
+                pass
+        assert Job.objects.get(pk=jobs[-1].pk).status == "failed"  # the newest, for now
+        for _ in range(5):  # retry what failed (twice each: a duplicate retry is refused)
+            failed = list(Job.objects.filter(status="failed").order_by("?"))
+            if not failed:
+                break
+            for job in failed + failed:
+                try:
+                    background.retry(job, runner="worker")
+                except JobNotRetryable:
+                    pass  # queued already, or superseded meanwhile
+            background.work(burst=True)
+            Job.objects.filter(status="pending").update(not_before=None)  # skip the backoff
+            background.work(burst=True)
+        assert_newest_stored(jobs)

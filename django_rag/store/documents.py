@@ -39,7 +39,7 @@ from django.utils import timezone
 
 from ..conf import get_setting, scrub_text
 from ..exceptions import DocumentSuperseded
-from ..models import Chunk, Collection, Document, SourceVersion
+from ..models import Chunk, Collection, Document, Job, SourceVersion
 from ..models.databases import on_live_connection, write_db
 from ..models.documents import VERSION_SEQUENCE
 from ..models.fulltext import LENGTH_SQL
@@ -723,19 +723,35 @@ def delete_documents(ids: Sequence[int] | models.QuerySet) -> int:
         .select_for_update()
         .filter(pk__in=list(ids))
         .order_by("pk")
-        .values_list("pk", "collection_id")
+        .values_list("pk", "collection_id", "status")
     )
     if not locked:
         return 0
-    pks = [pk for pk, _ in locked]
+    pks = [pk for pk, _, _ in locked]
+    _supersede_jobs([pk for pk, _, status in locked if status != Document.Status.COMPLETED])
     chunk_ids = delete_chunks(Chunk.objects.using(db).filter(document_id__in=pks))
     Document.objects.using(db).filter(pk__in=pks).delete()
-    for collection_id in sorted({collection_id for _, collection_id in locked}):
+    for collection_id in sorted({collection_id for _, collection_id, _ in locked}):
         # Entities no chunk mentions any more, in this collection only.
         sweep_orphans(collection_id)
     sync_deleted(chunk_ids)
     _compact_on_commit(db)
     return len(pks)
+
+
+def _supersede_jobs(document_ids: list[int]) -> None:
+    """The ingest jobs of documents deleted before they were stored (a newer version replaced
+    them, or someone deleted them) end ``superseded``: there is nothing left for them to do, and
+    nothing to retry."""
+    if not document_ids:
+        return
+    Job.objects.using(write_db()).filter(
+        kind=Job.Kind.INGEST, params__document_id__in=document_ids
+    ).exclude(status__in=[Job.Status.COMPLETED, Job.Status.SUPERSEDED]).update(
+        status=Job.Status.SUPERSEDED,
+        error="Its document was replaced by a newer version or deleted before it was stored.",
+        finished_at=timezone.now(),
+    )
 
 
 def delete_document(pk: int) -> bool:
