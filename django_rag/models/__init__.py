@@ -4,6 +4,7 @@ from .fulltext import CorpusDelta, CorpusStatistic, TermDelta, TermStatistic
 from .graph import Community, Entity, EntityMention, GraphChunk, Relationship
 from .jobs import Job
 from .managers import ChunkQuerySet
+from .uploads import Upload
 
 __all__ = [
     "Chunk",
@@ -23,4 +24,5 @@ __all__ = [
     "TermDelta",
     "TermStatistic",
     "TestCase",
+    "Upload",
 ]
