@@ -204,9 +204,18 @@ def test_replace_from_the_dashboard_keeps_one_document_with_the_new_text(staff):
     # A typed source id wins over the file's name.
     post(staff, "b.txt", b"Other text.", source_id="policies/b")
     assert Document.objects.get(original_filename="b.txt").source_id == "policies/b"
-    # The same file again, without Replace: the stored document, not a copy.
+    # The same file again, with or without Replace: the stored document, not a copy.
     post(staff, "a.txt", b"The second version: refunds take 14 days.")
-    assert Document.objects.filter(source_id="a.txt").count() == 1
+    post(staff, "a.txt", b"The second version: refunds take 14 days.", replace="on")
+    assert list(Document.objects.filter(source_id="a.txt")) == [document]
+    document = rag.ingest_bytes(
+        b"The second version: refunds take 14 days.",
+        filename="a.txt",
+        collection="uploads",
+        source_id="a.txt",
+        background=True,
+    )
+    assert document.deduplicated and document.pk == Document.objects.get(source_id="a.txt").pk
 
 
 @pytest.mark.django_db

@@ -375,7 +375,7 @@ def _ingest_upload(
                 "on_chunk_error": on_chunk_error,
             },
         )
-        _queue(document, job)
+        document = _queue(document, job)
         s.set(document_id=document.pk, background=True, status=document.status)
         return document
 
@@ -901,7 +901,9 @@ def process_pending(job: Job) -> Document:
         replace = bool(params.get("replace"))
         if params.get("upload"):
             parsed = _parse_upload(document)
-            duplicate = None if replace else _stored_copy(document)
+            # The same text stored already: that document is the result, with or without
+            # replace (a second identical copy would only be deleted by the next replace).
+            duplicate = _stored_copy(document)
             if duplicate is not None:
                 return duplicate
         else:
