@@ -232,3 +232,18 @@ def test_upload_errors_are_worded_for_the_form(staff):
     # Django keeps upload names to 255 characters, so the file name always fits a source id.
     post(staff, "x" * 600 + ".txt", b"long name", replace="on")
     assert len(Document.objects.get().source_id) == 255
+
+
+@pytest.mark.django_db
+def test_a_failed_upload_job_is_retried_from_its_stored_bytes(staff, settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "MAX_DOCUMENT_CHARS": 10}
+    post(staff, "long.txt", b"More than ten characters of text.")
+    job = Job.objects.get(kind="ingest")
+    assert job.status == "failed" and "MAX_DOCUMENT_CHARS" in job.error
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing"}  # the budget raised: Retry parses again
+    background.retry(job)
+    job.refresh_from_db()
+    document = Document.objects.get(pk=job.params["document_id"])
+    assert (job.status, document.status) == ("completed", "completed")
+    assert document.content == "More than ten characters of text." and document.error == ""
+    assert not Upload.objects.exists()
