@@ -51,6 +51,16 @@ DEFAULTS: dict[str, Any] = {
     "MAX_PDF_PAGES": 2_000,
     "MAX_PDF_PAGE_CONTENT_BYTES": 16 * 1024 * 1024,
     "PARSE_TIMEOUT": 60,
+    # ZIP-based inputs (DOCX, XLSX...: django_rag.ingestion.archives), checked from the central
+    # directory before anything is inflated: members, total uncompressed bytes, and how many
+    # times a member of 1 MiB or more may inflate its compressed size.
+    "MAX_ZIP_MEMBERS": 10_000,
+    "MAX_ZIP_UNCOMPRESSED_BYTES": 256 * 1024 * 1024,
+    "MAX_ZIP_RATIO": 100,
+    # Uploads (the dashboard, ingest_bytes(background=True)) are parsed by their job in a child
+    # process whose address space may grow by at most this many bytes (None: parse in the job's
+    # own process, unbounded). POSIX only (docs/security.md).
+    "MAX_PARSE_MEMORY": 1024 * 1024 * 1024,
     # PostgreSQL text search configuration used for the chunks' search vectors.
     "TEXT_SEARCH_CONFIG": "english",
     "SEARCH": {

@@ -6,6 +6,8 @@ magnitude off, as a backtracking regex or an unbounded decompression is), not be
 
 import json
 import os
+import re
+import struct
 import subprocess
 import sys
 import threading
@@ -20,8 +22,16 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from django_rag.exceptions import DocumentTooLarge, FileNotFound, InvalidText
-from django_rag.ingestion.parsers import markdown_title, parse_bytes, parse_file
+from django_rag.exceptions import CorruptFile, DocumentTooLarge, FileNotFound, InvalidText
+from django_rag.ingestion.archives import open_zip, read_member
+from django_rag.ingestion.parsers import (
+    ParsedDocument,
+    Parser,
+    longest_cmap_string,
+    markdown_title,
+    parse_bytes,
+    parse_file,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -288,6 +298,320 @@ def test_budget_settings_are_validated(settings, name, value):
     settings.DJANGO_RAG = {name: value}
     with pytest.raises(ImproperlyConfigured, match=name):
         parse_bytes(pdf_pages(1, "x"), filename="x.pdf")
+
+
+# --- what extraction produces: characters, not only bytes -----------------------------------
+
+
+def to_unicode_cmap(code: bytes, characters: int) -> bytes:
+    """A ToUnicode CMap mapping the one-byte ``code`` to ``characters`` characters."""
+    destination = "".join("%04X" % (0x41 + i % 26) for i in range(characters)).encode()
+    return (
+        b"/CIDInit /ProcSet findresource begin 12 dict begin begincmap /CMapName /Bomb def "
+        b"1 begincodespacerange <00> <FF> endcodespacerange "
+        b"1 beginbfchar <" + code.hex().encode() + b"> <" + destination + b"> endbfchar "
+        b"endcmap CMapName currentdict /CMap defineresource pop end end"
+    )
+
+
+def cmap_bomb_pdf(codes: int = 4_000_000, characters: int = 128) -> bytes:
+    """One page showing the code 0x01 ``codes`` times in a font whose ToUnicode CMap maps it
+    to ``characters`` characters: 4 MB of codes (a 5 KB file) make 512 million characters."""
+    show = b"BT /F1 12 Tf 72 720 Td (" + b"\x01" * codes + b") Tj ET\n"
+    return write_pdf(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+            b"/Resources << /Font << /F1 5 0 R >> >> >>",
+            stream_object(show),
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica /ToUnicode 6 0 R >>",
+            stream_object(to_unicode_cmap(b"\x01", characters)),
+        ]
+    )
+
+
+BOUNDED_CHILD = """
+import json, resource, sys, time
+# A fence for the machine running the tests: without the budget the parse asks for 10+ GB.
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+from django.conf import settings
+settings.configure(DJANGO_RAG={"PARSERS": {".docx": "tests.test_parsers_hostile.DocxTextParser"}})
+from tests import test_parsers_hostile as hostile
+from django_rag.ingestion.parsers import parse_bytes
+data = getattr(hostile, sys.argv[1])()
+started = time.process_time()
+try:
+    parse_bytes(data, filename="bomb" + sys.argv[2])
+    outcome, setting = "parsed", None
+except BaseException as exc:
+    outcome = getattr(exc, "code", type(exc).__name__)
+    setting = getattr(exc, "details", {}).get("setting")
+print(json.dumps({
+    "outcome": outcome,
+    "setting": setting,
+    "cpu_seconds": time.process_time() - started,
+    "peak_mb": next(
+        int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")
+    ) / 1024,
+    "size": len(data),
+}))
+"""
+
+
+def run_bounded(builder: str, extension: str) -> dict:
+    """Parse ``builder()``'s file in a fresh process; its outcome, CPU time and peak memory."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", BOUNDED_CHILD, builder, extension],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# The hostile-file table: each file is parsed in a fresh process (address space fenced at
+# 4 GiB), and must be refused with a typed error naming its budget, in bounded CPU and memory.
+# Before each fix: 4.4 GB (content), 11.8 GB (CMap, as reported), unbounded (the others).
+HOSTILE_FILES = [
+    # builder, extension, budget, largest file size
+    ("bomb_pdf", ".pdf", "MAX_PDF_PAGE_CONTENT_BYTES", 1_000_000),
+    ("cmap_bomb_pdf", ".pdf", "MAX_PDF_PAGE_CONTENT_BYTES", 10_000),
+    ("actualtext_bomb_pdf", ".pdf", "MAX_PDF_PAGE_CONTENT_BYTES", 100_000),
+    ("pattern_bomb_pdf", ".pdf", "MAX_PDF_PAGE_CONTENT_BYTES", 100_000),
+    ("softmask_bomb_pdf", ".pdf", "MAX_PDF_PAGE_CONTENT_BYTES", 100_000),
+    ("docx_bomb", ".docx", "MAX_ZIP_RATIO", 300_000),
+]
+
+
+@pytest.mark.parametrize(
+    "builder, extension, setting, size", HOSTILE_FILES, ids=[c[0] for c in HOSTILE_FILES]
+)
+def test_hostile_files_are_refused_with_bounded_memory(builder, extension, setting, size):
+    """The CMap bomb: a 5 KB PDF whose font maps one code to 128 characters, shown 4 million
+    times; its 4 MB of instructions were under MAX_PDF_PAGE_CONTENT_BYTES, and extracting its
+    512 million characters took 11.8 GB before each byte was counted for its characters."""
+    result = run_bounded(builder, extension)
+    assert result["size"] < size
+    assert (result["outcome"], result["setting"]) == ("document_too_large", setting)
+    assert result["cpu_seconds"] < 5
+    assert result["peak_mb"] < 300
+
+
+def test_amplification_is_counted_per_byte_and_named_in_the_error(settings):
+    settings.DJANGO_RAG = {"MAX_PDF_PAGE_CONTENT_BYTES": 1_000_000}
+    with pytest.raises(DocumentTooLarge, match="128 characters one code") as info:
+        parse_bytes(cmap_bomb_pdf(codes=10_000), filename="amplified.pdf")  # 1.28 M chars
+    assert info.value.details["characters_per_code"] == 128
+    assert info.value.details["setting"] == "MAX_PDF_PAGE_CONTENT_BYTES"
+    # The same page under the budget is read, each code giving its 128 characters (those
+    # drawn inside the page's box: the line runs off it).
+    text = parse_bytes(cmap_bomb_pdf(codes=5_000), filename="amplified.pdf").text
+    assert text.startswith("ABCDEFGHIJKLMNOPQRSTUVWXYZ" * 4)
+    # An ordinary ToUnicode (one character a code) costs its bytes only.
+    text = parse_bytes(cmap_bomb_pdf(codes=900_000, characters=1), filename="plain.pdf").text
+    assert text.startswith("AAAA")
+
+
+@pytest.mark.parametrize(
+    "cmap, longest",
+    [
+        (b"<01> <0041004200430044>", 8),
+        (b"<01> <00 41 00 42>", 4),
+        (b"<01> (\x00A\x00B\x00C)", 6),
+        (b"<01> (a(b)c)", 5),  # nested parentheses belong to the string
+        (b"<01> (a\\)b)", 4),  # an escaped parenthesis too
+        (b"<01> (endbfchar inside)", 16),  # a keyword inside a string is the string's
+        (b"<00> <FF> [<0041> <00410042004300440045>]", 10),  # a bfrange's array
+    ],
+)
+def test_longest_cmap_string(cmap, longest):
+    """Only strings inside the mappings count: CIDSystemInfo's "(Adobe)" is no destination."""
+    header = b"/CIDSystemInfo << /Registry (Adobe-Identity-UCS-long-name) >> begincmap "
+    mappings = b"1 beginbfchar " + cmap + b" endbfchar endcmap (also-not-a-destination-string)"
+    assert longest_cmap_string(header + mappings) == longest
+    assert longest_cmap_string(b"beginbfchar <01> (unterminated") == 12
+
+
+@pytest.mark.parametrize(
+    "cmap", [b"(" * 2_000_000, b"<" * 2_000_000, b"\\" * 2_000_000, b"<0" * 1_000_000]
+)
+def test_longest_cmap_string_is_linear(cmap):
+    started = time.process_time()
+    longest_cmap_string(cmap)
+    assert time.process_time() - started < 5
+
+
+def named_calls_pdf(calls: int, kind: str, length: int = 10_000) -> bytes:
+    """A page calling one named resource ``calls`` times: a marked-content property list
+    whose ActualText has ``length`` characters, a tiling pattern or a soft mask showing text."""
+    text = b"BT /F1 12 Tf 72 720 Td (" + b"A" * length + b") Tj ET"
+    form = (
+        b" /Type /XObject /Subtype /Form /BBox [0 0 612 792] /Resources << /Font << /F1 5 0 R >> >>"
+    )
+    if kind == "actualtext":
+        call, resources = (
+            b"/Span /P0 BDC BT /F1 12 Tf 72 700 Td (x) Tj ET EMC\n",
+            b"/Properties << /P0 6 0 R >>",
+        )
+        target = b"<< /ActualText (" + b"Z" * length + b") >>"
+    elif kind == "pattern":
+        call, resources = b"/Pattern cs /P0 scn 0 0 612 792 re f\n", b"/Pattern << /P0 6 0 R >>"
+        target = stream_object(
+            text,
+            b" /Type /Pattern /PatternType 1 /PaintType 1 /TilingType 1 /BBox [0 0 612 792] "
+            b"/XStep 612 /YStep 792 /Resources << /Font << /F1 5 0 R >> >>",
+        )
+    else:  # a graphics state whose soft mask is a form showing text
+        call = b"q /GS0 gs 0 0 612 792 re f Q\n"
+        resources = b"/ExtGState << /GS0 << /SMask << /S /Luminosity /G 6 0 R >> >> >>"
+        target = stream_object(text, form + b" /Group << /S /Transparency /CS /DeviceGray >>")
+    return one_page_pdf(
+        stream_object(b"BT /F1 12 Tf 72 600 Td (page text) Tj ET\n" + call * calls),
+        resources=resources,
+        extra_objects=[target],
+    )
+
+
+def actualtext_bomb_pdf() -> bytes:
+    return named_calls_pdf(20_000, "actualtext")  # 200 million characters
+
+
+def pattern_bomb_pdf() -> bytes:
+    return named_calls_pdf(20_000, "pattern")
+
+
+def softmask_bomb_pdf() -> bytes:
+    return named_calls_pdf(20_000, "softmask")
+
+
+@pytest.mark.parametrize("kind", ["actualtext", "pattern", "softmask"])
+def test_named_resources_count_once_per_call(settings, kind):
+    """What a named resource yields counts for every call: 500 calls of 10,000 characters are
+    5 million characters from a stream of 20 KB."""
+    settings.DJANGO_RAG = {"MAX_PDF_PAGE_CONTENT_BYTES": 1_000_000}
+    with pytest.raises(DocumentTooLarge, match="page 1"):
+        parse_bytes(named_calls_pdf(500, kind), filename=f"{kind}.pdf")
+    assert "page text" in parse_bytes(named_calls_pdf(2, kind), filename=f"{kind}.pdf").text
+
+
+# --- ZIP-based inputs (DOCX, XLSX...) ----------------------------------------------------------
+
+
+class DocxTextParser(Parser):
+    """The text of a DOCX's ``word/document.xml``, read the way a real DOCX parser must:
+    through :func:`open_zip` (no built-in parser reads ZIPs yet)."""
+
+    content_type = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+
+    def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
+        with open_zip(data, filename=filename) as archive:
+            xml = read_member(archive, "word/document.xml", filename=filename)
+        text = " ".join(re.sub(rb"<[^>]{0,1000}>", b" ", xml).decode("utf-8").split())
+        return ParsedDocument(text=text, content_type=self.content_type)
+
+
+def deflated(block: bytes, copies: int) -> tuple[bytes, int, int]:
+    """Raw deflate data of ``block`` repeated ``copies`` times, its CRC-32 and size, made
+    without compressing it all (one compressed piece, ended by a full flush, repeated)."""
+    raw = zlib.compressobj(9, zlib.DEFLATED, -15)
+    piece = raw.compress(block) + raw.flush(zlib.Z_FULL_FLUSH)
+    crc = 0
+    for _ in range(copies):
+        crc = zlib.crc32(block, crc)
+    end = zlib.compressobj(9, zlib.DEFLATED, -15).flush()
+    return piece * copies + end, crc, len(block) * copies
+
+
+def zip_archive(members: list[tuple[str, bytes, int, int]], *, declared: dict | None = None):
+    """A ZIP of ``(name, raw deflate data, crc, size)`` members; ``declared`` overrides the
+    uncompressed size the central directory states for a member (a lying archive)."""
+    out, directory = bytearray(), bytearray()
+    for name, data, crc, size in members:
+        stated = (declared or {}).get(name, size)
+        header = struct.pack(
+            "<IHHHHHIIIHH", 0x04034B50, 20, 0, 8, 0, 0x21, crc, len(data), stated, len(name), 0
+        )
+        directory += struct.pack(
+            "<IHHHHHHIIIHHHHHII",
+            0x02014B50, 20, 20, 0, 8, 0, 0x21, crc, len(data), stated, len(name), 0, 0, 0, 0, 0,
+            len(out),
+        )  # fmt: skip
+        directory += name.encode()
+        out += header + name.encode() + data
+    end = struct.pack(
+        "<IHHHHIIH", 0x06054B50, 0, 0, len(members), len(members), len(directory), len(out), 0
+    )
+    return bytes(out + directory + end)
+
+
+CONTENT_TYPES = b'<?xml version="1.0"?><Types xmlns="http://schemas.openxmlformats.org/package/2006/content-types"/>'
+
+
+def docx(body: bytes, copies: int = 1, *, declared: dict | None = None) -> bytes:
+    """A DOCX-shaped ZIP whose ``word/document.xml`` is ``body`` repeated ``copies`` times."""
+    return zip_archive(
+        [
+            ("[Content_Types].xml", *deflated(CONTENT_TYPES, 1)),
+            ("word/document.xml", *deflated(body, copies)),
+        ],
+        declared=declared,
+    )
+
+
+def docx_bomb() -> bytes:
+    """A 200 KB DOCX whose document.xml inflates to 200 MB (1,000 times its compressed size)."""
+    return docx(b"<w:p><w:r><w:t>" + b"A" * 1_000_000 + b"</w:t></w:r></w:p>", 200)
+
+
+DOCX = {"PARSERS": {".docx": "tests.test_parsers_hostile.DocxTextParser"}}
+
+
+def test_zip_budgets_name_their_setting(settings):
+    settings.DJANGO_RAG = DOCX
+    with pytest.raises(DocumentTooLarge, match=r"inflates \d+ times.*MAX_ZIP_RATIO") as info:
+        parse_bytes(docx_bomb(), filename="bomb.docx")
+    assert info.value.details["member"] == "word/document.xml"
+    body = b"<w:p><w:t>Refunds take 14 days.</w:t></w:p>"
+    assert parse_bytes(docx(body), filename="ok.docx").text == "Refunds take 14 days."
+    settings.DJANGO_RAG = {**DOCX, "MAX_ZIP_UNCOMPRESSED_BYTES": 1_000}
+    with pytest.raises(DocumentTooLarge, match="MAX_ZIP_UNCOMPRESSED_BYTES"):
+        parse_bytes(docx(body, 40), filename="big.docx")
+    settings.DJANGO_RAG = {**DOCX, "MAX_ZIP_MEMBERS": 1}
+    with pytest.raises(DocumentTooLarge, match="2 members.*MAX_ZIP_MEMBERS"):
+        parse_bytes(docx(body), filename="many.docx")
+    # Each budget holds alone: without the ratio, the total stops the bomb.
+    settings.DJANGO_RAG = {**DOCX, "MAX_ZIP_RATIO": None, "MAX_ZIP_UNCOMPRESSED_BYTES": 10**8}
+    with pytest.raises(DocumentTooLarge, match="200,006,[0-9]+ bytes"):
+        parse_bytes(docx_bomb(), filename="bomb.docx")
+
+
+def test_a_zip_directory_too_large_for_its_members_is_refused_before_reading(settings):
+    settings.DJANGO_RAG = {**DOCX, "MAX_ZIP_MEMBERS": 10}
+    members = [(f"word/part{i:05}.xml", *deflated(b"x", 1)) for i in range(2_000)]
+    with pytest.raises(DocumentTooLarge, match="central directory"):
+        parse_bytes(zip_archive(members), filename="parts.docx")
+
+
+def test_a_member_inflating_past_its_declared_size_is_corrupt(settings):
+    """The directory may lie: the member stops at its declared size and fails its check."""
+    settings.DJANGO_RAG = DOCX
+    data = docx(b"<w:t>" + b"A" * 100_000 + b"</w:t>", 100, declared={"word/document.xml": 10})
+    started = time.process_time()
+    with pytest.raises(CorruptFile, match="could not be read"):
+        parse_bytes(data, filename="liar.docx")
+    assert time.process_time() - started < 5
+
+
+@pytest.mark.parametrize("data", [b"", b"PK\x05\x06", b"not a zip" * 100, b"PK\x03\x04" * 10])
+def test_a_damaged_zip_is_a_typed_error(settings, data):
+    settings.DJANGO_RAG = DOCX
+    with pytest.raises(CorruptFile):
+        parse_bytes(data, filename="broken.docx")
 
 
 # --- text budgets ---------------------------------------------------------------------------

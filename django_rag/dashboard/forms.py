@@ -3,7 +3,7 @@ from django.core.validators import MaxLengthValidator
 
 from ..conf import get_setting
 from ..exceptions import InvalidInput
-from ..validation import clean_filename
+from ..validation import clean_collection_name, clean_filename, clean_source_id
 
 FORMATS = [("text", "Plain text"), ("markdown", "Markdown")]
 MODES = [("semantic", "Semantic"), ("fulltext", "Full-text"), ("hybrid", "Hybrid")]
@@ -74,6 +74,37 @@ class UploadForm(forms.Form):
         except InvalidInput as exc:
             raise forms.ValidationError(str(exc)) from exc
         return upload
+
+    def clean_collection(self):
+        try:
+            return clean_collection_name(self.cleaned_data["collection"])
+        except InvalidInput:
+            raise forms.ValidationError(
+                "Enter a collection name of at most 255 characters, with something visible in it."
+            ) from None
+
+    def clean(self):
+        """Every upload gets a source id: the one typed, else the file's name. *Replace* then
+        always has one to replace (the library refuses replace=True without it)."""
+        data = super().clean()
+        upload = data.get("file")
+        if upload is None or "source_id" in self.errors:
+            return data
+        typed = data.get("source_id") or ""
+        try:
+            data["source_id"] = clean_source_id(typed or upload.name)
+        except InvalidInput:
+            if typed:
+                self.add_error(
+                    "source_id", "The source id has a character that cannot be stored: retype it."
+                )
+            else:
+                self.add_error(
+                    "source_id",
+                    "The file's name cannot serve as its source id (more than 512 characters, "
+                    "or a character that cannot be stored): enter a source id.",
+                )
+        return data
 
 
 def limit_query(field: forms.CharField) -> None:

@@ -198,7 +198,8 @@ def ingest_text(request):
 @require_POST
 @dashboard_view
 def upload(request):
-
+    """Store the upload and queue its job: the job parses it (in a child process whose memory is
+    limited), chunks and embeds it. Nothing is parsed in this request's process."""
     form = UploadForm(request.POST, request.FILES)
     if not form.is_valid():
         messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
@@ -210,11 +211,13 @@ def upload(request):
             upload.read(),
             filename=upload.name,
             collection=form.cleaned_data["collection"],
-            source_id=form.cleaned_data["source_id"] or None,
+            source_id=form.cleaned_data["source_id"],  # the file name unless one was typed
             replace=form.cleaned_data["replace"],
             background=True,
         )
     except RagError as exc:
+        # Inline jobs (BACKGROUND="inline") run here and raise their failure; the job and the
+        # document are marked failed with it.
         messages.error(request, f"{upload.name}: {exc}")
         return _back(request, "documents")
     job = getattr(doc, "job", None)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import logging
+import mimetypes
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -46,10 +47,12 @@ from ..store import (
     mark_document,
     next_versions,
     save_pending,
+    touch_source,
     write_document,
     write_documents,
 )
 from ..store.documents import compact_on_commit, find_duplicate, find_duplicates
+from ..store.uploads import discard_upload, record_parsed, save_upload, upload_of
 from ..validation import (
     clean_collection_name,
     clean_filename,
@@ -59,7 +62,8 @@ from ..validation import (
     clean_title,
 )
 from .chunkers import TextChunk, get_chunker
-from .parsers import Page, ParsedDocument, parse_bytes, parse_file
+from .isolation import parse_isolated
+from .parsers import Page, ParsedDocument, check_input_size, get_parser, parse_bytes, parse_file
 from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older imports use this path)
     PreparedChunk,
     attach_vectors,
@@ -321,13 +325,93 @@ def ingest_file(path: str | Path, **options):
     return _ingest_parsed(parsed, filename=Path(path).name, **options)
 
 
-def ingest_bytes(data: bytes, *, filename: str, **options):
-    """Parse ``data`` as a file called ``filename`` and ingest it; nothing touches disk."""
+def ingest_bytes(data: bytes, *, filename: str, background: bool = False, **options):
+    """Parse ``data`` as a file called ``filename`` and ingest it; nothing touches disk.
+
+    With ``background=True`` the bytes are not parsed here: they are stored with the pending
+    document, and the job parses them (in a child process limited to ``MAX_PARSE_MEMORY``),
+    then chunks and embeds. Only cheap checks run now (the options, the file type, its size);
+    a file the parser refuses leaves the document and the job ``failed`` with the typed
+    error's message. This is how the dashboard ingests uploads: the web process never holds
+    what parsing a hostile file would take.
+    """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidOption(f"data must be bytes, got {type(data).__name__}")
     clean_filename(filename)
+    if background:
+        return _ingest_upload(bytes(data), filename=filename, **options)
     parsed = parse_bytes(bytes(data), filename=filename)
     return _ingest_parsed(parsed, filename=Path(filename).name, **options)
+
+
+def _ingest_upload(
+    data: bytes,
+    *,
+    filename: str,
+    collection=None,
+    title: str | None = "",
+    metadata=None,
+    source_id: str | None = None,
+    replace: bool = False,
+    chunker=None,
+    embedder=None,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+    graph: bool | None = None,
+    on_chunk_error: str = "raise",
+) -> Document:
+    """Validate an upload's options, store its bytes with a pending document and queue the job
+    that parses, chunks and embeds it."""
+    if on_chunk_error not in ON_CHUNK_ERROR:
+        raise InvalidOption(
+            f"on_chunk_error must be one of {', '.join(ON_CHUNK_ERROR)}, got {on_chunk_error!r}"
+        )
+    if chunker is not None or embedder is not None:
+        raise InvalidOption(
+            "background=True uses the configured chunker and embedder (a worker cannot "
+            "receive per-call components)."
+        )
+    parser = get_parser(filename)  # an unsupported type is refused now, unread
+    check_input_size(parser, len(data), filename=filename)
+    source_id = clean_source_id(source_id)
+    title = clean_title(title)
+    if replace and not source_id:
+        raise InvalidOption(
+            "replace=True needs a source_id: it replaces the document with the same "
+            "(collection, source_id)."
+        )
+    metadata = clean_metadata(metadata)
+    name = clean_collection_name(collection)
+    basename = Path(filename).name
+    with span("ingest", collection=name, source_id=source_id, filename=basename) as s:
+        document = Document(
+            source_id=source_id,
+            title=(title or "")[:500],
+            content="",  # the job parses the upload
+            content_hash="",
+            metadata=metadata,
+            original_filename=basename[:500],
+            content_type=mimetypes.guess_type(basename)[0] or parser.content_type,
+        )
+        (document.version,) = next_versions(1)  # submitted now, whenever the job runs
+        document = save_upload(document, name, filename=filename, data=data)
+        job = Job.objects.create(
+            kind=Job.Kind.INGEST,
+            params={
+                "document_id": document.pk,
+                "collection": name,
+                "title": document.title or basename,
+                "replace": replace,
+                "upload": True,
+                "chunk_size": chunk_size,
+                "chunk_overlap": chunk_overlap,
+                "graph": _use_graph(graph),
+                "on_chunk_error": on_chunk_error,
+            },
+        )
+        document = _queue(document, job)
+        s.set(document_id=document.pk, background=True, status=document.status)
+        return document
 
 
 def _ingest_parsed(
@@ -845,9 +929,23 @@ def _enqueue(pending: _Pending, options: dict[str, Any]) -> Document:
             **options,
         },
     )
+    return _queue(document, job)
+
+
+def _queue(document: Document, job: Job) -> Document:
     enqueue("ingest_document", job, on_failure=lambda: delete_document(document.pk))
-    document.refresh_from_db()
-    document.deduplicated = False
+    try:
+        document.refresh_from_db()
+        document.deduplicated = False
+    except Document.DoesNotExist:
+        # An inline job found the upload's text stored already and dropped the pending copy:
+        # the stored document is the result (as a foreground ingest deduplicates).
+        job.refresh_from_db()
+        stored = Document.objects.using(write_db()).filter(pk=job.result.get("document_id"))
+        document = stored.first()
+        if document is None:
+            raise
+        document.deduplicated = True
     document.job = job
     return document
 
@@ -875,13 +973,22 @@ def process_pending(job: Job) -> Document:
         return document
     mark_document(document.pk, Document.Status.PROCESSING)
     try:
-        parsed = ParsedDocument(
-            text=document.content,
-            format=params.get("format", "text"),
-            content_type=document.content_type,
-            pages=[Page(*page) for page in params.get("pages", [])],
-        )
-        pending = _Pending(document.collection.name, document, parsed, bool(params.get("replace")))
+        replace = bool(params.get("replace"))
+        if params.get("upload"):
+            parsed = _parse_upload(document)
+            # The same text stored already: that document is the result, with or without
+            # replace (a second identical copy would only be deleted by the next replace).
+            duplicate = _stored_copy(document, replace)
+            if duplicate is not None:
+                return duplicate
+        else:
+            parsed = ParsedDocument(
+                text=document.content,
+                format=params.get("format", "text"),
+                content_type=document.content_type,
+                pages=[Page(*page) for page in params.get("pages", [])],
+            )
+        pending = _Pending(document.collection.name, document, parsed, replace)
         prepared = prepare_document(
             pending,
             embedder=get_embedder(),
@@ -891,12 +998,55 @@ def process_pending(job: Job) -> Document:
             on_chunk_error=params.get("on_chunk_error", "raise"),
             progress=job.report,  # the jobs page shows chunks embedded / chunks
         )
-        return _store(pending, prepared)
+        stored = _store(pending, prepared)
+        if params.get("upload"):
+            discard_upload(document.pk)
+        return stored
     except DocumentSuperseded:
         raise  # its pending row is gone with it
     except BaseException as exc:
         mark_document(document.pk, Document.Status.FAILED, f"{type(exc).__name__}: {exc}")
         raise
+
+
+def _parse_upload(document: Document) -> ParsedDocument:
+    """Parse a pending document's upload where memory is bounded (a child process limited to
+    ``MAX_PARSE_MEMORY``), validate the text and record it on the document."""
+    upload = upload_of(document.pk)
+    if upload is None:
+        raise DocumentNotFound(
+            f"The upload of document {document.pk} is gone (it was stored already, or "
+            "deleted): upload the file again.",
+            id=document.pk,
+        )
+    parsed = parse_isolated(bytes(upload.data), filename=upload.filename)
+    text = clean_text(parsed.text)
+    parsed.text = text
+    record_parsed(
+        document,
+        content=text,
+        content_hash=content_hash(text),
+        title=(document.title or parsed.title or "")[:500],
+        metadata={**parsed.metadata, **document.metadata},
+        content_type=parsed.content_type or document.content_type,
+    )
+    return parsed
+
+
+def _stored_copy(document: Document, replace: bool) -> Document | None:
+    """A completed document of the same identity with the same text: the pending upload is
+    dropped and that one returned (as ``ingest`` deduplicates). With ``replace`` the upload's
+    version still counts: older versions queued before it are superseded."""
+    name = document.collection.name
+    existing = find_duplicate(name, document.source_id, document.content_hash)
+    if existing is None:
+        return None
+    if replace and touch_source(name, document.source_id, document.version) is None:
+        delete_document(document.pk)  # a newer version was stored first
+        raise DocumentSuperseded(name, document.source_id, document.version)
+    delete_document(document.pk)
+    existing.deduplicated = True
+    return existing
 
 
 def delete(document) -> None:

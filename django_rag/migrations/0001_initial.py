@@ -10,111 +10,190 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         # The vector type must exist before the chunk table uses it.
         VectorExtension(),
         migrations.CreateModel(
-            name='Collection',
+            name="Collection",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=255, unique=True)),
-                ('description', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=255, unique=True)),
+                ("description", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Document',
+            name="Document",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('source_id', models.CharField(blank=True, default='', max_length=512)),
-                ('title', models.CharField(blank=True, default='', max_length=500)),
-                ('content', models.TextField()),
-                ('content_hash', models.CharField(max_length=64)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('status', models.CharField(choices=[('pending', 'Pending'), ('processing', 'Processing'), ('completed', 'Completed'), ('failed', 'Failed')], default='pending', max_length=16)),
-                ('error', models.TextField(blank=True, default='')),
-                ('chunk_count', models.PositiveIntegerField(default=0)),
-                ('original_filename', models.CharField(blank=True, default='', max_length=500)),
-                ('content_type', models.CharField(default='text/plain', max_length=100)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('collection', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='documents', to='django_rag.collection')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("source_id", models.CharField(blank=True, default="", max_length=512)),
+                ("title", models.CharField(blank=True, default="", max_length=500)),
+                ("content", models.TextField()),
+                ("content_hash", models.CharField(max_length=64)),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending"),
+                            ("processing", "Processing"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                        ],
+                        default="pending",
+                        max_length=16,
+                    ),
+                ),
+                ("error", models.TextField(blank=True, default="")),
+                ("chunk_count", models.PositiveIntegerField(default=0)),
+                ("original_filename", models.CharField(blank=True, default="", max_length=500)),
+                ("content_type", models.CharField(default="text/plain", max_length=100)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "collection",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="documents",
+                        to="django_rag.collection",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='Chunk',
+            name="Chunk",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('chunk_index', models.PositiveIntegerField()),
-                ('text', models.TextField()),
-                ('token_count', models.PositiveIntegerField(default=0)),
-                ('start_char', models.PositiveIntegerField(blank=True, null=True)),
-                ('end_char', models.PositiveIntegerField(blank=True, null=True)),
-                ('page_start', models.PositiveIntegerField(blank=True, null=True)),
-                ('page_end', models.PositiveIntegerField(blank=True, null=True)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('embedding', django_rag.models.fields.EmbeddingField()),
-                ('embedding_model', models.CharField(max_length=255)),
-                ('search_vector', django.contrib.postgres.search.SearchVectorField(editable=False, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('collection', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='django_rag.collection')),
-                ('document', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='chunks', to='django_rag.document')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("chunk_index", models.PositiveIntegerField()),
+                ("text", models.TextField()),
+                ("token_count", models.PositiveIntegerField(default=0)),
+                ("start_char", models.PositiveIntegerField(blank=True, null=True)),
+                ("end_char", models.PositiveIntegerField(blank=True, null=True)),
+                ("page_start", models.PositiveIntegerField(blank=True, null=True)),
+                ("page_end", models.PositiveIntegerField(blank=True, null=True)),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                ("embedding", django_rag.models.fields.EmbeddingField()),
+                ("embedding_model", models.CharField(max_length=255)),
+                (
+                    "search_vector",
+                    django.contrib.postgres.search.SearchVectorField(editable=False, null=True),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "collection",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="django_rag.collection",
+                    ),
+                ),
+                (
+                    "document",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="chunks",
+                        to="django_rag.document",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['document_id', 'chunk_index'],
+                "ordering": ["document_id", "chunk_index"],
             },
         ),
         migrations.AddIndex(
-            model_name='document',
-            index=models.Index(fields=['collection', 'source_id'], name='django_rag_doc_source_idx'),
+            model_name="document",
+            index=models.Index(
+                fields=["collection", "source_id"], name="django_rag_doc_source_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='document',
-            index=models.Index(fields=['source_id'], name='django_rag_doc_source_only_idx'),
+            model_name="document",
+            index=models.Index(fields=["source_id"], name="django_rag_doc_source_only_idx"),
         ),
         migrations.AddIndex(
-            model_name='document',
-            index=models.Index(fields=['collection', 'content_hash'], name='django_rag_doc_hash_idx'),
+            model_name="document",
+            index=models.Index(
+                fields=["collection", "content_hash"], name="django_rag_doc_hash_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='document',
-            index=django.contrib.postgres.indexes.GinIndex(fields=['metadata'], name='django_rag_doc_meta_idx', opclasses=['jsonb_path_ops']),
+            model_name="document",
+            index=django.contrib.postgres.indexes.GinIndex(
+                fields=["metadata"], name="django_rag_doc_meta_idx", opclasses=["jsonb_path_ops"]
+            ),
         ),
         migrations.AddIndex(
-            model_name='chunk',
-            index=pgvector.django.indexes.HnswIndex(ef_construction=64, fields=['embedding'], m=16, name='django_rag_chunk_hnsw_idx', opclasses=['vector_cosine_ops']),
+            model_name="chunk",
+            index=pgvector.django.indexes.HnswIndex(
+                ef_construction=64,
+                fields=["embedding"],
+                m=16,
+                name="django_rag_chunk_hnsw_idx",
+                opclasses=["vector_cosine_ops"],
+            ),
         ),
         migrations.AddIndex(
-            model_name='chunk',
-            index=django.contrib.postgres.indexes.GinIndex(fields=['search_vector'], name='django_rag_chunk_fts_idx'),
+            model_name="chunk",
+            index=django.contrib.postgres.indexes.GinIndex(
+                fields=["search_vector"], name="django_rag_chunk_fts_idx"
+            ),
         ),
         migrations.AddIndex(
-            model_name='chunk',
-            index=models.Index(fields=['embedding_model'], name='django_rag_chunk_model_idx'),
+            model_name="chunk",
+            index=models.Index(fields=["embedding_model"], name="django_rag_chunk_model_idx"),
         ),
         migrations.AddConstraint(
-            model_name='chunk',
-            constraint=models.UniqueConstraint(fields=('document', 'chunk_index'), name='django_rag_chunk_unique_index'),
+            model_name="chunk",
+            constraint=models.UniqueConstraint(
+                fields=("document", "chunk_index"), name="django_rag_chunk_unique_index"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='chunk',
-            constraint=models.CheckConstraint(condition=models.Q(('start_char__isnull', True), ('end_char__gte', models.F('start_char')), _connector='OR'), name='django_rag_chunk_offsets_ordered'),
+            model_name="chunk",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("start_char__isnull", True),
+                    ("end_char__gte", models.F("start_char")),
+                    _connector="OR",
+                ),
+                name="django_rag_chunk_offsets_ordered",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='chunk',
-            constraint=models.CheckConstraint(condition=models.Q(('page_start__isnull', True), ('page_end__gte', models.F('page_start')), _connector='OR'), name='django_rag_chunk_pages_ordered'),
+            model_name="chunk",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    ("page_start__isnull", True),
+                    ("page_end__gte", models.F("page_start")),
+                    _connector="OR",
+                ),
+                name="django_rag_chunk_pages_ordered",
+            ),
         ),
     ]

@@ -95,36 +95,38 @@ DROP FUNCTION IF EXISTS django_rag_fulltext_statistics();
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_rag', '0001_initial'),
+        ("django_rag", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='CorpusStatistic',
+            name="CorpusStatistic",
             fields=[
-                ('id', models.PositiveSmallIntegerField(default=1, primary_key=True, serialize=False)),
-                ('chunk_count', models.BigIntegerField(default=0)),
-                ('total_length', models.BigIntegerField(default=0)),
+                (
+                    "id",
+                    models.PositiveSmallIntegerField(default=1, primary_key=True, serialize=False),
+                ),
+                ("chunk_count", models.BigIntegerField(default=0)),
+                ("total_length", models.BigIntegerField(default=0)),
             ],
             options={
-                'db_table': 'django_rag_corpus',
+                "db_table": "django_rag_corpus",
             },
         ),
         migrations.CreateModel(
-            name='TermStatistic',
+            name="TermStatistic",
             fields=[
-                ('term', models.TextField(primary_key=True, serialize=False)),
-                ('document_frequency', models.BigIntegerField(default=0)),
+                ("term", models.TextField(primary_key=True, serialize=False)),
+                ("document_frequency", models.BigIntegerField(default=0)),
             ],
             options={
-                'db_table': 'django_rag_term',
+                "db_table": "django_rag_term",
             },
         ),
         migrations.AddField(
-            model_name='chunk',
-            name='fts_length',
+            model_name="chunk",
+            name="fts_length",
             field=models.PositiveIntegerField(default=0, editable=False),
         ),
         migrations.RunSQL(BACKFILL, reverse_sql=migrations.RunSQL.noop),

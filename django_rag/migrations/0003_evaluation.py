@@ -5,59 +5,160 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_rag', '0002_fulltext_statistics'),
+        ("django_rag", "0002_fulltext_statistics"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Run',
+            name="Run",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('status', models.CharField(choices=[('running', 'Running'), ('completed', 'Completed'), ('failed', 'Failed')], default='running', max_length=10)),
-                ('mode', models.CharField(max_length=20)),
-                ('config', models.JSONField(default=dict)),
-                ('metrics', models.JSONField(default=dict)),
-                ('results', models.JSONField(default=list)),
-                ('test_case_count', models.PositiveIntegerField(default=0)),
-                ('usage', models.JSONField(default=dict)),
-                ('error', models.TextField(blank=True, default='')),
-                ('started_at', models.DateTimeField(auto_now_add=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("running", "Running"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                        ],
+                        default="running",
+                        max_length=10,
+                    ),
+                ),
+                ("mode", models.CharField(max_length=20)),
+                ("config", models.JSONField(default=dict)),
+                ("metrics", models.JSONField(default=dict)),
+                ("results", models.JSONField(default=list)),
+                ("test_case_count", models.PositiveIntegerField(default=0)),
+                ("usage", models.JSONField(default=dict)),
+                ("error", models.TextField(blank=True, default="")),
+                ("started_at", models.DateTimeField(auto_now_add=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'ordering': ['-started_at', '-id'],
+                "ordering": ["-started_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='TestCase',
+            name="TestCase",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('question', models.TextField()),
-                ('level', models.CharField(choices=[('chunk', 'Chunk'), ('document', 'Document')], default='chunk', max_length=10)),
-                ('reference_answer', models.TextField(blank=True, default='')),
-                ('origin', models.CharField(choices=[('manual', 'Manual'), ('generated', 'Generated'), ('imported', 'Imported')], default='manual', max_length=10)),
-                ('external_id', models.CharField(blank=True, default='', max_length=255)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('collection', models.ForeignKey(blank=True, help_text='Searched when the run names no collection.', null=True, on_delete=django.db.models.deletion.CASCADE, related_name='test_cases', to='django_rag.collection')),
-                ('source_chunk', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='django_rag.chunk')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("question", models.TextField()),
+                (
+                    "level",
+                    models.CharField(
+                        choices=[("chunk", "Chunk"), ("document", "Document")],
+                        default="chunk",
+                        max_length=10,
+                    ),
+                ),
+                ("reference_answer", models.TextField(blank=True, default="")),
+                (
+                    "origin",
+                    models.CharField(
+                        choices=[
+                            ("manual", "Manual"),
+                            ("generated", "Generated"),
+                            ("imported", "Imported"),
+                        ],
+                        default="manual",
+                        max_length=10,
+                    ),
+                ),
+                ("external_id", models.CharField(blank=True, default="", max_length=255)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "collection",
+                    models.ForeignKey(
+                        blank=True,
+                        help_text="Searched when the run names no collection.",
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="test_cases",
+                        to="django_rag.collection",
+                    ),
+                ),
+                (
+                    "source_chunk",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to="django_rag.chunk",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at', '-id'],
+                "ordering": ["-created_at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='Relevance',
+            name="Relevance",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('grade', models.PositiveSmallIntegerField(default=1)),
-                ('chunk', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to='django_rag.chunk')),
-                ('document', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, to='django_rag.document')),
-                ('test_case', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='relevance', to='django_rag.testcase')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("grade", models.PositiveSmallIntegerField(default=1)),
+                (
+                    "chunk",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="django_rag.chunk",
+                    ),
+                ),
+                (
+                    "document",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.CASCADE,
+                        to="django_rag.document",
+                    ),
+                ),
+                (
+                    "test_case",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="relevance",
+                        to="django_rag.testcase",
+                    ),
+                ),
             ],
             options={
-                'constraints': [models.CheckConstraint(condition=models.Q(models.Q(('chunk__isnull', False), ('document__isnull', True)), models.Q(('chunk__isnull', True), ('document__isnull', False)), _connector='OR'), name='django_rag_relevance_chunk_xor_document'), models.UniqueConstraint(fields=('test_case', 'chunk'), name='django_rag_relevance_unique_chunk'), models.UniqueConstraint(fields=('test_case', 'document'), name='django_rag_relevance_unique_document')],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            models.Q(("chunk__isnull", False), ("document__isnull", True)),
+                            models.Q(("chunk__isnull", True), ("document__isnull", False)),
+                            _connector="OR",
+                        ),
+                        name="django_rag_relevance_chunk_xor_document",
+                    ),
+                    models.UniqueConstraint(
+                        fields=("test_case", "chunk"), name="django_rag_relevance_unique_chunk"
+                    ),
+                    models.UniqueConstraint(
+                        fields=("test_case", "document"),
+                        name="django_rag_relevance_unique_document",
+                    ),
+                ],
             },
         ),
     ]

@@ -8,92 +8,177 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('django_rag', '0004_jobs'),
+        ("django_rag", "0004_jobs"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='GraphChunk',
+            name="GraphChunk",
             fields=[
-                ('chunk', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='graph_state', serialize=False, to='django_rag.chunk')),
-                ('built_at', models.DateTimeField(auto_now=True)),
+                (
+                    "chunk",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="graph_state",
+                        serialize=False,
+                        to="django_rag.chunk",
+                    ),
+                ),
+                ("built_at", models.DateTimeField(auto_now=True)),
             ],
         ),
         migrations.CreateModel(
-            name='Entity',
+            name="Entity",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=255)),
-                ('normalized_name', models.CharField(max_length=255)),
-                ('type', models.CharField(default='other', max_length=50)),
-                ('description', models.TextField(blank=True, default='')),
-                ('embedding', django_rag.models.fields.EmbeddingField(blank=True, null=True)),
-                ('metadata', models.JSONField(blank=True, default=dict)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('collection', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='entities', to='django_rag.collection')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=255)),
+                ("normalized_name", models.CharField(max_length=255)),
+                ("type", models.CharField(default="other", max_length=50)),
+                ("description", models.TextField(blank=True, default="")),
+                ("embedding", django_rag.models.fields.EmbeddingField(blank=True, null=True)),
+                ("metadata", models.JSONField(blank=True, default=dict)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "collection",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="entities",
+                        to="django_rag.collection",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'entities',
-                'ordering': ['name'],
+                "verbose_name_plural": "entities",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='EntityMention',
+            name="EntityMention",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('span_start', models.PositiveIntegerField(blank=True, null=True)),
-                ('span_end', models.PositiveIntegerField(blank=True, null=True)),
-                ('chunk', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='mentions', to='django_rag.chunk')),
-                ('entity', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='mentions', to='django_rag.entity')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("span_start", models.PositiveIntegerField(blank=True, null=True)),
+                ("span_end", models.PositiveIntegerField(blank=True, null=True)),
+                (
+                    "chunk",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="mentions",
+                        to="django_rag.chunk",
+                    ),
+                ),
+                (
+                    "entity",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="mentions",
+                        to="django_rag.entity",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Relationship',
+            name="Relationship",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('type', models.CharField(max_length=100)),
-                ('description', models.TextField(blank=True, default='')),
-                ('strength', models.FloatField(default=1.0)),
-                ('count', models.PositiveIntegerField(default=1)),
-                ('source', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='outgoing', to='django_rag.entity')),
-                ('target', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='incoming', to='django_rag.entity')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("type", models.CharField(max_length=100)),
+                ("description", models.TextField(blank=True, default="")),
+                ("strength", models.FloatField(default=1.0)),
+                ("count", models.PositiveIntegerField(default=1)),
+                (
+                    "source",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="outgoing",
+                        to="django_rag.entity",
+                    ),
+                ),
+                (
+                    "target",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="incoming",
+                        to="django_rag.entity",
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='Community',
+            name="Community",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('level', models.PositiveSmallIntegerField(default=0)),
-                ('entity_ids', django.contrib.postgres.fields.ArrayField(base_field=models.BigIntegerField(), default=list, size=None)),
-                ('summary', models.TextField(blank=True, default='')),
-                ('fingerprint', models.CharField(blank=True, default='', max_length=64)),
-                ('dirty', models.BooleanField(default=True)),
-                ('change_count', models.PositiveIntegerField(default=0)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('collection', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='communities', to='django_rag.collection')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("level", models.PositiveSmallIntegerField(default=0)),
+                (
+                    "entity_ids",
+                    django.contrib.postgres.fields.ArrayField(
+                        base_field=models.BigIntegerField(), default=list, size=None
+                    ),
+                ),
+                ("summary", models.TextField(blank=True, default="")),
+                ("fingerprint", models.CharField(blank=True, default="", max_length=64)),
+                ("dirty", models.BooleanField(default=True)),
+                ("change_count", models.PositiveIntegerField(default=0)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "collection",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="communities",
+                        to="django_rag.collection",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'communities',
-                'ordering': ['level', 'id'],
-                'indexes': [django.contrib.postgres.indexes.GinIndex(fields=['entity_ids'], name='django_rag_community_members')],
+                "verbose_name_plural": "communities",
+                "ordering": ["level", "id"],
+                "indexes": [
+                    django.contrib.postgres.indexes.GinIndex(
+                        fields=["entity_ids"], name="django_rag_community_members"
+                    )
+                ],
             },
         ),
         migrations.AddIndex(
-            model_name='entity',
-            index=models.Index(fields=['collection', 'type'], name='django_rag_entity_type_idx'),
+            model_name="entity",
+            index=models.Index(fields=["collection", "type"], name="django_rag_entity_type_idx"),
         ),
         migrations.AddConstraint(
-            model_name='entity',
-            constraint=models.UniqueConstraint(fields=('collection', 'normalized_name'), name='django_rag_entity_unique_name'),
+            model_name="entity",
+            constraint=models.UniqueConstraint(
+                fields=("collection", "normalized_name"), name="django_rag_entity_unique_name"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='entitymention',
-            constraint=models.UniqueConstraint(fields=('entity', 'chunk'), name='django_rag_mention_unique'),
+            model_name="entitymention",
+            constraint=models.UniqueConstraint(
+                fields=("entity", "chunk"), name="django_rag_mention_unique"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='relationship',
-            constraint=models.UniqueConstraint(fields=('source', 'target', 'type'), name='django_rag_relationship_unique'),
+            model_name="relationship",
+            constraint=models.UniqueConstraint(
+                fields=("source", "target", "type"), name="django_rag_relationship_unique"
+            ),
         ),
     ]

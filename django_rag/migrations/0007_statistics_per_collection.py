@@ -108,7 +108,17 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="TermStatistic",
             fields=[
-                ("pk", models.CompositePrimaryKey("term", "collection", blank=True, editable=False, primary_key=True, serialize=False)),
+                (
+                    "pk",
+                    models.CompositePrimaryKey(
+                        "term",
+                        "collection",
+                        blank=True,
+                        editable=False,
+                        primary_key=True,
+                        serialize=False,
+                    ),
+                ),
                 ("term", models.TextField()),
                 ("collection", collection()),
                 ("document_frequency", models.BigIntegerField(default=0)),

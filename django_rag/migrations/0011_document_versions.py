@@ -72,4 +72,24 @@ class Migration(migrations.Migration):
                 ],
             },
         ),
+        migrations.AlterField(
+            model_name="job",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("ingest", "Ingest a document"),
+                    ("reembed", "Re-embed chunks"),
+                    ("reembed-task", "Re-embed (queued)"),
+                    ("embedding-switch", "Switch the embedding model"),
+                    ("build-graph", "Build the graph"),
+                    ("detect-communities", "Detect communities"),
+                    ("summarize-communities", "Summarise communities"),
+                    ("run-evaluation", "Run an evaluation"),
+                    ("generate-test-cases", "Generate test cases"),
+                    ("sync-row", "Index a changed row"),
+                    ("sync", "Reconcile indexed models"),
+                ],
+                max_length=50,
+            ),
+        ),
     ]

@@ -4,6 +4,7 @@ from .fulltext import CorpusDelta, CorpusStatistic, TermDelta, TermStatistic
 from .graph import Community, Entity, EntityMention, GraphChunk, Relationship
 from .jobs import Job
 from .managers import ChunkQuerySet
+from .uploads import Upload
 
 __all__ = [
     "Chunk",
@@ -24,4 +25,5 @@ __all__ = [
     "TermDelta",
     "TermStatistic",
     "TestCase",
+    "Upload",
 ]

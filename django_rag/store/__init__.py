@@ -6,7 +6,8 @@ table. Every entry point (``ingest*``, ``ingest_many``, background ingestion, re
 - :mod:`.graph`: entities, mentions, relationships, communities;
 - :mod:`.statistics`: the BM25 statistics (search vectors, deltas, compaction, recount);
 - :mod:`.schema`: vectors in batches, the model switch's shadow column and swap, orphans;
-- :mod:`.vector_stores`: the stores searches run on, and the hand-over of writes to them.
+- :mod:`.vector_stores`: the stores searches run on, and the hand-over of writes to them;
+- :mod:`.uploads`: uploads waiting for their job (the pending document with the file's bytes).
 """
 
 from .documents import (
