@@ -190,9 +190,9 @@ def enqueue(
     job.runner = runner
 
     def unavailable(exc: BaseException, where: str, fix: str) -> BackgroundUnavailable:
-        job.fail(exc)
         if on_failure is not None:
-            on_failure()
+            on_failure()  # (removing a pending document supersedes its job: fail it after)
+        job.fail(exc)
         return BackgroundUnavailable(
             f"The task could not be handed to {where} ({type(exc).__name__}: "
             f"{scrub_text(exc)}). {fix}"

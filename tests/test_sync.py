@@ -243,8 +243,7 @@ def test_models_stay_indexed_with_a_real_celery_worker(request, tmp_path):
 
     url = request.getfixturevalue("broker")
     # Another module's broker may have gone with its module: connect afresh to this one.
-    app._pool = None
-    app.amqp._producer_pool = None
+    app._after_fork()
     worker = Worker(url, tmp_path)
     worker.start()
     try:
