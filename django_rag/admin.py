@@ -11,8 +11,11 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import Count
 from django.forms.models import BaseInlineFormSet
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.utils.text import Truncator
 
+from . import sync
 from .background import start
 from .exceptions import CollectionNotEmpty, RagError
 from .ingestion.service import FORMATS, ingest
@@ -23,6 +26,7 @@ from .models import (
     Community,
     Document,
     Entity,
+    IndexedModelStatus,
     Job,
     Relationship,
     Relevance,
@@ -348,3 +352,41 @@ class JobAdmin(ShownOnly, admin.ModelAdmin):
     ]
     list_filter = ["kind", "status", "runner"]
     readonly_fields = [f.name for f in Job._meta.fields]
+
+
+@admin.register(IndexedModelStatus)
+class IndexedModelStatusAdmin(admin.ModelAdmin):
+    """Indexed models (``@django_rag.indexed``): rows, documents, missing, pending, failed and
+    the last check's stale count; Check and Reconcile start ``sync`` jobs (docs/sync.md)."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return request.user.is_active and request.user.is_staff
+
+    def changelist_view(self, request, extra_context=None):
+        if request.method == "POST" and self.has_change_permission(request):
+            action = request.POST.get("action")
+            model = request.POST.get("model", "")
+            if action in ("check", "reconcile") and model in {s.label for s in sync.registered()}:
+                try:
+                    job = start("sync", model=model, dry_run=action == "check")
+                except Exception as exc:  # shown to the user, never a 500
+                    self.message_user(request, f"{model}: {exc}", level=messages.ERROR)
+                else:
+                    self.message_user(request, f"{model}: sync job {job.pk} {job.status}.")
+            else:
+                self.message_user(request, "Unknown action or model.", level=messages.ERROR)
+            return HttpResponseRedirect(request.path)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Indexed models",
+            "opts": self.model._meta,
+            "models": sync.status(),
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/django_rag/indexed_models.html", context)

@@ -280,3 +280,19 @@ def test_the_sync_page_shows_counts_and_checks_then_reconciles(staff):
         assert_index_matches_rows()
         assert staff.post(url, {"model": "auth.user", "action": "check"}).status_code == 302
         assert Job.objects.filter(kind="sync").count() == 2  # the unknown model started nothing
+
+
+def test_the_admin_lists_indexed_models_and_reconciles(admin_client):
+    from django.urls import reverse
+
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "inline"}):
+        Note.objects.bulk_create([Note(body="Made by bulk_create.")])
+        url = reverse("admin:django_rag_indexedmodelstatus_changelist")
+        assert url in admin_client.get(reverse("admin:index")).content.decode()
+        page = admin_client.get(url).content.decode()
+        assert 'data-model="syncapp.note"' in page and "syncapp.article" in page
+        response = admin_client.post(url, {"model": "syncapp.note", "action": "reconcile"})
+        assert response.status_code == 302
+        assert_index_matches_rows()
+        admin_client.post(url, {"model": "nope.nope", "action": "reconcile"})
+        assert Job.objects.filter(kind="sync").count() == 1

@@ -92,4 +92,17 @@ class Migration(migrations.Migration):
                 max_length=50,
             ),
         ),
+        migrations.CreateModel(
+            name='IndexedModelStatus',
+            fields=[
+            ],
+            options={
+                'verbose_name': 'indexed model',
+                'verbose_name_plural': 'indexed models',
+                'proxy': True,
+                'indexes': [],
+                'constraints': [],
+            },
+            bases=('django_rag.job',),
+        ),
     ]

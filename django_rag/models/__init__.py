@@ -2,7 +2,7 @@ from .documents import Chunk, Collection, Document, SourceVersion
 from .evaluation import Relevance, Run, TestCase
 from .fulltext import CorpusDelta, CorpusStatistic, TermDelta, TermStatistic
 from .graph import Community, Entity, EntityMention, GraphChunk, Relationship
-from .jobs import Job
+from .jobs import IndexedModelStatus, Job
 from .managers import ChunkQuerySet
 from .uploads import Upload
 
@@ -19,6 +19,7 @@ __all__ = [
     "CorpusStatistic",
     "Document",
     "SourceVersion",
+    "IndexedModelStatus",
     "Job",
     "Relevance",
     "Run",

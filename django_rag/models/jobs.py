@@ -159,3 +159,13 @@ class Job(models.Model):
             return False
         last = self.heartbeat_at or self.created_at
         return (timezone.now() - last).total_seconds() > after_seconds
+
+
+class IndexedModelStatus(Job):
+    """A proxy through which the Django admin lists indexed models and their sync state (the
+    admin shows registered models; this page is not a table of its own)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "indexed model"
+        verbose_name_plural = "indexed models"
