@@ -105,6 +105,9 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="skip the Loop case")
     args = parser.parse_args()
+    import django_rag
+
+    print(f"django_rag from {Path(django_rag.__file__).parent}")
     big = valid_json(1_100_000)
     cases = [
         ("parse_json, 20,000 `{`", parse_json, "{" * 20_000),
