@@ -20,7 +20,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, InvalidInput
 
 SETTING_NAME = "DJANGO_RAG"
 
@@ -433,27 +433,102 @@ def is_secret_key(key: Any) -> bool:
     return words[-1] in _SECRET_LAST_WORDS or any(w in _SECRET_WORDS for w in words)
 
 
-# scheme://user:password@host -> the userinfo part.
-_URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/\s@?#]+)@")
+# Free text (error messages, provider replies, telemetry) is hostile input, so each pattern
+# below is linear: a match starts only where its first part can start, and no run of
+# characters is rescanned from each of its positions (bounded scheme names, lookbehinds).
+#
+# scheme://user:password@host -> the userinfo part. A scheme has at most 32 characters.
+_URL_USERINFO = re.compile(
+    r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://)(?P<userinfo>[^/\s@?#]+)@"
+)
+# scheme://host/path: the path is checked for credentials (webhook URLs, token segments).
+_URL_PATH = re.compile(
+    r"(?P<base>\b[a-zA-Z][a-zA-Z0-9+.-]{0,31}://(?P<host>[^\s/?#\"'<>]*))(?P<path>/[^\s?#\"'<>]*)"
+)
 # ?name=value / &name=value in URLs.
 _QUERY_PARAM = re.compile(r"(?P<lead>[?&;](?P<name>[^=&#\s?;]+)=)(?P<value>[^&#\s;\"'<>]*)")
 # "Bearer <token>" / "Basic <credentials>" anywhere in text.
 _AUTH_SCHEME = re.compile(r"(?P<lead>\b(?:Bearer|Basic|Token)\s+)(?P<value>[A-Za-z0-9._~+/=-]{6,})")
-# name=value, name: value, "name": "value", name='value' where name looks secret.
+# name=value, name: value, "name": "value", name='value' where name looks secret. The name is
+# the run of word characters and dashes up to the separator, from its first letter or
+# underscore (``pre`` holds the digits or dashes before it): the match is tried once per run.
 _KEY_VALUE = re.compile(
-    r"(?P<name>[A-Za-z_][\w-]*)(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<value>(?!\[REDACTED\])[^\s\"',;&}\])]+)"
+    r"(?<![\w-])(?P<pre>(?:[^\W_A-Za-z]|-)*)(?P<name>[A-Za-z_][\w-]*)"
+    r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<value>(?!\[REDACTED\])[^\s\"',;&}\])]+)"
 )
+
+# Webhook URLs are credentials in themselves: whoever has one can post. Their hosts (a
+# ``hooks.`` host, or one naming a webhook: Slack, Zapier, Microsoft Teams...) keep only the
+# first path segment; after a ``webhook``/``webhooks``/``webhookb2``/``hooks`` segment (Discord,
+# many others) nothing is kept.
+_WEBHOOK_SEGMENTS = frozenset({"webhook", "webhooks", "webhookb2", "hooks"})
+# A token-like run inside a path segment: letters and digits mixed like random text.
+_TOKEN_RUN = re.compile(r"[A-Za-z0-9]{20,}")
+_MIN_TOKEN_ENTROPY = 3.5  # bits per character; random base62 text has about 4 at length 20
+
+
+def _is_token(run: str) -> bool:
+    """True for a run of letters and digits that looks random (an API key, a webhook token):
+    lower case, upper case and digits all present, the kind changing at least every third
+    character, and at least 3.5 bits of entropy per character. Words, slugs, ``CamelCase``,
+    dates and hexadecimal hashes are not token-like."""
+    kinds = [2 if c.isdigit() else 1 if c.isupper() else 0 for c in run]
+    if len(set(kinds)) < 3:
+        return False
+    changes = sum(1 for a, b in zip(kinds, kinds[1:], strict=False) if a != b)
+    if changes * 3 < len(run):
+        return False
+    counts: dict[str, int] = {}
+    for char in run:
+        counts[char] = counts.get(char, 0) + 1
+    entropy = -sum(n / len(run) * math.log2(n / len(run)) for n in counts.values())
+    return entropy >= _MIN_TOKEN_ENTROPY
+
+
+def _secret_path(host: str, path: str) -> tuple[str, list[str]]:
+    """``path`` with its credentials replaced, and the credentials found."""
+    segments = path.split("/")  # segments[0] is "" (the path starts with /)
+    host = host.rpartition("@")[2].split(":")[0].lower()
+    keep = len(segments)
+    if host.startswith("hooks.") or "webhook" in host:
+        keep = 2
+    else:
+        for index, segment in enumerate(segments):
+            if segment.lower() in _WEBHOOK_SEGMENTS:
+                keep = index + 1
+                break
+    found = []
+    for index in range(1, len(segments)):
+        segment = segments[index]
+        if not segment or segment == REDACTED:
+            continue
+        if index >= keep or any(_is_token(run) for run in _TOKEN_RUN.findall(segment)):
+            found.append(segment)
+            segments[index] = REDACTED
+    if not found:
+        return path, []
+    if keep < len(segments):  # one marker for everything after the kept segments
+        segments = segments[:keep] + [REDACTED]
+    return "/".join(segments), found
+
+
+def _scrub_url_path(match: re.Match) -> str:
+    path, found = _secret_path(match["host"], match["path"])
+    return match["base"] + path if found else match[0]
 
 
 def _scrub_patterns(text: str) -> str:
     text = _URL_USERINFO.sub(lambda m: f"{m['scheme']}{REDACTED}@", text)
+    text = _URL_PATH.sub(_scrub_url_path, text)
     text = _QUERY_PARAM.sub(
         lambda m: f"{m['lead']}{REDACTED}" if is_secret_key(m["name"]) and m["value"] else m[0],
         text,
     )
     text = _AUTH_SCHEME.sub(lambda m: f"{m['lead']}{REDACTED}", text)
     return _KEY_VALUE.sub(
-        lambda m: f"{m['name']}{m['sep']}{REDACTED}" if is_secret_key(m["name"]) else m[0],
+        lambda m: (
+            f"{m['pre']}{m['name']}{m['sep']}{REDACTED}" if is_secret_key(m["name"]) else m[0]
+        ),
         text,
     )
 
@@ -473,6 +548,8 @@ def _collect_secrets(value: Any, found: set[str], *, secret: bool = False) -> No
         for match in _URL_USERINFO.finditer(value):
             found.add(match["userinfo"])
             found.update(match["userinfo"].split(":"))
+        for match in _URL_PATH.finditer(value):
+            found.update(_secret_path(match["host"], match["path"])[1])
         for match in _QUERY_PARAM.finditer(value):
             if is_secret_key(match["name"]):
                 found.add(match["value"])
@@ -605,7 +682,9 @@ def build_component(
             )
         try:
             return spec(**options)
-        except TypeError as exc:
+        except (TypeError, ValueError) as exc:
+            if isinstance(exc, ConfigurationError | InvalidInput):
+                raise
             raise ConfigurationError(setting, original, f"bad OPTIONS: {scrub_text(exc)}") from exc
     if callable(spec) and wrap_callable is not None:
         return wrap_callable(spec, **options)

@@ -16,7 +16,14 @@ from django.urls import reverse
 
 import django_rag as rag
 from django_rag.conf import redact
-from django_rag.exceptions import ConfigurationError, EmbeddingFailed, LLMError, LLMResponseError
+from django_rag.exceptions import (
+    ConfigurationError,
+    EmbeddingFailed,
+    InvalidOption,
+    LLMError,
+    LLMResponseError,
+    UnknownCollection,
+)
 from django_rag.llm import get_llm
 from django_rag.testing import ScriptedLLM
 from tests.conftest import stub_llm
@@ -670,3 +677,218 @@ def test_metrics_do_not_name_collections_unless_allowed():
     with settings_with(TELEMETRY={"PROMETHEUS_COLLECTION_LABELS": True}):
         rag.ingest("Public notes.", collection="named-collection")
     assert value("named-collection") == 1
+
+
+# --- round three: budgets hold inside one step (issue 23) ------------------------------------------
+# The parsers of model output are tested property-based in tests/test_hostile_parsers_property.py.
+
+
+def test_the_loop_checks_its_deadline_between_tool_calls():
+    # 300 tool calls in one reply ran 88.8 s against deadline=5: the deadline was checked only
+    # between turns.
+    calls = []
+
+    def lookup(query: str) -> str:
+        """A slow lookup."""
+        calls.append(query)
+        time.sleep(0.05)
+        return "nothing"
+
+    reply = [("lookup", {"query": f"q{i}"}) for i in range(300)]
+    started = time.monotonic()
+    result = rag.Loop(
+        "Find it.",
+        llm=ScriptedLLM(reply),
+        tools=[lookup],
+        deadline=0.5,
+        max_tool_calls=300,
+    ).run()
+    assert time.monotonic() - started < 3
+    assert result.stop_reason == "deadline" and "tool call" in str(result.error)
+    assert 1 <= len(calls) < 30
+    # Every call of the reply has a result in the conversation: the ones not run say so.
+    ids = {m["tool_call_id"] for m in result.messages if m["role"] == "tool"}
+    assert len(ids) == 300
+    assert result.tool_calls[-1].result == "Not run: the loop's deadline had passed."
+
+
+def test_the_loop_runs_at_most_max_tool_calls_per_reply(corpus):
+    reply = [("search", {"query": f"refunds {i}"}) for i in range(300)]
+    llm = ScriptedLLM(reply, ("answer", {"text": "Refunds take 14 days [1]."}))
+    result = rag.Loop("refunds?", llm=llm, collection="policies").run()
+    assert result.stop_reason == "answer"
+    searches = [step for step in result.tool_calls if step.name == "search"]
+    assert len(searches) == 10  # the default max_tool_calls
+    assert "the 290 after the first 10 were not run" in result.warnings[0]
+    assistant = next(m for m in result.messages if m.get("tool_calls"))
+    assert len(assistant["tool_calls"]) == 10  # what the model asked for, as far as was run
+    assert "only the first 10 were run" in searches[-1].result
+    with pytest.raises(InvalidOption, match="max_tool_calls"):
+        rag.Loop("q", llm=llm, max_tool_calls=0)
+
+
+def test_a_tool_result_is_capped_before_it_reaches_the_model():
+    def dump() -> str:
+        """Everything."""
+        return "x" * 20_000_000
+
+    llm = ScriptedLLM(("dump", {}), ("answer", {"text": "done"}))
+    result = rag.Loop("q", llm=llm, tools=[dump], max_tool_result_chars=1_000).run()
+    sent = [m["content"] for m in result.messages if m["role"] == "tool"][0]
+    assert len(sent) < 1_200 and "Truncated: the result had 20,000,000 characters" in sent
+    shown = [m for m in llm.calls[1]["messages"] if m["role"] == "tool"][0]["content"]
+    assert shown == sent
+    default = rag.Loop(
+        "q", llm=ScriptedLLM(("dump", {}), ("answer", {"text": "done"})), tools=[dump]
+    )
+    assert len(default.run().tool_calls[0].result) < 100_200
+
+
+def test_deeply_nested_tool_arguments_never_raise_from_run():
+    from django_rag.llm import CallableLLM
+
+    nested: dict = {"query": "refunds"}
+    for _ in range(1_000):
+        nested = {"query": nested}
+
+    def chat(messages, tools):
+        if any(m["role"] == "tool" for m in messages):
+            return [("answer", {"text": "done"})]
+        return [("search", nested)]
+
+    result = rag.Loop("q", llm=CallableLLM(lambda p: "", chat=chat)).run()
+    assert result.stop_reason == "answer" and result.error is None
+    assert "levels deep" in result.tool_calls[0].error
+    # The prompted protocol (a plain function) and a string of arguments too.
+    deep_text = '{"tool_calls": [{"name": "search", "arguments": ' + "[" * 1_000 + "]" * 1_000
+    deep_text += "}]}"
+    llm = CallableLLM(lambda prompt: deep_text)
+    result = rag.Loop("q", llm=llm).run()  # refused as JSON, so read as a text reply
+    assert result.error is None and result.stop_reason == "answer" and not result.tool_calls
+    string_args = CallableLLM(
+        lambda p: "",
+        chat=lambda m, t: (
+            "done"
+            if any(x["role"] == "tool" for x in m)
+            else [("search", '{"query": ' + "[" * 5_000 + "]" * 5_000 + "}")]
+        ),
+    )
+    result = rag.Loop("q", llm=string_args).run()
+    assert result.error is None and "levels deep" in result.tool_calls[0].error
+
+
+def test_loop_and_agent_reject_unknown_options_up_front(corpus):
+    llm = ScriptedLLM()
+    with pytest.raises(InvalidOption, match="'collections'.*collection=") as info:
+        rag.Loop("q", llm=llm, collections=["policies"])
+    assert "Loop" in str(info.value)
+    with pytest.raises(InvalidOption, match="'chunk_cap'"):
+        rag.Loop("q", llm=llm, chunk_cap=3)
+    with pytest.raises(InvalidOption, match="'metadta'.*did you mean 'metadata'"):
+        rag.Agent("q", llm=llm, metadta={"a": 1})
+    with pytest.raises(InvalidOption, match="'collections'"):
+        rag.Agent("q", llm=llm, collections=["policies"])
+    agent = rag.Agent("q", llm=llm).search(chunk_cap=3)  # a step's option: in ctx.error
+    assert isinstance(agent.error, InvalidOption) and "chunk_cap" in str(agent.error)
+    # A custom searcher may take options of its own.
+    seen = []
+    rag.Agent("q", llm=llm).search(searcher=lambda q, c, **o: seen.append(o) or [], boost=2)
+    assert seen and seen[0]["boost"] == 2
+
+
+def test_agent_collection_is_the_runs_scope(corpus):
+    rag.ingest("Refunds for staff go through payroll.", collection="hr", source_id="staff")
+    agent = rag.Agent("refunds", collection="policies", mode="fulltext").search()
+    assert agent.error is None and agent.chunks
+    assert {chunk.collection for chunk in agent.chunks} == {"policies"}
+    assert agent.context.search_scope == ["policies"]
+    both = rag.Agent("refunds", collection=["policies", "hr"], mode="fulltext").search()
+    assert {chunk.collection for chunk in both.chunks} == {"policies", "hr"}
+    offered = []
+
+    def selector(question, collections, context):
+        offered.extend(name for name, _ in collections)
+        return ["hr"]
+
+    rag.Agent("refunds", collection=["policies", "hr"]).select(selector=selector)
+    assert offered == ["policies", "hr"]
+    with pytest.raises(UnknownCollection, match="'alpha'"):
+        rag.Agent("refunds", collection="alpha")
+
+
+def test_an_unusable_rewrite_falls_back_to_the_question(corpus):
+    long = "refunds " * 25_000  # 200,000 characters: search would raise QueryTooLong
+    agent = rag.Agent("refunds?", llm=ScriptedLLM(long), mode="fulltext").rewrite().search()
+    assert agent.error is None and agent.context.rewritten_query is None
+    assert agent.context.queries_tried == ["refunds?"] and agent.chunks
+    assert "rewrite: the rewritten query was unusable: 199,999 characters" in agent.warnings[0]
+    agent = rag.Agent("refunds?", llm=ScriptedLLM(long), mode="fulltext").expand().search()
+    assert agent.error is None and agent.context.expanded_query is None
+    assert "expand: the expanded query was unusable" in agent.warnings[0]
+    parts = json.dumps({"sub_questions": [long, "refunds", "", "shipping"]})
+    agent = rag.Agent("refunds?", llm=ScriptedLLM(parts), mode="fulltext").decompose().search()
+    assert agent.error is None and agent.context.sub_questions == ["refunds", "shipping"]
+    assert "decompose: the sub-question was unusable" in agent.warnings[0]
+    questions = [f"question {i}" for i in range(50)]
+    many = rag.Agent("q").decompose(decomposer=lambda query: questions)  # a custom one
+    assert len(many.context.sub_questions) == 10 and "first 10" in many.warnings[-1]
+    follow_up = json.dumps({"sufficient": False, "follow_up_query": long})
+    agent = rag.Agent("refunds?", llm=ScriptedLLM(default=follow_up), mode="fulltext")
+    agent.search().reason()
+    assert agent.error is None and agent.context.reason_iterations == 0
+    assert "reason: the follow-up query was unusable" in agent.warnings[-1]
+    # search(rewriter=...) drops an unusable rewrite the same way (degraded, not failed).
+    hits = rag.search("refunds", collection="policies", mode="fulltext", rewriter=lambda q: long)
+    assert hits
+
+
+def test_delete_of_a_malformed_id_is_document_not_found():
+    from django_rag.exceptions import DocumentNotFound
+
+    for bad in ("abc", None, 1.5, True, -1, 2**70, "12abc"):
+        with pytest.raises(DocumentNotFound):
+            rag.delete(bad)
+    doc = rag.ingest("Some text to delete.", collection="c")
+    rag.delete(str(doc.pk))  # an id as text is still an id
+    with pytest.raises(DocumentNotFound):
+        rag.delete(doc.pk)
+
+
+def test_rag_ask_with_an_empty_llm_is_a_command_error(corpus):
+    for flags in (["--loop", "--answer-llm", ""], ["--llm", ""], ["--loop", "--llm", " "]):
+        with settings_with(LLM=ScriptedLLM(default="unused")):
+            with pytest.raises(CommandError, match="empty model string"):
+                call_command("rag_ask", "refunds?", *flags)
+    with pytest.raises(ConfigurationError, match="empty"):
+        with settings_with(LLM=""):
+            get_llm()
+
+
+def test_redact_hides_credentials_in_url_paths():
+    webhook = "https://hooks.slack.com/services/T000/B000/XXXXXXXX"
+    cleaned = redact({"notify": webhook, "nested": [f"post to {webhook} now"]})
+    assert cleaned["notify"] == "https://hooks.slack.com/services/[REDACTED]"
+    assert "XXXXXXXX" not in json.dumps(cleaned) and "B000" not in json.dumps(cleaned)
+    token = "aB3dE5fG7hJ9kL1mN2pQ4rS6tU8"
+    for url, shown in [
+        (f"https://discord.com/api/webhooks/123/{token}", "https://discord.com/api/webhooks/"),
+        (f"https://acme.webhook.office.com/webhookb2/a@b/IncomingWebhook/{token}", "webhookb2/"),
+        (f"https://api.example.com/v1/callback/{token}/done", "/callback/[REDACTED]/done"),
+    ]:
+        text = redact(url)
+        assert token not in text and shown in text, text
+    ordinary = [
+        "https://en.wikipedia.org/wiki/Retrieval-augmented_generation",
+        "https://api.openai.com/v1/chat/completions",
+        "https://github.com/org/repo/blob/3f2a9c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a3f/setup.py",
+        "https://example.com/reports/2024AnnualReportFinalVersion2/summary",
+        "https://github.com/org/repo/settings/hooks",
+        "https://docs.example.com/en/5.2/ref/ModelAdminGetQuerysetOverride/",
+    ]
+    for url in ordinary:
+        assert redact(url) == url
+    # A configured webhook is a secret everywhere it shows, URL or not.
+    from django_rag.conf import scrub_text
+
+    with settings_with(LLM={"model": "openai/x", "extra": {"callback": webhook}}):
+        assert "XXXXXXXX" not in scrub_text("the provider said: XXXXXXXX is invalid")

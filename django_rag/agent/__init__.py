@@ -19,6 +19,7 @@ Tool calling (the model decides what to search and when to stop)::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from . import steps
@@ -56,6 +57,13 @@ class Agent:
     (``agent.error``, ``agent.usage``, ``agent.chunks``). ``agent.result`` is an
     :class:`Answer`.
 
+    ``collection`` (a name or a list of names) is the run's scope: the collections searched
+    when a step names none, and those ``select`` chooses from, as ``search(collection=...)``
+    takes them (an unknown name raises :class:`~django_rag.exceptions.UnknownCollection`).
+    ``search_options`` must be options :func:`~django_rag.search` takes (``mode``,
+    ``fusion``, ``reranker``, ``metadata``, ``source_id``...): any other raises
+    :class:`~django_rag.exceptions.InvalidOption` here, naming it.
+
     The whole run must end within ``deadline`` seconds (default
     ``DJANGO_RAG["AGENT_DEADLINE"]``, from the agent's creation): LLM calls get what is left,
     and steps that would start later are skipped with ``error`` set to an
@@ -67,6 +75,7 @@ class Agent:
         question: str,
         *,
         llm: Any = None,
+        collection: str | Sequence[str] | None = None,
         limit: int = 5,
         threshold: float | None = None,
         deadline: float | None = None,
@@ -79,6 +88,7 @@ class Agent:
             threshold=threshold,
             search_options=search_options,
             deadline=deadline,
+            scope=collection,
         )
 
     def _run(self, name: str, options: dict[str, Any]) -> Agent:

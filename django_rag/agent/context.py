@@ -2,16 +2,51 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..conf import deadline_setting
-from ..exceptions import InvalidInput, InvalidOption
+from ..exceptions import InvalidInput, InvalidOption, UnknownCollection
 from ..llm import Usage
+from ..models import Collection
+from ..models.databases import search_db
 from ..results import Grounding, SearchResult
+from ..retrieval.service import normalize_collections, search
 from ..validation import clean_query
 from .answer import Answer, Citation
+
+# What the agent sets itself on every search: never a search option of the caller's.
+_OWN_OPTIONS = frozenset({"query", "limit", "threshold", "collection"})
+
+
+@functools.cache
+def search_option_names() -> frozenset[str]:
+    """The options :func:`~django_rag.search` takes that an agent passes on as they are."""
+    return frozenset(inspect.signature(search).parameters) - _OWN_OPTIONS
+
+
+def check_search_options(options: Mapping[str, Any], owner: str) -> None:
+    """Raise :class:`~django_rag.exceptions.InvalidOption` naming the first option that
+    :func:`~django_rag.search` does not take (``owner`` says whose option it was), so a typo
+    fails at once instead of in every search."""
+    known = search_option_names()
+    for name in options:
+        if name in known:
+            continue
+        if name in ("collection", "collections"):
+            hint = f"; give the collections as {owner}(collection=...) (a name or a list)"
+        else:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise InvalidOption(
+            f"{owner} got an unknown option {name!r}{hint} (search options: "
+            f"{', '.join(sorted(known))})"
+        )
 
 
 @dataclass
@@ -33,6 +68,12 @@ class Context:
     the context unchanged. Fallbacks taken after an LLM failure (for example ``decompose``
     using the original question) are listed in ``warnings``.
 
+    ``scope`` is the collections searched when neither a step's own option nor ``select``
+    names them (``Agent(collection=...)``; None: every collection); ``select`` offers only
+    these. An unknown name raises :class:`~django_rag.exceptions.UnknownCollection` at once,
+    and a search option :func:`~django_rag.search` does not take raises
+    :class:`~django_rag.exceptions.InvalidOption`.
+
     ``deadline`` is the most seconds the run may take (default ``AGENT_DEADLINE``; counted
     from the context's creation on a monotonic clock). LLM calls get at most what is left;
     a step that would start after it is skipped, ``error`` becoming an
@@ -45,6 +86,7 @@ class Context:
     threshold: float | None = None
     search_options: dict[str, Any] = field(default_factory=dict)
     deadline: float | None = None
+    scope: list[str] | None = None
     # gate
     skip_retrieval: bool = False
     gate_reasoning: str | None = None
@@ -87,6 +129,20 @@ class Context:
             raise InvalidInput("The agent needs a non-empty question string.")
         # Bounded and valid before any step sends it to an LLM.
         self.question = clean_query(self.question)
+        check_search_options(self.search_options, "Agent")
+        if self.scope is not None:
+            names = normalize_collections(self.scope)
+            if not names:
+                raise InvalidOption("collection must be a name or a non-empty list of names")
+            self.scope = list(dict.fromkeys(names))
+            known = set(
+                Collection.objects.using(search_db())
+                .filter(name__in=self.scope)
+                .values_list("name", flat=True)
+            )
+            missing = [name for name in self.scope if name not in known]
+            if missing:
+                raise UnknownCollection(missing[0])
         if self.deadline is None:
             self.deadline = deadline_setting("AGENT_DEADLINE")
         elif (

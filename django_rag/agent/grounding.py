@@ -43,11 +43,16 @@ logger = logging.getLogger(__name__)
 
 # A sentence ends at . ! or ? (with closing quotes/brackets and [n] citations after it) followed
 # by whitespace and something that can start a sentence, or at a line break.
+#
+# Answers are model output, so every pattern here is linear: a match may start only at the
+# first character of a run that its first quantifier would consume (the lookbehinds), so no
+# run is rescanned from each of its positions, and the parts that follow one another cannot
+# match the same character, so a failed attempt backtracks at most once over what it read.
 _END = re.compile(
-    r"[.!?]+[\"')\]]*(?:\s*\[\d+(?:\s*[,;]\s*\d+)*\])*(?=\s+[\"'(\[]?[A-Z0-9*•-])|\n+"
+    r"(?<![.!?])[.!?]+[\"')\]]*(?:\s*\[\d+(?:\s*[,;]\s*\d+)*\])*(?=\s+[\"'(\[]?[A-Z0-9*•-])|\n+"
 )
 _WORDY = re.compile(r"\w")
-_CITES = re.compile(r"\s*\[\d+(?:\s*[,;]\s*\d+)*\]")
+_CITES = re.compile(r"(?<!\s)\s*\[\d+(?:\s*[,;]\s*\d+)*\]")
 
 
 def split_sentences(text: str) -> list[tuple[int, int]]:
@@ -187,7 +192,7 @@ def parse_verdict(value: Any) -> str | None:
     (booleans, synonyms, any case); None when it cannot tell."""
     if isinstance(value, bool):
         return "supported" if value else "unsupported"
-    if not isinstance(value, str):
+    if not isinstance(value, str) or len(value) > 100:  # no verdict is longer
         return None
     word = re.sub(r"[\s-]+", " ", value.strip().lower()).strip(" .!\"'")
     return _VERDICT_WORDS.get(word) or _VERDICT_WORDS.get(word.replace(" ", "_"))
@@ -197,10 +202,13 @@ def _numbers(value: Any) -> list[int]:
     """Source numbers from ``[1, 2]``, ``"1, 2"``, ``"[1][3]"``, ``3``..."""
     if value is None or isinstance(value, bool):
         return []
-    if isinstance(value, int | float):
-        return [int(value)] if float(value).is_integer() else []
+    if isinstance(value, int):
+        return [value] if abs(value) < 10**9 else []
+    if isinstance(value, float):
+        return [int(value)] if value.is_integer() and abs(value) < 1e9 else []
     if isinstance(value, str):
-        return [int(n) for n in re.findall(r"\d+", value)]
+        # A source or sentence number has a few digits; longer runs are not numbers of ours.
+        return [int(n) for n in re.findall(r"\d+", value) if len(n) <= 9]
     if isinstance(value, list | tuple):
         return [n for item in value for n in _numbers(item)]
     return []

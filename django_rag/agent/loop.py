@@ -41,6 +41,7 @@ from ..llm import (
     tool_message,
     tool_schema,
 )
+from ..llm.parsing import value_too_large
 from ..models import Collection
 from ..models.databases import search_db
 from ..results import Answer, SearchResult
@@ -49,6 +50,7 @@ from ..signals import span
 from ..validation import clean_query
 from . import prompts
 from .answer import answer_messages, parse_citations
+from .context import check_search_options
 from .grounding import get_grounder, ground_answer
 
 logger = logging.getLogger(__name__)
@@ -285,11 +287,17 @@ class Loop:
       largest the model may ask for; ``max_chunks`` the most sources kept in all.
     - ``ground``: ``True`` (the ``GROUNDER`` setting) or a grounder checks the final answer
       against the sources found (``result.grounding``; a failure is a warning).
+    - ``max_tool_calls``: the most tool calls run from one reply (default 10); the calls
+      after them are not run and the model is told so. ``max_tool_result_chars``: the
+      longest tool result sent to the model (default 100,000 characters); a longer one is cut
+      there, with a note saying so.
     - ``threshold``, ``deadline`` and ``**search_options`` (mode, fusion, reranker...) as
-      for :class:`~django_rag.Agent`.
+      for :class:`~django_rag.Agent`; an option :func:`~django_rag.search` does not take
+      raises :class:`~django_rag.exceptions.InvalidOption` here, not in every search.
 
-    Bad options raise at once; provider failures never raise from :meth:`run`: the result
-    records them (``error``, ``stop_reason="error"``).
+    The deadline is checked before every controller turn and every tool call. Bad options
+    raise at once; provider failures never raise from :meth:`run`: the result records them
+    (``error``, ``stop_reason="error"``).
     """
 
     def __init__(
@@ -307,16 +315,21 @@ class Loop:
         threshold: float | None = None,
         deadline: float | None = None,
         ground: Any = False,
+        max_tool_calls: int = 10,
+        max_tool_result_chars: int = 100_000,
         **search_options: Any,
     ):
         if not isinstance(question, str) or not question.strip():
             raise InvalidInput("Loop needs a non-empty question string.")
         self.question = clean_query(question)
+        check_search_options(search_options, "Loop")
         for name, value in (
             ("max_iterations", max_iterations),
             ("limit", limit),
             ("max_limit", max_limit),
             ("max_chunks", max_chunks),
+            ("max_tool_calls", max_tool_calls),
+            ("max_tool_result_chars", max_tool_result_chars),
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidOption(f"{name} must be a positive integer, got {value!r}")
@@ -363,6 +376,8 @@ class Loop:
         self.limit = limit
         self.max_limit = max_limit
         self.max_chunks = max_chunks
+        self.max_tool_calls = max_tool_calls
+        self.max_tool_result_chars = max_tool_result_chars
         self.threshold = threshold
         self.deadline = deadline
         if search_options.get("mode") is not None:
@@ -512,13 +527,7 @@ class _Run:
                 result.stop_reason = "max_iterations"
                 self.synthesise()
                 return
-            if self.deadline_at is not None and time.monotonic() >= self.deadline_at:
-                result.stop_reason = "deadline"
-                result.error = AgentTimeout(
-                    f"The loop passed its deadline ({loop.deadline:g}s) after "
-                    f"{result.iterations} turn(s). Raise DJANGO_RAG['AGENT_DEADLINE'] or "
-                    "Loop(deadline=...), or lower max_iterations."
-                )
+            if self.deadline_passed():
                 return
             result.iterations += 1
             try:
@@ -526,8 +535,27 @@ class _Run:
             except LLMError as exc:
                 self.fail(exc)
                 return
+            except Exception as exc:  # a custom backend's bug is a provider failure too
+                self.fail(
+                    LLMError(
+                        f"The controller LLM {loop.llm.model_name!r} raised "
+                        f"{type(exc).__name__}: {scrub_text(exc)[:500]}",
+                        model=loop.llm.model_name,
+                    )
+                )
+                return
+            calls = list(reply.tool_calls)
+            dropped = len(calls) - loop.max_tool_calls
+            if dropped > 0:
+                # Only the calls that are run stay in the conversation (each needs a result).
+                calls = calls[: loop.max_tool_calls]
+                reply.tool_calls = calls
+                result.warnings.append(
+                    f"the model asked for {len(calls) + dropped} tool calls in one reply; "
+                    f"the {dropped} after the first {loop.max_tool_calls} were not run"
+                )
             result.messages.append(reply.message())
-            if not reply.tool_calls:
+            if not calls:
                 if reply.text.strip():
                     # A model that answers in plain text has answered.
                     result.warnings.append("the model answered in text, not with the answer tool")
@@ -537,13 +565,39 @@ class _Run:
                     {"role": "user", "content": "Call one of the tools: search, answer or give_up."}
                 )
                 continue
-            for call in reply.tool_calls:
-                if self.done:
+            timed_out = False
+            for index, call in enumerate(calls):
+                if not self.done and not timed_out and self.deadline_passed():
+                    timed_out = True
+                if timed_out:
+                    step = self.step(call, "Not run: the loop's deadline had passed.")
+                elif self.done:
                     step = self.step(call, "Not run: the conversation had already ended.")
                 else:
                     step = self.call(call)
+                if dropped > 0 and index == len(calls) - 1:
+                    step.result += (
+                        f"\n(Your reply asked for {len(calls) + dropped} tool calls; only the "
+                        f"first {loop.max_tool_calls} were run. Ask for at most "
+                        f"{loop.max_tool_calls} at a time.)"
+                    )
                 result.tool_calls.append(step)
                 result.messages.append(tool_message(call.id, step.result))
+            if timed_out:
+                return
+
+    def deadline_passed(self) -> bool:
+        """True (and the run stopped on its deadline) once the deadline has passed."""
+        if self.deadline_at is None or time.monotonic() < self.deadline_at:
+            return False
+        result = self.result
+        result.stop_reason = "deadline"
+        result.error = AgentTimeout(
+            f"The loop passed its deadline ({self.loop_.deadline:g}s) after "
+            f"{result.iterations} turn(s) and {len(result.tool_calls)} tool call(s). Raise "
+            "DJANGO_RAG['AGENT_DEADLINE'] or Loop(deadline=...), or lower max_iterations."
+        )
+        return True
 
     def fail(self, exc: Exception) -> None:
         passed = self.deadline_at is not None and time.monotonic() >= self.deadline_at
@@ -596,6 +650,7 @@ class _Run:
                 if not isinstance(exc, ToolError):
                     logger.warning("django_rag loop tool %s failed: %s", call.name, message)
                 step = self.step(call, f"Error: {message}", message)
+            step.result = self.capped(step.result)
             step.duration = time.perf_counter() - started
             s.set(
                 error=step.error is not None,
@@ -603,6 +658,16 @@ class _Run:
                 new_chunk_count=len(step.new_chunk_ids),
             )
         return step
+
+    def capped(self, text: str) -> str:
+        """``text`` cut at ``max_tool_result_chars``, with a note saying so."""
+        limit = self.loop_.max_tool_result_chars
+        if len(text) <= limit:
+            return text
+        return (
+            text[:limit] + f"\n[Truncated: the result had {len(text):,} characters; only the first "
+            f"{limit:,} are shown.]"
+        )
 
     def dispatch(self, name: str, arguments: dict[str, Any]) -> tuple[str, Any]:
         if name == "search":
@@ -625,6 +690,9 @@ class _Run:
             return self.register(value)
         if isinstance(value, str):
             return value, None
+        problem = value_too_large(value)
+        if problem:
+            raise ToolError(f"the tool's result cannot be sent: {problem}")
         return json.dumps(value, default=str), None
 
     def search(

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..conf import scrub_text
-from ..exceptions import LLMError, LLMResponseError
+from ..conf import get_setting, scrub_text
+from ..exceptions import InvalidInput, LLMError, LLMResponseError
 from ..graph.global_search import global_answer as answer_globally
 from ..llm import Completion, as_bool, collect_usage, deadline, get_llm, parse_json
 from ..llm.errors import AgentTimeout
@@ -27,6 +27,7 @@ from ..models.databases import search_db
 from ..rerankers import LLMReranker, Reranker, get_reranker
 from ..results import SearchResult
 from ..signals import span
+from ..validation import clean_query
 from . import prompts
 from .answer import make_answer, parse_citations
 from .components import (
@@ -40,7 +41,7 @@ from .components import (
     build,
     component_name,
 )
-from .context import Context, Retrieval
+from .context import Context, Retrieval, check_search_options
 from .grounding import get_grounder, ground_text
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,34 @@ def _llm(ctx: Context, llm: Any) -> Any:
     return llm if llm is not None else ctx.llm
 
 
+#: The most sub-questions ``decompose`` keeps (each is searched in every collection).
+MAX_SUB_QUESTIONS = 10
+
+
+def _usable(ctx: Context, name: str, query: Any, what: str, instead: str) -> str | None:
+    """``query`` (an LLM's rewrite, expansion, sub-question or follow-up) when it can be
+    searched, else None with a warning: empty, longer than ``MAX_QUERY_CHARS`` or not valid
+    text, it is not used (``instead`` says what is)."""
+    if not isinstance(query, str) or not query.strip():
+        if query:  # an empty answer is the step's own fallback, not a warning
+            ctx.warnings.append(f"{name}: the {what} was not text ({instead})")
+        return None
+    try:
+        cleaned = clean_query(query.strip())
+    except InvalidInput as exc:
+        if len(query) > get_setting("MAX_QUERY_CHARS"):
+            reason = (
+                f"{len(query):,} characters, more than MAX_QUERY_CHARS "
+                f"({get_setting('MAX_QUERY_CHARS'):,})"
+            )
+        else:
+            reason = scrub_text(exc)[:200]
+        ctx.warnings.append(f"{name}: the {what} was unusable: {reason} ({instead})")
+        logger.info("django_rag agent step %s: unusable %s: %s", name, what, reason)
+        return None
+    return cleaned or None
+
+
 @step("gate")
 def gate(ctx: Context, *, gatekeeper: Any = None, prompt: Any = None, llm: Any = None) -> None:
     """Decide whether the question needs retrieval; sets ``skip_retrieval``/``gate_reasoning``.
@@ -126,15 +155,14 @@ def rewrite(ctx: Context, *, rewriter: Any = None, prompt: Any = None, llm: Any 
     component = build(rewriter, Rewriter, llm=_llm(ctx, llm), prompt=prompt)
     with span("agent.rewrite", question=ctx.question, rewriter=component_name(component)) as s:
         try:
-            ctx.rewritten_query = _text(component(ctx.question)) or None
+            rewritten = component(ctx.question)
         except LLMError as exc:
             _fallback(ctx, "rewrite", exc, "searching with the question")
-            ctx.rewritten_query = None
+            rewritten = None
+        ctx.rewritten_query = _usable(
+            ctx, "rewrite", rewritten, "rewritten query", "searching with the question"
+        )
         s.set(rewritten_query=ctx.rewritten_query)
-
-
-def _text(value: Any) -> str:
-    return value.strip() if isinstance(value, str) else ""
 
 
 @step("select")
@@ -149,14 +177,19 @@ def select(
 ) -> None:
     """Choose the collections to search (``collections``/``selection_reasoning``).
 
-    Offers ``collections`` (default: every collection) with their descriptions from the
-    database. Names the selector returns that were not offered are dropped; when none is left,
+    Offers ``collections`` (default: the agent's ``collection`` scope, else every
+    collection) with their descriptions from the database. Names the selector returns that were not offered are dropped; when none is left,
     or the selector fails, every offered collection is used.
     """
     if ctx.skip_retrieval:
         return
     described = dict(Collection.objects.using(search_db()).values_list("name", "description"))
-    names = list(collections) if collections is not None else sorted(described)
+    if collections is not None:
+        names = list(collections)
+    elif ctx.scope is not None:
+        names = list(ctx.scope)
+    else:
+        names = sorted(described)
     offered = [(name, described.get(name, "")) for name in names]
     component = build(selector, Selector, llm=_llm(ctx, llm), prompt=prompt)
     with span(
@@ -193,10 +226,13 @@ def expand(ctx: Context, *, expander: Any = None, prompt: Any = None, llm: Any =
     query = ctx.query
     with span("agent.expand", question=query, expander=component_name(component)) as s:
         try:
-            ctx.expanded_query = _text(component(query)) or None
+            expanded = component(query)
         except LLMError as exc:
             _fallback(ctx, "expand", exc, "searching with the unexpanded query")
-            ctx.expanded_query = None
+            expanded = None
+        ctx.expanded_query = _usable(
+            ctx, "expand", expanded, "expanded query", "searching with the unexpanded query"
+        )
         s.set(expanded_query=ctx.expanded_query)
 
 
@@ -212,11 +248,24 @@ def decompose(ctx: Context, *, decomposer: Any = None, prompt: Any = None, llm: 
     query = ctx.query
     with span("agent.decompose", question=query, decomposer=component_name(component)) as s:
         try:
-            questions = [q.strip() for q in component(query) or [] if isinstance(q, str)]
+            answered = component(query) or []
         except LLMError as exc:
             _fallback(ctx, "decompose", exc, "searching with the whole question")
-            questions = []
-        ctx.sub_questions = [q for q in dict.fromkeys(questions) if q] or [query]
+            answered = []
+        if isinstance(answered, str):  # one sub-question, not its characters
+            answered = [answered]
+        questions = []
+        for item in answered:
+            if len(questions) == MAX_SUB_QUESTIONS:
+                ctx.warnings.append(
+                    f"decompose: kept the first {MAX_SUB_QUESTIONS} sub-questions, left out "
+                    "the rest"
+                )
+                break
+            usable = _usable(ctx, "decompose", item, "sub-question", "left out")
+            if usable and usable not in questions:
+                questions.append(usable)
+        ctx.sub_questions = questions or [query]
         s.set(sub_question_count=len(ctx.sub_questions), sub_questions=ctx.sub_questions)
 
 
@@ -270,8 +319,8 @@ def search(
 ) -> None:
     """Search every (sub-)question in every collection of the scope.
 
-    Scope: ``collections``/``collection`` given here, else those ``select`` chose, else every
-    collection. Queries: ``sub_questions``, else the expanded, rewritten or original question.
+    Scope: ``collections``/``collection`` given here, else those ``select`` chose, else the
+    agent's ``collection`` scope, else every collection. Queries: ``sub_questions``, else the expanded, rewritten or original question.
     ``self_correct=True`` then asks the LLM whether the results answer the question and, while
     they do not (up to ``max_iterations`` times), searches a rewritten query and merges the
     results. ``search_options`` (mode, fusion, reranker...) go to the searcher along with the
@@ -281,12 +330,17 @@ def search(
         ctx.results = []
         return
     component = build(searcher, Searcher)
+    if isinstance(component, Searcher):
+        # A custom searcher may take options of its own; the default takes search()'s.
+        check_search_options(search_options, "the search step")
     if collections is not None:
         scope = list(collections)
     elif collection is not None:
         scope = [collection]
     elif ctx.collections:
         scope = list(ctx.collections)
+    elif ctx.scope:
+        scope = list(ctx.scope)
     else:
         scope = [None]
     ctx.search_scope = scope
@@ -356,6 +410,7 @@ def _search_until_sufficient(
         except LLMError as exc:
             _fallback(ctx, name, exc, "keeping the results")
             return
+        query = _usable(ctx, name, query, "follow-up query", "keeping the results")
         if not query or query in ctx.queries_tried:
             return
         setattr(ctx, counter, getattr(ctx, counter) + 1)
@@ -550,7 +605,7 @@ def global_answer(
         result = answer_globally(
             ctx.question,
             llm=_llm(ctx, llm),
-            collection=collection or ctx.collections,
+            collection=collection or ctx.collections or ctx.scope,
             levels=levels,
         )
         ctx.answer = result.text

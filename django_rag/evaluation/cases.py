@@ -10,6 +10,7 @@ from typing import Any
 
 from django.db import transaction
 
+from ..conf import get_setting
 from ..exceptions import InvalidInput, LLMError, UnknownCollection
 from ..llm import get_llm, parse_json
 from ..models import Chunk, Collection, Document, Relevance, TestCase
@@ -121,6 +122,11 @@ def generate_test_cases(
                 question = str(data.get("question") or "").strip()
                 if not question:
                     raise LLMError("the JSON had no question")
+                if len(question) > get_setting("MAX_QUERY_CHARS"):
+                    # Model output: a question no search would accept is not a test case.
+                    raise LLMError(
+                        f"the question has {len(question):,} characters, more than MAX_QUERY_CHARS"
+                    )
             except LLMError as exc:
                 result.skipped += 1
                 result.errors.append(f"chunk {chunk.pk}: {exc}")

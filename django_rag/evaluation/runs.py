@@ -73,8 +73,8 @@ def _judge(llm, prompt: str) -> tuple[float | None, str]:
     try:
         data = parse_json(llm.complete(prompt).text)
         score = float(data["score"])
-    except (LLMError, KeyError, TypeError, ValueError) as exc:
-        return None, f"not scored: {exc}"
+    except (LLMError, KeyError, TypeError, ValueError, OverflowError) as exc:
+        return None, f"not scored: {scrub_text(exc)[:200]}"
     return max(0.0, min(10.0, score)), str(data.get("reasoning") or "")
 
 

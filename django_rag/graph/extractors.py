@@ -78,7 +78,7 @@ def clean_relationship_type(value: Any) -> str:
 def clean_strength(value: Any) -> float:
     try:
         return max(1.0, min(10.0, float(value)))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # an int past float's range too
         return 1.0
 
 
@@ -380,6 +380,16 @@ _CAPITALIZED = re.compile(
 )
 
 
+def _char_before(text: str, position: int) -> str:
+    """The last non-space character before ``position`` ("" at the start). Walks back over
+    the spaces only, so the extractor stays linear (slicing the text before every match
+    copied it each time)."""
+    position -= 1
+    while position >= 0 and text[position].isspace():
+        position -= 1
+    return text[position] if position >= 0 else ""
+
+
 class CapitalizedEntityExtractor(EntityExtractor):
     """No model at all: runs of capitalised words and acronyms (``New York City``, ``IL-6``).
 
@@ -399,7 +409,7 @@ class CapitalizedEntityExtractor(EntityExtractor):
         for match in _CAPITALIZED.finditer(text):
             name = match.group(0).strip(" .,'’-")
             words = name.split()
-            sentence_start = match.start() == 0 or text[: match.start()].rstrip()[-1:] in ".!?:\n"
+            sentence_start = _char_before(text, match.start()) in ".!?:\n"
             if sentence_start and len(words) == 1 and not name.isupper():
                 continue
             if words and words[0].lower() in self.stopwords:

@@ -80,7 +80,7 @@ def global_answer(
             if isinstance(item, dict) and str(item.get("point") or "").strip():
                 try:
                     score = float(item.get("score", 0))
-                except (TypeError, ValueError):
+                except (TypeError, ValueError, OverflowError):
                     score = 0.0
                 points.append((score, str(item["point"]).strip()))
         return points

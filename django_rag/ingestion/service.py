@@ -1053,6 +1053,13 @@ def delete(document) -> None:
     """Delete a document (instance or id), its chunks and the graph entities only it
     mentioned."""
     pk = document.pk if isinstance(document, Document) else document
+    if isinstance(pk, str) and pk.isascii() and pk.strip().isdigit():
+        pk = int(pk)
+    if isinstance(pk, bool) or not isinstance(pk, int) or not 0 < pk < 2**63:
+        # Not an id at all ("abc", None, 1.5): no document has it.
+        raise DocumentNotFound(
+            f"No document with id {pk!r}: document ids are positive integers.", id=pk
+        )
     with span("delete", document_id=pk):
         deleted = delete_document(pk)
     if not deleted:

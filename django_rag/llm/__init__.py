@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..conf import build_component, get_setting, redact
-from ..exceptions import ConfigurationError, LLMNotConfigured
+from ..exceptions import ConfigurationError, InvalidOption, LLMNotConfigured
 from .base import (
     LLM,
     Completion,
@@ -42,6 +42,7 @@ def get_llm(spec: Any = None, *, feature: str = "This operation", setting: str =
     ``(model, options)`` pair, ``{"BACKEND": ..., "OPTIONS": ...}``, an alias, a dotted path,
     a callable taking the prompt and returning text, or an :class:`LLM` instance.
     """
+    from_setting = spec is None
     if spec is None:
         spec = get_setting("LLM")
         if spec is None:
@@ -50,6 +51,14 @@ def get_llm(spec: Any = None, *, feature: str = "This operation", setting: str =
         return spec
     if isinstance(spec, tuple | list) and len(spec) == 2 and isinstance(spec[0], str):
         spec = {"model": spec[0], **dict(spec[1] or {})}
+    model = spec.get("model") if isinstance(spec, Mapping) and "BACKEND" not in spec else spec
+    if isinstance(model, str) and not model.strip():
+        if from_setting:
+            raise ConfigurationError(setting, spec, "the model string is empty")
+        raise InvalidOption(
+            f"{feature} got an empty model string; give a litellm model such as "
+            "'openai/gpt-4o-mini', or None for DJANGO_RAG['LLM']."
+        )
     if isinstance(spec, Mapping) and "BACKEND" not in spec:
         if "model" not in spec:
             raise ConfigurationError(

@@ -16,7 +16,13 @@ from ..exceptions import LLMResponseError
 from ..results import Usage
 from ..signals import span
 from .errors import LLMTimeout
-from .parsing import parse_json
+from .parsing import (
+    MAX_JSON_CHARS,
+    MAX_JSON_DEPTH,
+    json_depth_exceeds,
+    parse_json,
+    value_too_large,
+)
 from .prompting import tool_protocol_messages
 
 
@@ -35,6 +41,9 @@ class ToolCall:
 
     ``arguments`` is the parsed JSON object (empty when it could not be parsed);
     ``raw_arguments`` is the text the model sent, and ``error`` says why it did not parse.
+    Arguments are model output: longer than ``MAX_JSON_CHARS`` characters, nested deeper than
+    ``MAX_JSON_DEPTH`` levels (:mod:`django_rag.llm.parsing`) or not JSON-able, they are
+    refused (``arguments`` empty, ``error`` set) before anything recurses into them.
     """
 
     id: str
@@ -43,17 +52,57 @@ class ToolCall:
     raw_arguments: str = ""
     error: str | None = None
 
+    def __post_init__(self) -> None:
+        # Calls a backend or a chat function built directly are checked like parsed ones.
+        problem = None
+        if not isinstance(self.arguments, dict):
+            problem = "the arguments must be a JSON object"
+        else:
+            problem = value_too_large(self.arguments)
+            problem = problem and f"the arguments were refused: {problem}"
+        if problem is None and not isinstance(self.raw_arguments, str):
+            problem = "the raw arguments must be a string"
+        if problem is None and len(self.raw_arguments) > MAX_JSON_CHARS:
+            problem = (
+                f"the arguments were refused: they have {len(self.raw_arguments):,} "
+                f"characters, more than {MAX_JSON_CHARS:,}"
+            )
+        if problem is not None:
+            self.arguments = {}
+            if not isinstance(self.raw_arguments, str) or len(self.raw_arguments) > MAX_JSON_CHARS:
+                self.raw_arguments = ""
+            self.error = self.error or problem
+
     @classmethod
     def parse(cls, id: str, name: str, arguments: Any) -> ToolCall:
         """A call from a provider's ``arguments``: a JSON string (as OpenAI sends) or a dict."""
         if isinstance(arguments, dict):
-            return cls(str(id), str(name), dict(arguments), json.dumps(arguments))
+            problem = value_too_large(arguments)
+            if problem:
+                return cls(str(id), str(name), {}, "", f"the arguments were refused: {problem}")
+            try:
+                raw = json.dumps(arguments)
+            except (TypeError, ValueError) as exc:
+                return cls(str(id), str(name), {}, "", f"the arguments are not JSON ({exc})")
+            return cls(str(id), str(name), dict(arguments), raw)
         raw = "" if arguments is None else str(arguments)
         if not raw.strip():
             return cls(str(id), str(name), {}, raw)
+        if len(raw) > MAX_JSON_CHARS:
+            # __post_init__ refuses it, and does not keep the text.
+            return cls(str(id), str(name), {}, raw)
+        if json_depth_exceeds(raw):
+            return cls(
+                str(id),
+                str(name),
+                {},
+                raw,
+                f"the arguments were refused: they are nested more than {MAX_JSON_DEPTH} "
+                "levels deep",
+            )
         try:
             value = json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             return cls(str(id), str(name), {}, raw, f"the arguments are not valid JSON ({exc})")
         if not isinstance(value, dict):
             return cls(str(id), str(name), {}, raw, "the arguments must be a JSON object")
@@ -61,7 +110,7 @@ class ToolCall:
 
     def to_dict(self) -> dict[str, Any]:
         """The call in OpenAI's message format (``function.arguments`` a JSON string)."""
-        raw = self.raw_arguments or json.dumps(self.arguments)
+        raw = self.raw_arguments or json.dumps(self.arguments, default=str)
         return {
             "id": self.id,
             "type": "function",

@@ -83,5 +83,5 @@ def _number(value) -> float:
     # A passage the LLM left out was judged irrelevant (the prompt asks for every id).
     try:
         return max(0.0, min(10.0, float(value)))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # an int past float's range too
         return 0.0

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..conf import graph_number, graph_setting, scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
-from ..exceptions import EmbeddingFailed, InvalidOption, InvalidSearchMode, RagError
+from ..exceptions import EmbeddingFailed, InvalidInput, InvalidOption, InvalidSearchMode, RagError
 from ..graph.search import GraphMatch, collection_ids, graph_results
 from ..models.databases import search_db
 from ..models.fulltext import SYNTAXES
@@ -348,8 +348,15 @@ def embed_query(
     return vector
 
 
+#: The most queries a rewriter's answer adds to one search (each is a search of its own).
+MAX_REWRITTEN_QUERIES = 10
+
+
 def _rewrite(query: str, rewriter: Any, search_span: Any = None) -> list[str]:
-    """The queries to search: the rewriter's, or ``query`` itself when it fails (degraded)."""
+    """The queries to search: the rewriter's, or ``query`` itself when it fails (degraded).
+
+    A rewriter's answer is model output: a query longer than ``MAX_QUERY_CHARS`` or not valid
+    text is left out (degraded), and at most :data:`MAX_REWRITTEN_QUERIES` are kept."""
     component = get_rewriter(rewriter)  # a bad rewriter spec is a configuration error: raised
     try:
         rewritten = component(query)
@@ -357,8 +364,20 @@ def _rewrite(query: str, rewriter: Any, search_span: Any = None) -> list[str]:
         _degrade(search_span, "rewriter", exc, "searching with the original query")
         return [query]
     queries = [rewritten] if isinstance(rewritten, str) else list(rewritten or [])
-    queries = [q.strip() for q in queries if isinstance(q, str) and q.strip()]
-    return list(dict.fromkeys(queries)) or [query]
+    kept: list[str] = []
+    for item in queries:
+        if not isinstance(item, str) or not item.strip():
+            continue
+        try:
+            cleaned = clean_query(item.strip())
+        except InvalidInput as exc:
+            _degrade(search_span, "rewriter", exc, "leaving that query out")
+            continue
+        if cleaned and cleaned not in kept:
+            kept.append(cleaned)
+            if len(kept) == MAX_REWRITTEN_QUERIES:
+                break
+    return kept or [query]
 
 
 def _rerank(ranker: Any, query: str, results: list, limit: int, search_span: Any) -> list:
