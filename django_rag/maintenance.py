@@ -6,10 +6,11 @@ Plain functions: the management commands, Celery tasks and the dashboard call th
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import models, transaction
 from django.utils import timezone
 
 from . import background, embeddings
@@ -382,3 +383,22 @@ def _chunks_by_model() -> list[tuple[str, int]]:
         .annotate(n=Count("id"))
         .values_list("embedding_model", "n")
     )
+
+
+def prune_jobs(*, older_than_days: float = 30, apply: bool = False) -> dict[str, int]:
+    """Finished jobs (completed, superseded, failed) that ended more than ``older_than_days``
+    ago, by kind: counted, and deleted with ``apply``. Model sync queues a job per saved row,
+    so the table grows with a site's edits; the jobs of resumable commands and unfinished
+    work are never touched."""
+    cutoff = timezone.now() - timedelta(days=older_than_days)
+    finished = Job.objects.filter(
+        status__in=[Job.Status.COMPLETED, Job.Status.SUPERSEDED, Job.Status.FAILED],
+        finished_at__lt=cutoff,
+    )
+    counts = {
+        row["kind"]: row["n"]
+        for row in finished.values("kind").annotate(n=models.Count("pk")).order_by("kind")
+    }
+    if apply and counts:
+        finished.delete()
+    return counts

@@ -296,3 +296,23 @@ def test_the_admin_lists_indexed_models_and_reconciles(admin_client):
         assert_index_matches_rows()
         admin_client.post(url, {"model": "nope.nope", "action": "reconcile"})
         assert Job.objects.filter(kind="sync").count() == 1
+
+
+def test_finished_jobs_are_pruned_by_age(capsys):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "inline"}):
+        for i in range(3):
+            Note.objects.create(body=f"Note {i}.")
+    old = timezone.now() - timedelta(days=40)
+    Job.objects.filter(pk__in=list(Job.objects.values_list("pk", flat=True)[:2])).update(
+        finished_at=old
+    )
+    Job.objects.create(kind="sync-row", status="pending")  # unfinished: never pruned
+    call_command("rag_maintenance", "jobs")
+    assert "Found 2 finished sync-row job(s)" in capsys.readouterr().out
+    assert Job.objects.count() == 4
+    call_command("rag_maintenance", "jobs", "--apply")
+    assert Job.objects.count() == 2 and Job.objects.filter(status="pending").exists()

@@ -6,15 +6,30 @@ from django_rag.management.progress import RagCommand
 
 
 class Command(RagCommand):
-    help = "Maintenance: `orphans` finds (and with --apply removes) inconsistent rows."
+    help = (
+        "Maintenance: `orphans` finds (and with --apply removes) inconsistent rows; `jobs` "
+        "counts (and with --apply deletes) finished jobs older than --days."
+    )
 
     def add_arguments(self, parser):
         actions = parser.add_subparsers(dest="action", required=True)
         orphans = actions.add_parser("orphans", help="chunks without a consistent parent")
         orphans.add_argument("--apply", action="store_true", help="remove them (default: dry run)")
+        jobs = actions.add_parser("jobs", help="finished jobs older than --days")
+        jobs.add_argument("--days", type=float, default=30, help="age in days (default 30)")
+        jobs.add_argument("--apply", action="store_true", help="delete them (default: dry run)")
 
     def handle(self, *args, action, **options):
-
+        if action == "jobs":
+            found = maintenance.prune_jobs(older_than_days=options["days"], apply=options["apply"])
+            verb = "Deleted" if options["apply"] else "Found"
+            for kind, count in found.items():
+                self.stdout.write(f"{verb} {count} finished {kind} job(s)")
+            if not found:
+                self.stdout.write(f"No finished job older than {options['days']:g} days.")
+            elif not options["apply"]:
+                self.stdout.write("Dry run: nothing was deleted. Run again with --apply.")
+            return
         try:
             if options["apply"]:
                 found = maintenance.remove_orphans()
