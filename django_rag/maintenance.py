@@ -6,8 +6,8 @@ Plain functions: the management commands, Celery tasks and the dashboard call th
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from django.db import models, transaction
