@@ -149,6 +149,32 @@ def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     return decorate
 
 
+# Job kind -> what to undo when a job of that kind is failed outside its task (its process is
+# gone): an ingest job's document must not stay "processing" with no runner. Filled by
+# django_rag.tasks (this module may not import the layers that write documents).
+_ABANDON: dict[str, Callable[[Job, str], Any]] = {}
+
+
+def on_abandoned(kind: str) -> Callable[[Callable[[Job, str], Any]], Callable[[Job, str], Any]]:
+    """Decorator: ``undo(job, error)`` runs when a job of ``kind`` is failed for its task
+    (see :func:`recover_orphaned`)."""
+
+    def decorate(undo: Callable[[Job, str], Any]) -> Callable[[Job, str], Any]:
+        _ABANDON[kind] = undo
+        return undo
+
+    return decorate
+
+
+def _abandon(job: Job, exc: BaseException) -> None:
+    """Fail ``job`` for a task that can no longer record it (its process died), and what the
+    task was doing (an ingest job's document) with it."""
+    job.fail(exc)
+    undo = _ABANDON.get(job.kind)
+    if undo is not None:
+        undo(job, job.error)
+
+
 def task_for(job: Job) -> str | None:
     """The name of the task that runs ``job``, or None (a command's own foreground job)."""
     if job.kind in (Job.Kind.REEMBED, Job.Kind.SWITCH) and not job.runner:
@@ -458,7 +484,7 @@ def recover_orphaned() -> list[int]:
         pid = job.worker.split(":")[1]
         if not pid.isdigit() or _alive(int(pid)) or int(pid) == os.getpid():
             continue
-        job.fail(RuntimeError(f"its worker process ({job.worker}) is gone"))
+        _abandon(job, RuntimeError(f"its worker process ({job.worker}) is gone"))
         if job.runner == WORKER:
             Job.objects.filter(pk=job.pk, status=Job.Status.FAILED).update(
                 status=Job.Status.PENDING, worker="", finished_at=None, heartbeat_at=timezone.now()
@@ -500,6 +526,22 @@ def claim(worker: str | None = None) -> Job | None:
         )
         job.save(update_fields=["status", "worker", "heartbeat_at"])
     return job
+
+
+def _next_retry_in() -> float | None:
+    """Seconds until the next job queued for rag_worker is due after its backoff, or None when
+    none waits."""
+    try:
+        due = (
+            Job.objects.using(router.db_for_write(Job))
+            .filter(runner=WORKER, status=Job.Status.PENDING, not_before__isnull=False)
+            .order_by("not_before")
+            .values_list("not_before", flat=True)
+            .first()
+        )
+    except (OperationalError, InterfaceError):
+        return jobs_setting("POLL_SECONDS")  # unknown: look again after a poll
+    return None if due is None else (due - timezone.now()).total_seconds()
 
 
 def run(job: Job) -> None:
@@ -573,9 +615,13 @@ def work(
             stop.wait(jobs_setting("POLL_SECONDS"))
             continue
         if job is None:
-            if burst:
+            waiting = _next_retry_in() if burst else None
+            if burst and waiting is None:
                 break
-            stop.wait(jobs_setting("POLL_SECONDS"))
+            # A job queued again after a transient failure is still queued while it waits for
+            # its backoff: a burst worker stays for it.
+            poll = jobs_setting("POLL_SECONDS")
+            stop.wait(poll if waiting is None else min(poll, max(waiting, 0.05)))
             continue
         if on_job is not None:
             on_job(job)

@@ -12,14 +12,22 @@ import logging
 from django.db import router
 
 from . import maintenance
-from .background import BACKOFF_MAX_SECONDS, MAX_RETRIES, TRANSIENT, heartbeat, register, take
+from .background import (
+    BACKOFF_MAX_SECONDS,
+    MAX_RETRIES,
+    TRANSIENT,
+    heartbeat,
+    on_abandoned,
+    register,
+    take,
+)
 from .evaluation import generate_test_cases as generate
 from .evaluation import run_evaluation as evaluate
 from .exceptions import DocumentSuperseded
 from .graph import build_graph as build
 from .graph import detect_communities as detect
 from .graph import summarize_communities as summarize
-from .ingestion.service import process_pending
+from .ingestion.service import abandon_pending, process_pending
 from .models import Job
 
 try:
@@ -68,6 +76,9 @@ def ingest_document(job_id: int) -> None:
         return {"document_id": document.pk, "chunk_count": document.chunk_count}
 
     _run(job_id, body)
+
+
+on_abandoned(Job.Kind.INGEST)(abandon_pending)
 
 
 @register("reembed")
