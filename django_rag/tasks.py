@@ -19,7 +19,7 @@ from .background import (
     heartbeat,
     on_abandoned,
     register,
-    take,
+    taken,
 )
 from .evaluation import generate_test_cases as generate
 from .evaluation import run_evaluation as evaluate
@@ -49,9 +49,13 @@ OPTIONS = {
 
 
 def _run(job_id: int, body) -> None:
+    with taken(job_id) as ours:
+        if ours:  # else completed, superseded, or another runner has it
+            _run_taken(job_id, body)
+
+
+def _run_taken(job_id: int, body) -> None:
     # Where jobs are written: a replica may not have the row the task was sent for yet.
-    if not take(job_id):  # completed, or another runner has it
-        return
     job = Job.objects.using(router.db_for_write(Job)).get(pk=job_id)
     job.start()
     try:

@@ -75,8 +75,12 @@ def backends(application_name: str, *, waiting_on_advisory_lock: bool = False) -
 
 
 def terminate(pids: list[int]) -> None:
+    """Terminate these backends and wait until they are gone: termination is asynchronous, and
+    a query sent before the backend acts on it would still be answered."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(pid) FROM unnest(%s::int[]) AS pid", [pids])
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid, 30000) FROM unnest(%s::int[]) AS pid", [pids]
+        )
         assert all(ok for (ok,) in cursor.fetchall()), pids
 
 

@@ -16,10 +16,13 @@ import django_rag as rag
 from django_rag import background
 from django_rag.models import Chunk, Document, Job
 from django_rag.testing import HashingEmbedder
+from tests.backends import backends, history, identity_locked, statuses, terminate
+from tests.backends import wait_for as poll
 from tests.conftest import background_default
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
+TEXT = "The pump must be primed before the first start. " * 40
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +200,74 @@ def test_a_reembed_killed_mid_run_finishes_every_chunk_exactly_once(worker):
             cursor.execute("DROP TRIGGER IF EXISTS log_reembed ON django_rag_chunk")
             cursor.execute("DROP FUNCTION IF EXISTS log_reembed()")
             cursor.execute("DROP TABLE IF EXISTS reembed_log")
+
+
+GATED = "tests.embedders.FileGatedEmbedder"
+APP = "django_rag_test_celery_worker"
+
+
+@pytest.mark.parametrize("where", ["embedding", "store"])
+def test_celery_job_whose_backend_is_terminated_fails_then_is_retried_to_completion(
+    worker, tmp_path, where, recorded_statuses
+):
+    """The connection lost mid-job (pg_terminate_backend on the worker's backends while the
+    task embeds, or on the one waiting inside the store's transaction): the job and the
+    document are failed with the error (on a fresh connection), and Celery's autoretry runs
+    the task again and completes it (it used to "succeed" at once doing nothing: take()
+    refused a job left running in the worker's own process)."""
+    gate, entered = tmp_path / "open", tmp_path / "entered"
+    w = worker(
+        DJANGO_RAG_TEST_EMBEDDER=GATED,
+        DJANGO_RAG_TEST_GATE_FILE=str(gate),
+        DJANGO_RAG_TEST_GATE_ENTERED=str(entered),
+        DJANGO_RAG_TEST_APPLICATION_NAME=APP,
+    )
+    document = rag.ingest(TEXT, collection="manuals", source_id="pump", background=True)
+    job = document.job
+    wait_for(entered.exists, what="the task to start embedding", log=w.log)
+    if where == "embedding":
+        terminate(poll(lambda: backends(APP), "the worker's backends", log=w.log))
+        gate.touch()
+    else:
+        with identity_locked("manuals", "pump"):
+            gate.touch()
+            terminate(
+                poll(
+                    lambda: backends(APP, waiting_on_advisory_lock=True),
+                    "the write to wait inside its transaction",
+                    log=w.log,
+                )
+            )
+            wait_for(lambda: "failed" in statuses("job", job.pk), what="the failure", log=w.log)
+    wait_for(
+        lambda: Job.objects.get(pk=job.pk).status == "completed",
+        what="the retried task to complete the job",
+        log=w.log,
+    )
+    jobs = history("job", job.pk)
+    assert [row["status"] for row in jobs] == [
+        "pending",
+        "running",
+        "failed",
+        "running",
+        "completed",
+    ], jobs
+    assert jobs[2]["error"].startswith(("OperationalError", "InterfaceError")), jobs[2]
+    documents = history("document", document.pk)
+    assert [row["status"] for row in documents] == [
+        "pending",
+        "processing",
+        "failed",
+        "processing",
+        "completed",
+    ], documents
+    assert documents[2]["error"].startswith(("OperationalError", "InterfaceError"))
+    assert "Retry in" in w.log.read_text()  # Celery's autoretry, with its backoff
+    job.refresh_from_db()
+    document.refresh_from_db()
+    assert job.attempts == 2 and job.error == ""
+    assert document.status == "completed" and document.error == ""
+    assert document.chunks.count() == document.chunk_count > 0
+    assert rag.search("primed before the first start", collection="manuals")[0].document_id == (
+        document.pk
+    )

@@ -13,11 +13,13 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.test import override_settings
+from django.utils import timezone
 
 import django_rag as rag
 from django_rag import background
@@ -198,3 +200,73 @@ def test_a_job_left_running_by_a_killed_rag_worker_is_recovered_when_a_worker_st
     document.refresh_from_db()
     assert job.status == "completed" and job.attempts == 2
     assert document.status == "completed" and document.chunks.count() == document.chunk_count > 0
+
+
+def _left_running_here(**config):
+    """A queued ingest job the table says runs in this process, with a fresh heartbeat, that no
+    thread runs: what is left when the job's failure could not be recorded (the database was
+    unreachable a while: Job.fail raised too) and the task gave up."""
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "worker", **config}):
+        document = rag.ingest(TEXT, collection="manuals", source_id="pump", background=True)
+    Job.objects.filter(pk=document.job.pk).update(
+        status="running", worker=background.worker_name(), heartbeat_at=timezone.now()
+    )
+    return document
+
+
+def test_a_retry_delivered_to_the_process_that_left_its_job_running_runs_it():
+    """Celery's autoretry after a failure that could not be recorded: the retry arrives in the
+    same worker process, where the job still reads "running" with a fresh heartbeat. take()
+    used to refuse it (as if another thread ran it), so the retry "succeeded" at once doing
+    nothing and the job stayed running with no runner."""
+    from django_rag import tasks
+
+    document = _left_running_here()
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing"}):
+        tasks.ingest_document(job_id=document.job.pk)
+    job = Job.objects.get(pk=document.job.pk)
+    assert job.status == "completed" and job.result["document_id"] == document.pk
+    assert Document.objects.get(pk=document.pk).status == "completed"
+
+
+def test_a_job_running_here_is_still_run_once_at_a_time():
+    """What take() refuses in its own process: a job a thread of this process is running now
+    (a second delivery of it waits for nothing and leaves it alone)."""
+    from django_rag import tasks
+    from tests.embedders import GatedEmbedder
+
+    embedder = GatedEmbedder()
+    with override_settings(DJANGO_RAG={"EMBEDDER": embedder, "BACKGROUND": "worker"}):
+        document = rag.ingest(TEXT, collection="manuals", source_id="pump", background=True)
+        job_id = document.job.pk
+        first = threading.Thread(target=_run_closing, args=(tasks.ingest_document, job_id))
+        first.start()
+        try:
+            assert embedder.entered.wait(30)
+            tasks.ingest_document(job_id=job_id)  # a second delivery while the first runs
+            assert Job.objects.get(pk=job_id).attempts == 1  # refused: not started again
+        finally:
+            embedder.gate.set()
+            first.join(60)
+    job = Job.objects.get(pk=job_id)
+    assert (job.status, job.attempts) == ("completed", 1)
+
+
+def _run_closing(task, job_id):
+    try:
+        task(job_id=job_id)
+    finally:
+        connections.close_all()
+
+
+def test_rag_worker_requeues_its_own_job_left_running_when_the_failure_could_not_be_recorded():
+    """rag_worker's own orphan (the failure and the requeue could not be written while the
+    database was away): the worker finds it when it next looks for work and queues it again,
+    instead of leaving it running until STALLED_AFTER_SECONDS."""
+    document = _left_running_here(JOBS={"STALLED_AFTER_SECONDS": 3600})
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "worker"}):
+        ran = background.work(burst=True)
+    assert ran == [document.job.pk]
+    job = Job.objects.get(pk=document.job.pk)
+    assert job.status == "completed" and job.error == ""
+    assert Document.objects.get(pk=document.pk).status == "completed"
