@@ -308,7 +308,12 @@ def _run_in_thread(task_name: str, job_id: int) -> None:
         Job.objects.filter(pk=job_id).update(worker=worker_name())
         _TASKS[task_name](job_id=job_id)
     except TRANSIENT as exc:
-        delay = _queue_again_later(job_id, exc, THREAD)
+        try:
+            delay = _queue_again_later(job_id, exc, THREAD)
+        except (OperationalError, InterfaceError):
+            # The database is still away: the job shows as stalled, and a retry runs it.
+            logger.warning("Job %s could not be queued again", job_id, exc_info=True)
+            delay = None
         if delay is not None:
             timer = threading.Timer(delay, _submit_again, args=(task_name, job_id))
             timer.daemon = True

@@ -271,3 +271,71 @@ def test_celery_job_whose_backend_is_terminated_fails_then_is_retried_to_complet
     assert rag.search("primed before the first start", collection="manuals")[0].document_id == (
         document.pk
     )
+
+
+def _version_text(number):
+    return f"Pump manual version {number}. " + f"The valve{number} setting is {number * 7}. " * 8
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_celery_keeps_the_newest_of_versions_queued_before_the_workers_start(
+    worker, tmp_path, seed
+):
+    """Several versions of one (collection, source_id) with replace=True, queued before any
+    worker runs, sent in a random order with duplicate deliveries, then two workers race
+    through them: exactly the newest version is stored, the older jobs end completed or
+    superseded (none failed), and the BM25 statistics equal a recount."""
+    import random
+
+    from django.test import override_settings
+
+    from django_rag import tasks
+    from django_rag.store import recount_statistics
+
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "worker"}):
+        # Versions are taken as the calls are made; nothing is sent yet.
+        jobs = [
+            rag.ingest(
+                _version_text(number),
+                collection="bg",
+                source_id="s",
+                replace=True,
+                background=True,
+            ).job
+            for number in range(1, 7)
+        ]
+    rng = random.Random(seed)
+    order = jobs[:]
+    rng.shuffle(order)
+    for job in order:  # first deliveries, in a random order (the newest may come first)
+        background.enqueue("ingest_document", job, runner=background.CELERY)
+    duplicates = rng.sample(jobs, 4) + [jobs[-1]]  # some twice, the newest among them
+    for job in duplicates:
+        tasks.ingest_document.apply_async(kwargs={"job_id": job.pk})
+    sent = len(jobs) + len(duplicates)
+    assert Job.objects.filter(pk__in=[job.pk for job in jobs], runner="celery").count() == 6
+
+    workers = [worker(DJANGO_RAG_TEST_EMBEDDER="hashing") for _ in range(2)]
+    log = workers[0].log  # both append to it
+    wait_for(
+        lambda: log.read_text().count("succeeded in") == sent,
+        timeout=120,
+        what=f"the workers to run all {sent} deliveries",
+        log=log,
+    )
+    statuses = dict(Job.objects.filter(pk__in=[job.pk for job in jobs]).values_list("pk", "status"))
+    assert statuses[jobs[-1].pk] == "completed", statuses
+    assert set(statuses.values()) <= {"completed", "superseded"}, statuses
+    stored = list(
+        Document.objects.filter(collection__name="bg", source_id="s").values_list(
+            "content", "status", "version"
+        )
+    )
+    assert stored == [(_version_text(6), "completed", jobs[-1].params["version"])]
+    counts = recount_statistics()
+    assert counts["stored"] == counts["recount"]
+    hits = rag.search("valve setting", collection="bg", mode="fulltext", limit=5)
+    assert {hit.document_id for hit in hits} == {
+        Document.objects.get(collection__name="bg", source_id="s").pk
+    }
+    assert "Retry in" not in log.read_text()  # nothing failed on the way
