@@ -421,6 +421,12 @@ def _cannot_run_again(job: Job) -> str:
     return ""
 
 
+def why_not_retryable(job: Job) -> str:
+    """Why a retry of ``job`` could not work whatever its status ("" when it could): it was
+    superseded, or its document is gone (the dashboard shows it instead of a Retry button)."""
+    return _cannot_run_again(job)
+
+
 def retryable(job: Job, *, stalled_after: float | None = None) -> bool:
     """Whether :func:`retry` would queue ``job`` again (what the dashboard offers)."""
     after = jobs_setting("STALLED_AFTER_SECONDS") if stalled_after is None else stalled_after
