@@ -270,3 +270,37 @@ def test_rag_worker_requeues_its_own_job_left_running_when_the_failure_could_not
     job = Job.objects.get(pk=document.job.pk)
     assert job.status == "completed" and job.error == ""
     assert Document.objects.get(pk=document.pk).status == "completed"
+
+
+def _terminate_own_backend():
+    """Terminate this thread's backend from another connection (another thread's)."""
+    pid = connection.cursor().connection.info.backend_pid
+
+    def cut():
+        try:
+            terminate([pid])
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=cut)
+    thread.start()
+    thread.join(30)
+
+
+@pytest.mark.parametrize("step", ["start", "finish"])
+def test_job_start_and_finish_outlive_a_backend_terminated_before_them(step):
+    """A runner's connection may die while it waits (between jobs) or just after the work was
+    stored: starting or completing the job replaces it instead of failing the job."""
+    job = Job.objects.create(kind="ingest", status="running" if step == "finish" else "pending")
+    _terminate_own_backend()
+    if step == "start":
+        job.start()
+        assert (status_of(job), Job.objects.get(pk=job.pk).attempts) == ("running", 1)
+    else:
+        job.finish({"chunk_count": 3})
+        assert status_of(job) == "completed"
+        assert Job.objects.get(pk=job.pk).result == {"chunk_count": 3}
+
+
+def status_of(job):
+    return Job.objects.get(pk=job.pk).status
