@@ -471,6 +471,7 @@ def retry(job: Job, *, runner: str | None = None) -> Job:
             runner=runner,
             # "Queued again at": not stalled again before another STALLED_AFTER_SECONDS.
             heartbeat_at=timezone.now(),
+            not_before=None,  # asked for now: not after an automatic retry's backoff
         )
     )
     if not requeued:
@@ -510,7 +511,11 @@ def recover_orphaned() -> list[int]:
         _abandon(job, RuntimeError(why))
         if job.runner == WORKER:
             Job.objects.filter(pk=job.pk, status=Job.Status.FAILED).update(
-                status=Job.Status.PENDING, worker="", finished_at=None, heartbeat_at=timezone.now()
+                status=Job.Status.PENDING,
+                worker="",
+                finished_at=None,
+                heartbeat_at=timezone.now(),
+                not_before=None,
             )
         logger.warning("Job %s: %s; recovered", job.pk, why)
         recovered.append(job.pk)

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -304,3 +305,19 @@ def test_job_start_and_finish_outlive_a_backend_terminated_before_them(step):
 
 def status_of(job):
     return Job.objects.get(pk=job.pk).status
+
+
+def test_a_retry_by_hand_does_not_wait_for_the_automatic_retrys_backoff():
+    """A job waiting for its backoff (not_before ahead) that a person retries, or that a
+    worker recovers, runs at once: retry() and recovery clear not_before."""
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "worker"}):
+        document = rag.ingest(TEXT, collection="manuals", source_id="pump", background=True)
+        job = document.job
+        Job.objects.filter(pk=job.pk).update(
+            status="failed", not_before=timezone.now() + timedelta(minutes=10)
+        )
+        background.retry(Job.objects.get(pk=job.pk), runner=background.WORKER)
+        claimed = background.claim()
+        assert claimed is not None and claimed.pk == job.pk
+        background.run(claimed)
+    assert status_of(job) == "completed"
