@@ -425,6 +425,12 @@ def test_jobs_page_shows_superseded_jobs_and_offers_no_retry_that_cannot_work(st
         for document in (gone, kept):
             Job.objects.get(pk=document.job.pk).fail(RuntimeError("the embedder was down"))
         assert delete_document(gone.pk)
+        # Queued again after a transient failure: waiting for its backoff, the error kept.
+        waiting = rag.ingest("A seal note. " * 20, collection="manuals", background=True)
+        Job.objects.filter(pk=waiting.job.pk).update(
+            error="OperationalError: the connection was lost",
+            not_before=timezone.now() + timedelta(seconds=30),
+        )
     assert status(older.job.pk) == "superseded" and status(newer.job.pk) == "completed"
 
     url = reverse("django_rag_dashboard:jobs")
@@ -445,6 +451,8 @@ def test_jobs_page_shows_superseded_jobs_and_offers_no_retry_that_cannot_work(st
     assert retry_form(gone.job.pk) not in html
     assert "No retry: its document was deleted" in row(gone.job.pk)
     assert retry_form(kept.job.pk) in html  # a failed job that can run again still can
+    assert "next try at" in row(waiting.job.pk) and "connection was lost" in row(waiting.job.pk)
+    assert retry_form(waiting.job.pk) not in html  # it will run by itself
     # The status filter knows the new status.
     filtered = staff_client.get(url, {"status": "superseded"}).content.decode()
     assert "<option selected>superseded</option>" in filtered
