@@ -672,10 +672,20 @@ def take(job_id: int, *, busy_here: bool = False) -> bool:
         in_this_process = Q(worker=here) | Q(worker__startswith=f"{here}:")
         running &= Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True) | ~in_this_process
     takeable = Q(status__in=[Job.Status.PENDING, Job.Status.FAILED]) | running
+    db = router.db_for_write(Job)
+    # The first statement of a task: a connection that died while the worker waited for work
+    # is replaced here (running it twice is harmless: the job is then running here).
     return bool(
-        Job.objects.using(router.db_for_write(Job))
-        .filter(takeable, pk=job_id)
-        .update(status=Job.Status.RUNNING, heartbeat_at=timezone.now(), worker=worker_name())
+        on_live_connection(
+            db,
+            lambda: (
+                Job.objects.using(db)
+                .filter(takeable, pk=job_id)
+                .update(
+                    status=Job.Status.RUNNING, heartbeat_at=timezone.now(), worker=worker_name()
+                )
+            ),
+        )
     )
 
 

@@ -321,3 +321,17 @@ def test_a_retry_by_hand_does_not_wait_for_the_automatic_retrys_backoff():
         assert claimed is not None and claimed.pk == job.pk
         background.run(claimed)
     assert status_of(job) == "completed"
+
+
+def test_a_task_whose_idle_connection_died_between_jobs_runs_without_a_retry():
+    """A worker's connection cut while it waited for work (a database restart overnight): the
+    next task's first statement (taking the job) reconnects instead of failing the delivery
+    and waiting for a retry's backoff."""
+    from django_rag import tasks
+
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "worker"}):
+        document = rag.ingest(TEXT, collection="manuals", source_id="pump", background=True)
+        _terminate_own_backend()
+        tasks.ingest_document(job_id=document.job.pk)
+    job = Job.objects.get(pk=document.job.pk)
+    assert (job.status, job.attempts, job.error) == ("completed", 1, "")
