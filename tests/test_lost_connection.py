@@ -6,7 +6,9 @@ identity lock: the job ends ``failed`` with the error and its document ``failed`
 a fresh connection), then the worker queues it again with backoff and completes it. A job left
 ``running`` by a killed rag_worker is recovered by the next worker that starts. Status changes
 are recorded by triggers (tests/backends.py), so even a failure that lasts a millisecond shows.
-The Celery versions of these tests are in tests/test_celery_worker.py.
+The Celery versions of these tests are in tests/test_celery_worker.py. In-process tests below
+cover what the processes cannot stage reliably: a job left running by its own process when even
+its failure could not be written, and a backend cut just before a job starts or finishes.
 """
 
 import os
