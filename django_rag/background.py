@@ -486,14 +486,16 @@ def retry(job: Job, *, runner: str | None = None) -> Job:
 # --- rag_worker -----------------------------------------------------------------------------
 
 
-def recover_orphaned() -> list[int]:
+def recover_orphaned(*, this_process_only: bool = False) -> list[int]:
     """Jobs marked running by a process of this host that no longer exists (killed, crashed,
     the machine rebooted), or by this process when no thread of it runs them (their failure
     could not be recorded: the database was unreachable): failed with why, their document
     too, and queued again for rag_worker when they were queued for it (else left failed for
     a retry). rag_worker runs it when it starts, so such a job does not wait
-    ``STALLED_AFTER_SECONDS`` to be noticed, and whenever it finds no work. Returns the ids
-    recovered."""
+    ``STALLED_AFTER_SECONDS`` to be noticed, and with ``this_process_only`` whenever it finds
+    no work (other processes are checked only at start: a process id is checked on this
+    machine, and containers that share a host name do not share process ids). Returns the
+    ids recovered."""
     host = socket.gethostname()
     recovered = []
     for job in Job.objects.filter(status=Job.Status.RUNNING, worker__startswith=f"{host}:"):
@@ -504,7 +506,7 @@ def recover_orphaned() -> list[int]:
             if running_here(job.pk) or _claimed.get() == job.pk:
                 continue
             why = "its run in this process ended without recording how (the database was lost)"
-        elif _alive(int(pid)):
+        elif this_process_only or _alive(int(pid)):
             continue
         else:
             why = f"its worker process ({job.worker}) is gone"
@@ -707,7 +709,7 @@ def work(
             close_old_connections()
         try:
             job = claim(worker)
-            if job is None and recover_orphaned():
+            if job is None and recover_orphaned(this_process_only=True):
                 continue  # queued again: claim them
         except (OperationalError, InterfaceError):
             # The database restarted or the network blinked: wait, reconnect, go on.
