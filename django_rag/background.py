@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -147,6 +148,32 @@ def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         return task
 
     return decorate
+
+
+# Job kind -> what to undo when a job of that kind is failed outside its task (its process is
+# gone): an ingest job's document must not stay "processing" with no runner. Filled by
+# django_rag.tasks (this module may not import the layers that write documents).
+_ABANDON: dict[str, Callable[[Job, str], Any]] = {}
+
+
+def on_abandoned(kind: str) -> Callable[[Callable[[Job, str], Any]], Callable[[Job, str], Any]]:
+    """Decorator: ``undo(job, error)`` runs when a job of ``kind`` is failed for its task
+    (see :func:`recover_orphaned`)."""
+
+    def decorate(undo: Callable[[Job, str], Any]) -> Callable[[Job, str], Any]:
+        _ABANDON[kind] = undo
+        return undo
+
+    return decorate
+
+
+def _abandon(job: Job, exc: BaseException) -> None:
+    """Fail ``job`` for a task that can no longer record it (its process died), and what the
+    task was doing (an ingest job's document) with it."""
+    job.fail(exc)
+    undo = _ABANDON.get(job.kind)
+    if undo is not None:
+        undo(job, job.error)
 
 
 def task_for(job: Job) -> str | None:
@@ -281,7 +308,12 @@ def _run_in_thread(task_name: str, job_id: int) -> None:
         Job.objects.filter(pk=job_id).update(worker=worker_name())
         _TASKS[task_name](job_id=job_id)
     except TRANSIENT as exc:
-        delay = _queue_again_later(job_id, exc, THREAD)
+        try:
+            delay = _queue_again_later(job_id, exc, THREAD)
+        except (OperationalError, InterfaceError):
+            # The database is still away: the job shows as stalled, and a retry runs it.
+            logger.warning("Job %s could not be queued again", job_id, exc_info=True)
+            delay = None
         if delay is not None:
             timer = threading.Timer(delay, _submit_again, args=(task_name, job_id))
             timer.daemon = True
@@ -389,6 +421,12 @@ def _cannot_run_again(job: Job) -> str:
     return ""
 
 
+def why_not_retryable(job: Job) -> str:
+    """Why a retry of ``job`` could not work whatever its status ("" when it could): it was
+    superseded, or its document is gone (the dashboard shows it instead of a Retry button)."""
+    return _cannot_run_again(job)
+
+
 def retryable(job: Job, *, stalled_after: float | None = None) -> bool:
     """Whether :func:`retry` would queue ``job`` again (what the dashboard offers)."""
     after = jobs_setting("STALLED_AFTER_SECONDS") if stalled_after is None else stalled_after
@@ -433,6 +471,7 @@ def retry(job: Job, *, runner: str | None = None) -> Job:
             runner=runner,
             # "Queued again at": not stalled again before another STALLED_AFTER_SECONDS.
             heartbeat_at=timezone.now(),
+            not_before=None,  # asked for now: not after an automatic retry's backoff
         )
     )
     if not requeued:
@@ -447,23 +486,40 @@ def retry(job: Job, *, runner: str | None = None) -> Job:
 # --- rag_worker -----------------------------------------------------------------------------
 
 
-def recover_orphaned() -> list[int]:
+def recover_orphaned(*, this_process_only: bool = False) -> list[int]:
     """Jobs marked running by a process of this host that no longer exists (killed, crashed,
-    the machine rebooted): failed with why, and queued again for rag_worker when they were
-    queued for it (else left failed for a retry). Run when a worker starts, so such a job
-    does not wait ``STALLED_AFTER_SECONDS`` to be noticed. Returns the ids recovered."""
+    the machine rebooted), or by this process when no thread of it runs them (their failure
+    could not be recorded: the database was unreachable): failed with why, their document
+    too, and queued again for rag_worker when they were queued for it (else left failed for
+    a retry). rag_worker runs it when it starts, so such a job does not wait
+    ``STALLED_AFTER_SECONDS`` to be noticed, and with ``this_process_only`` whenever it finds
+    no work (other processes are checked only at start: a process id is checked on this
+    machine, and containers that share a host name do not share process ids). Returns the
+    ids recovered."""
     host = socket.gethostname()
     recovered = []
     for job in Job.objects.filter(status=Job.Status.RUNNING, worker__startswith=f"{host}:"):
         pid = job.worker.split(":")[1]
-        if not pid.isdigit() or _alive(int(pid)) or int(pid) == os.getpid():
+        if not pid.isdigit():
             continue
-        job.fail(RuntimeError(f"its worker process ({job.worker}) is gone"))
+        if int(pid) == os.getpid():
+            if running_here(job.pk) or _claimed.get() == job.pk:
+                continue
+            why = "its run in this process ended without recording how (the database was lost)"
+        elif this_process_only or _alive(int(pid)):
+            continue
+        else:
+            why = f"its worker process ({job.worker}) is gone"
+        _abandon(job, RuntimeError(why))
         if job.runner == WORKER:
             Job.objects.filter(pk=job.pk, status=Job.Status.FAILED).update(
-                status=Job.Status.PENDING, worker="", finished_at=None, heartbeat_at=timezone.now()
+                status=Job.Status.PENDING,
+                worker="",
+                finished_at=None,
+                heartbeat_at=timezone.now(),
+                not_before=None,
             )
-        logger.warning("Job %s was running in a process that is gone (%s)", job.pk, job.worker)
+        logger.warning("Job %s: %s; recovered", job.pk, why)
         recovered.append(job.pk)
     return recovered
 
@@ -480,7 +536,7 @@ def _alive(pid: int) -> bool:
 
 def claim(worker: str | None = None) -> Job | None:
     """Take the oldest job queued for rag_worker, or None. ``SKIP LOCKED``: concurrent workers
-    never wait for each other and never take the same job."""
+    never wait for each other and never take the same job. Pass the job to :func:`run`."""
     db = router.db_for_write(Job)
     with transaction.atomic(using=db):
         job = (
@@ -498,12 +554,42 @@ def claim(worker: str | None = None) -> Job | None:
             worker or worker_name(),
             timezone.now(),
         )
-        job.save(update_fields=["status", "worker", "heartbeat_at"])
+        # Running here from the moment another thread could see it running (recover_orphaned
+        # must not take it for an orphan before run() starts it); run() lets go.
+        _hold(job.pk)
+        try:
+            job.save(update_fields=["status", "worker", "heartbeat_at"])
+        except BaseException:
+            _release(job.pk)
+            raise
     return job
+
+
+def _next_retry_in() -> float | None:
+    """Seconds until the next job queued for rag_worker is due after its backoff, or None when
+    none waits."""
+    try:
+        due = (
+            Job.objects.using(router.db_for_write(Job))
+            .filter(runner=WORKER, status=Job.Status.PENDING, not_before__isnull=False)
+            .order_by("not_before")
+            .values_list("not_before", flat=True)
+            .first()
+        )
+    except (OperationalError, InterfaceError):
+        return jobs_setting("POLL_SECONDS")  # unknown: look again after a poll
+    return None if due is None else (due - timezone.now()).total_seconds()
 
 
 def run(job: Job) -> None:
     """Run a claimed job's task; a failure is recorded on the job and logged, never raised."""
+    try:
+        _run_claimed(job)
+    finally:
+        _release(job.pk)  # held by claim()
+
+
+def _run_claimed(job: Job) -> None:
     task_name = task_for(job)
     if task_name is None:
         job.fail(JobNotRetryable(f"No task runs jobs of kind {job.kind!r}."))
@@ -512,7 +598,12 @@ def run(job: Job) -> None:
     try:
         _TASKS[task_name](job_id=job.pk)
     except TRANSIENT as exc:
-        _queue_again_later(job.pk, exc, WORKER)  # a worker claims it after the backoff
+        try:
+            _queue_again_later(job.pk, exc, WORKER)  # a worker claims it after the backoff
+        except (OperationalError, InterfaceError):
+            # The database is still away: the job stays marked running by this process, and
+            # recover_orphaned() (when this worker next finds no work) queues it again.
+            logger.warning("Job %s could not be queued again yet", job.pk, exc_info=True)
     except Exception:
         logger.exception("Job %s (%s) failed", job.pk, task_name)
     finally:
@@ -525,26 +616,78 @@ _claimed: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 )
 
 
-def take(job_id: int) -> bool:
+# Jobs whose task runs in this process now (any thread), by id. take() refuses these (a job
+# queued twice here runs once at a time) and only these: a job the table says runs in this
+# process but that no thread here runs is an orphan (its run ended without recording how,
+# because the database was unreachable even for the failure), and a retry takes it.
+_running_here: Counter[int] = Counter()
+_running_lock = threading.Lock()
+
+
+@contextmanager
+def taken(job_id: int) -> Iterator[bool]:
+    """Take the job (:func:`take`) and count it as running in this process until the block
+    ends; yields whether it was taken (a task body runs only then)."""
+    busy = _hold(job_id)
+    try:
+        yield take(job_id, busy_here=busy)
+    finally:
+        _release(job_id)
+
+
+def _hold(job_id: int) -> bool:
+    """Count ``job_id`` as running in this process; returns whether it already was."""
+    with _running_lock:
+        busy = _running_here[job_id] > 0
+        _running_here[job_id] += 1
+    return busy
+
+
+def _release(job_id: int) -> None:
+    with _running_lock:
+        _running_here[job_id] -= 1
+        if _running_here[job_id] <= 0:
+            del _running_here[job_id]
+
+
+def running_here(job_id: int) -> bool:
+    """Whether a thread of this process runs ``job_id``'s task now."""
+    with _running_lock:
+        return _running_here[job_id] > 0
+
+
+def take(job_id: int, *, busy_here: bool = False) -> bool:
     """Take a job for the runner about to run it, in one conditional update. Pending, failed (a
     Celery retry) and stalled jobs are taken, and so is a job running in another process (a
-    message Celery delivers again after its worker died). A job running in this process with
-    a live heartbeat is not: a job queued twice here (a retry of a job still waiting for a
-    pool thread) runs once at a time. Neither is a completed job. The caller leaves a job it
+    message Celery delivers again after its worker died) or marked running by this process
+    when no thread of it runs the job (``busy_here`` false: its run ended without recording
+    how). A job another thread of this process runs now (``busy_here``) with a live heartbeat
+    is not: a job queued twice here (a retry of a job still waiting for a pool thread) runs
+    once at a time. Neither is a completed or superseded job. The caller leaves a job it
     could not take alone."""
     if _claimed.get() == job_id:
         return True
-    cutoff = timezone.now() - timedelta(seconds=jobs_setting("STALLED_AFTER_SECONDS"))
-    here = _process_name()
-    in_this_process = Q(worker=here) | Q(worker__startswith=f"{here}:")
-    takeable = Q(status__in=[Job.Status.PENDING, Job.Status.FAILED]) | Q(
-        Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True) | ~in_this_process,
-        status=Job.Status.RUNNING,
-    )
+    running = Q(status=Job.Status.RUNNING)
+    if busy_here:
+        cutoff = timezone.now() - timedelta(seconds=jobs_setting("STALLED_AFTER_SECONDS"))
+        here = _process_name()
+        in_this_process = Q(worker=here) | Q(worker__startswith=f"{here}:")
+        running &= Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True) | ~in_this_process
+    takeable = Q(status__in=[Job.Status.PENDING, Job.Status.FAILED]) | running
+    db = router.db_for_write(Job)
+    # The first statement of a task: a connection that died while the worker waited for work
+    # is replaced here (running it twice is harmless: the job is then running here).
     return bool(
-        Job.objects.using(router.db_for_write(Job))
-        .filter(takeable, pk=job_id)
-        .update(status=Job.Status.RUNNING, heartbeat_at=timezone.now(), worker=worker_name())
+        on_live_connection(
+            db,
+            lambda: (
+                Job.objects.using(db)
+                .filter(takeable, pk=job_id)
+                .update(
+                    status=Job.Status.RUNNING, heartbeat_at=timezone.now(), worker=worker_name()
+                )
+            ),
+        )
     )
 
 
@@ -566,6 +709,8 @@ def work(
             close_old_connections()
         try:
             job = claim(worker)
+            if job is None and recover_orphaned(this_process_only=True):
+                continue  # queued again: claim them
         except (OperationalError, InterfaceError):
             # The database restarted or the network blinked: wait, reconnect, go on.
             logger.warning("rag_worker could not reach the database", exc_info=True)
@@ -573,9 +718,13 @@ def work(
             stop.wait(jobs_setting("POLL_SECONDS"))
             continue
         if job is None:
-            if burst:
+            waiting = _next_retry_in() if burst else None
+            if burst and waiting is None:
                 break
-            stop.wait(jobs_setting("POLL_SECONDS"))
+            # A job queued again after a transient failure is still queued while it waits for
+            # its backoff: a burst worker stays for it.
+            poll = jobs_setting("POLL_SECONDS")
+            stop.wait(poll if waiting is None else min(poll, max(waiting, 0.05)))
             continue
         if on_job is not None:
             on_job(job)

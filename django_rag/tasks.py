@@ -12,14 +12,22 @@ import logging
 from django.db import router
 
 from . import maintenance
-from .background import BACKOFF_MAX_SECONDS, MAX_RETRIES, TRANSIENT, heartbeat, register, take
+from .background import (
+    BACKOFF_MAX_SECONDS,
+    MAX_RETRIES,
+    TRANSIENT,
+    heartbeat,
+    on_abandoned,
+    register,
+    taken,
+)
 from .evaluation import generate_test_cases as generate
 from .evaluation import run_evaluation as evaluate
 from .exceptions import DocumentSuperseded
 from .graph import build_graph as build
 from .graph import detect_communities as detect
 from .graph import summarize_communities as summarize
-from .ingestion.service import process_pending
+from .ingestion.service import abandon_pending, process_pending
 from .models import Job
 from .sync import reconcile
 from .sync import sync_row as sync_one_row
@@ -43,9 +51,13 @@ OPTIONS = {
 
 
 def _run(job_id: int, body) -> None:
+    with taken(job_id) as ours:
+        if ours:  # else completed, superseded, or another runner has it
+            _run_taken(job_id, body)
+
+
+def _run_taken(job_id: int, body) -> None:
     # Where jobs are written: a replica may not have the row the task was sent for yet.
-    if not take(job_id):  # completed, or another runner has it
-        return
     job = Job.objects.using(router.db_for_write(Job)).get(pk=job_id)
     job.start()
     try:
@@ -70,6 +82,9 @@ def ingest_document(job_id: int) -> None:
         return {"document_id": document.pk, "chunk_count": document.chunk_count}
 
     _run(job_id, body)
+
+
+on_abandoned(Job.Kind.INGEST)(abandon_pending)
 
 
 @register("reembed")

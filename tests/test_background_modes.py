@@ -407,3 +407,59 @@ def test_a_stall_limit_within_two_heartbeats_is_refused():
         errors = check_settings()
         assert [e.id for e in errors] == ["django_rag.E005"]
         assert "STALLED_AFTER_SECONDS" in errors[0].msg and "twice" in errors[0].msg
+
+
+def test_jobs_page_shows_superseded_jobs_and_offers_no_retry_that_cannot_work(staff_client):
+    from django_rag.store import delete_document
+
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "worker"}):
+        older, newer = (
+            rag.ingest(text, collection="manuals", source_id="pump", replace=True, background=True)
+            for text in ("Pump manual, first edition. " * 20, "Pump manual, second edition. " * 20)
+        )
+        for document in (newer, older):  # the newest runs first: the older one is overtaken
+            background._run_in_thread("ingest_document", document.job.pk)
+        # A failed ingest whose document was deleted since, and one whose document is there.
+        gone = rag.ingest("A valve note. " * 20, collection="manuals", background=True)
+        kept = rag.ingest("A filter note. " * 20, collection="manuals", background=True)
+        for document in (gone, kept):
+            Job.objects.get(pk=document.job.pk).fail(RuntimeError("the embedder was down"))
+        assert delete_document(gone.pk)
+        # Queued again after a transient failure: waiting for its backoff, the error kept.
+        waiting = rag.ingest("A seal note. " * 20, collection="manuals", background=True)
+        Job.objects.filter(pk=waiting.job.pk).update(
+            error="OperationalError: the connection was lost",
+            not_before=timezone.now() + timedelta(seconds=30),
+        )
+    assert status(older.job.pk) == "superseded" and status(newer.job.pk) == "completed"
+
+    url = reverse("django_rag_dashboard:jobs")
+    html = staff_client.get(url).content.decode()
+
+    def row(job_id):
+        start = html.index(f'id="job-{job_id}"')
+        return html[start : html.index("</tr>", start)]
+
+    def retry_form(job_id):
+        return f'action="{reverse("django_rag_dashboard:retry_job", args=[job_id])}"'
+
+    superseded = row(older.job.pk)
+    assert 'data-status="superseded"' in superseded and ">Superseded<" in superseded
+    assert "newer version" in superseded  # why, worded for people, not as an error
+    assert 'class="error"' not in superseded
+    assert retry_form(older.job.pk) not in html
+    assert retry_form(gone.job.pk) not in html
+    assert "No retry: its document was deleted" in row(gone.job.pk)
+    assert retry_form(kept.job.pk) in html  # a failed job that can run again still can
+    assert "next try at" in row(waiting.job.pk) and "connection was lost" in row(waiting.job.pk)
+    assert retry_form(waiting.job.pk) not in html  # it will run by itself
+    # The status filter knows the new status.
+    filtered = staff_client.get(url, {"status": "superseded"}).content.decode()
+    assert "<option selected>superseded</option>" in filtered
+    assert f'id="job-{older.job.pk}"' in filtered
+    assert f'id="job-{newer.job.pk}"' not in filtered and f'id="job-{kept.job.pk}"' not in filtered
+    # A retry forced through the URL is refused with why.
+    response = staff_client.post(
+        reverse("django_rag_dashboard:retry_job", args=[older.job.pk]), follow=True
+    )
+    assert "superseded" in response.content.decode() and status(older.job.pk) == "superseded"

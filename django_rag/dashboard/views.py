@@ -777,6 +777,12 @@ def _decorate(jobs):
     for job in jobs:
         job.stalled = bool(after) and job.is_stalled(after)
         job.retryable = background.retryable(job, stalled_after=after)
+        # Why a failed job offers no Retry (a superseded one says why in its own message).
+        job.no_retry = (
+            background.why_not_retryable(job)
+            if job.status == Job.Status.FAILED and not job.retryable
+            else ""
+        )
         job.result_rows = _result_rows(job.result)
         job.duration_text = _duration(job.duration)
     return jobs
@@ -827,7 +833,13 @@ def _result_rows(result) -> list[dict]:
     return rows
 
 
-JOB_STATUSES = ["pending", "running", "stalled", "completed", "failed"]
+# The filter's choices: every status a job row can have, and "stalled" (pending or running
+# without a heartbeat).
+JOB_STATUSES = [
+    *(value for value in Job.Status.values if value != Job.Status.SUPERSEDED),
+    "stalled",
+    Job.Status.SUPERSEDED,
+]
 
 
 @dashboard_view

@@ -1049,6 +1049,15 @@ def _stored_copy(document: Document, replace: bool) -> Document | None:
     return existing
 
 
+def abandon_pending(job: Job, error: str) -> None:
+    """The document of an ingest job failed for its task (its process died mid-job): marked
+    ``failed`` with ``error`` rather than left ``processing`` with no runner (a completed one
+    stays completed). A retry of the job processes it again."""
+    document_id = job.params.get("document_id")
+    if document_id is not None:
+        mark_document(document_id, Document.Status.FAILED, error)
+
+
 def delete(document) -> None:
     """Delete a document (instance or id), its chunks and the graph entities only it
     mentioned."""

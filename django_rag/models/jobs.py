@@ -89,15 +89,26 @@ class Job(models.Model):
         if not getattr(self, "_attempt_counted", False):
             self._attempt_counted = True
             changes["attempts"] = models.F("attempts") + 1
-        type(self).objects.filter(pk=self.pk).update(finished_at=None, **changes)
+        # A connection that died while the runner waited for work is replaced, not a failure.
+        on_live_connection(
+            router.db_for_write(type(self)),
+            lambda: type(self).objects.filter(pk=self.pk).update(finished_at=None, **changes),
+        )
 
     def finish(self, result: dict | None = None) -> None:
         """Mark the job completed with its result (a job already completed stays as it is)."""
         self.status = self.Status.COMPLETED
         self.result = result or {}
         self.finished_at = timezone.now()
-        type(self).objects.filter(pk=self.pk).exclude(status=self.Status.COMPLETED).update(
-            status=self.status, result=self.result, finished_at=self.finished_at
+        # The work is stored: a connection lost just now must not turn it into a failure.
+        on_live_connection(
+            router.db_for_write(type(self)),
+            lambda: (
+                type(self)
+                .objects.filter(pk=self.pk)
+                .exclude(status=self.Status.COMPLETED)
+                .update(status=self.status, result=self.result, finished_at=self.finished_at)
+            ),
         )
 
     def fail(self, exc: BaseException) -> None:
