@@ -27,7 +27,8 @@ TEXT = "The pump must be primed before the first start. " * 40
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory):
-    # One Redis for the module: the Celery app keeps its connections between tests.
+    # One Redis per module (the Celery app keeps its connections between tests); a module
+    # that imports this fixture gets its own, so the app's pools are reset both ways.
     url = os.environ.get("REDIS_URL")
     server = None
     if not url:
@@ -37,10 +38,12 @@ def broker(tmp_path_factory):
     from tests.celery_app import app
 
     app.conf.broker_url = url
+    app._after_fork()  # no pooled connection to an earlier module's broker
     with background_default("auto"):  # the library's default: Celery when there is a broker
         assert background.use_celery()
         yield url
     app.conf.broker_url = None  # back to inline for the rest of the suite
+    app._after_fork()
     if server is not None:
         server.shutdown()
 

@@ -238,13 +238,9 @@ def test_unregistered_model_in_rag_sync_is_a_clear_error():
 
 @pytest.mark.slow
 def test_models_stay_indexed_with_a_real_celery_worker(request, tmp_path):
-    from tests.celery_app import app
     from tests.test_celery_worker import Worker
 
-    url = request.getfixturevalue("broker")
-    # Another module's broker may have gone with its module: connect afresh to this one.
-    app._after_fork()
-    worker = Worker(url, tmp_path)
+    worker = Worker(request.getfixturevalue("broker"), tmp_path)
     worker.start()
     try:
         with override_settings(DJANGO_RAG={"EMBEDDER": "hashing"}):  # BACKGROUND "auto": Celery
