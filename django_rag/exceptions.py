@@ -79,6 +79,30 @@ class EmbeddedDataVersionMismatch(EmbeddedServerError):
         self.server_version = server_version
 
 
+class EmbeddedDataDirectoryError(EmbeddedServerError):
+    """The embedded data directory cannot be used as it is; the message says what to do.
+
+    ``problem`` says which, as a stable string: ``"not_a_directory"`` (the path is a file),
+    ``"not_a_data_directory"`` (a non-empty directory without ``PG_VERSION`` that no
+    interrupted first start left), ``"bad_pg_version"`` (``PG_VERSION`` holds no major
+    version) or ``"bad_handle_pids"`` (``.handle_pids.json`` is not a list of process ids)."""
+
+    code = "embedded_data_directory_error"
+
+    def __init__(self, message: str, *, path, problem: str):
+        super().__init__(message, path=str(path), problem=problem)
+        self.path = path
+        self.problem = problem
+
+
+class EmbeddedServerNotReady(EmbeddedServerError):
+    """The embedded server did not accept connections in time: a server of the directory is
+    still starting, stopping or recovering, processes of a killed one have not exited, or a
+    first start in another process is still creating the directory. The message names them."""
+
+    code = "embedded_server_not_ready"
+
+
 class DimensionMismatch(RagError):
     """An embedder returned vectors whose size differs from the embedding column."""
 
