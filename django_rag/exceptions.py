@@ -164,6 +164,26 @@ class QueryTooLong(InvalidInput):
     code = "query_too_long"
 
 
+class SearchTimeout(RagError, TimeoutError):
+    """A database statement of a search ran longer than ``SEARCH["STATEMENT_TIMEOUT"]`` and
+    was cancelled (nothing was written; the search returned nothing)."""
+
+    code = "search_timeout"
+
+    def __init__(self, seconds: float, *, database: str = "default"):
+        super().__init__(
+            f"The search was cancelled: one of its database statements ran longer than "
+            f"SEARCH['STATEMENT_TIMEOUT'] ({seconds:g} s) on database {database!r}. Search "
+            "again with a shorter query (fewer distinct words) or scoped to a collection; if "
+            "such searches are expected, raise STATEMENT_TIMEOUT or lower "
+            "SEARCH['MAX_QUERY_TERMS'] (docs/search.md, 'Cost budget').",
+            seconds=seconds,
+            database=database,
+        )
+        self.seconds = seconds
+        self.database = database
+
+
 # --- state ------------------------------------------------------------------------------------
 
 
