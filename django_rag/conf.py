@@ -96,8 +96,8 @@ DEFAULTS: dict[str, Any] = {
         "STATEMENT_TIMEOUT": None,
     },
     # Longest search query or question accepted by search() and ask(), in characters
-    # (docs/search.md#validation): room for a pasted paragraph, while one request cannot keep
-    # the database busy for long (10,000 characters: about 1 s of full-text work at worst).
+    # (docs/search.md#validation): room for a pasted paragraph. What a long query may cost the
+    # database is bounded by SEARCH["MAX_QUERY_TERMS"] (docs/search.md#cost-budget).
     "MAX_QUERY_CHARS": 10_000,
     # Default LLM for ask(), the agent and evaluation: a litellm model string
     # ("openai/gpt-4o-mini"), {"model": ..., **options}, {"BACKEND": ..., "OPTIONS": {...}},
