@@ -289,7 +289,9 @@ def data_dir():
             sleeper.wait()
         for process in psutil.process_iter(["name", "cmdline"]):
             cmdline = process.info["cmdline"] or []
-            if process.info["name"] in ("postgres", "initdb") and str(path) in cmdline:
+            if process.info["name"] in ("postgres", "initdb") and any(
+                str(root) in argument for argument in cmdline
+            ):
                 with contextlib.suppress(psutil.Error):
                     process.kill()
         shutil.rmtree(root, ignore_errors=True)
