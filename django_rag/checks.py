@@ -8,6 +8,7 @@ from django.db import DatabaseError, connections, router
 from .conf import (
     check_background_settings,
     check_graph_settings,
+    check_search_budget,
     embedding_dimensions,
     fulltext_backend_setting,
     get_setting,
@@ -45,6 +46,7 @@ def check_settings(app_configs=None, **kwargs):
         dimensions = embedding_dimensions()
         check_graph_settings()
         check_background_settings()
+        check_search_budget()
         fulltext_backend_setting()
     except ConfigurationError as exc:
         return [

@@ -7,6 +7,7 @@ settings at import time.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import importlib
@@ -96,10 +97,17 @@ DEFAULTS: dict[str, Any] = {
         # The DATABASES alias searches read (a replica); None: the routers' db_for_read(Chunk),
         # else "default". Writes always go to db_for_write (docs/scaling.md).
         "DATABASE": None,
+        # The cost budget of one search (docs/search.md#cost-budget). MAX_QUERY_TERMS: the most
+        # distinct words a query scores with in full-text and hybrid mode; a longer query keeps
+        # its most selective ones (highest idf), so its cost no longer grows with its length
+        # (None: no cap). STATEMENT_TIMEOUT: seconds any one SQL statement of a search may run
+        # before it is cancelled with SearchTimeout (None: no limit).
+        "MAX_QUERY_TERMS": 32,
+        "STATEMENT_TIMEOUT": None,
     },
     # Longest search query or question accepted by search() and ask(), in characters
-    # (docs/search.md#validation): room for a pasted paragraph, while one request cannot keep
-    # the database busy for long (10,000 characters: about 1 s of full-text work at worst).
+    # (docs/search.md#validation): room for a pasted paragraph. What a long query may cost the
+    # database is bounded by SEARCH["MAX_QUERY_TERMS"] (docs/search.md#cost-budget).
     "MAX_QUERY_CHARS": 10_000,
     # Default LLM for ask(), the agent and evaluation: a litellm model string
     # ("openai/gpt-4o-mini"), {"model": ..., **options}, {"BACKEND": ..., "OPTIONS": {...}},
@@ -280,6 +288,48 @@ def fulltext_backend_setting() -> str:
             "'Full-text backends')",
         )
     return value
+
+
+def max_query_terms() -> int | None:
+    """``SEARCH["MAX_QUERY_TERMS"]``, checked: a positive integer or None (no cap); anything
+    else raises :class:`ConfigurationError` (system check E005 reports it at startup)."""
+    value = search_setting("MAX_QUERY_TERMS")
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigurationError(
+            "SEARCH.MAX_QUERY_TERMS",
+            value,
+            "must be a positive integer (the most distinct words one full-text query scores "
+            "with) or None for no cap (docs/search.md, 'Cost budget')",
+        )
+    return value
+
+
+def statement_timeout() -> float | None:
+    """``SEARCH["STATEMENT_TIMEOUT"]`` in seconds, checked: a positive finite number or None
+    (no limit); anything else raises :class:`ConfigurationError` (system check E005)."""
+    value = search_setting("STATEMENT_TIMEOUT")
+    if value is None:
+        return None
+    number = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):
+            number = float(value)
+    if number is None or not math.isfinite(number) or number <= 0:
+        raise ConfigurationError(
+            "SEARCH.STATEMENT_TIMEOUT",
+            value,
+            "must be a positive number of seconds or None for no limit (docs/search.md, "
+            "'Cost budget')",
+        )
+    return number
+
+
+def check_search_budget() -> None:
+    """Raise :class:`ConfigurationError` for an invalid search cost budget setting."""
+    max_query_terms()
+    statement_timeout()
 
 
 def check_graph_settings() -> None:

@@ -79,6 +79,30 @@ class EmbeddedDataVersionMismatch(EmbeddedServerError):
         self.server_version = server_version
 
 
+class EmbeddedDataDirectoryError(EmbeddedServerError):
+    """The embedded data directory cannot be used as it is; the message says what to do.
+
+    ``problem`` says which, as a stable string: ``"not_a_directory"`` (the path is a file),
+    ``"not_a_data_directory"`` (a non-empty directory without ``PG_VERSION`` that no
+    interrupted first start left), ``"bad_pg_version"`` (``PG_VERSION`` holds no major
+    version) or ``"bad_handle_pids"`` (``.handle_pids.json`` is not a list of process ids)."""
+
+    code = "embedded_data_directory_error"
+
+    def __init__(self, message: str, *, path, problem: str):
+        super().__init__(message, path=str(path), problem=problem)
+        self.path = path
+        self.problem = problem
+
+
+class EmbeddedServerNotReady(EmbeddedServerError):
+    """The embedded server did not accept connections in time: a server of the directory is
+    still starting, stopping or recovering, processes of a killed one have not exited, or a
+    first start in another process is still creating the directory. The message names them."""
+
+    code = "embedded_server_not_ready"
+
+
 class DimensionMismatch(RagError):
     """An embedder returned vectors whose size differs from the embedding column."""
 
@@ -138,6 +162,26 @@ class QueryTooLong(InvalidInput):
     """A search query or question is longer than ``MAX_QUERY_CHARS``."""
 
     code = "query_too_long"
+
+
+class SearchTimeout(RagError, TimeoutError):
+    """A database statement of a search ran longer than ``SEARCH["STATEMENT_TIMEOUT"]`` and
+    was cancelled (nothing was written; the search returned nothing)."""
+
+    code = "search_timeout"
+
+    def __init__(self, seconds: float, *, database: str = "default"):
+        super().__init__(
+            f"The search was cancelled: one of its database statements ran longer than "
+            f"SEARCH['STATEMENT_TIMEOUT'] ({seconds:g} s) on database {database!r}. Search "
+            "again with a shorter query (fewer distinct words) or scoped to a collection; if "
+            "such searches are expected, raise STATEMENT_TIMEOUT or lower "
+            "SEARCH['MAX_QUERY_TERMS'] (docs/search.md, 'Cost budget').",
+            seconds=seconds,
+            database=database,
+        )
+        self.seconds = seconds
+        self.database = database
 
 
 # --- state ------------------------------------------------------------------------------------

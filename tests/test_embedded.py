@@ -268,3 +268,272 @@ def test_a_real_postgresql_16_directory_is_refused_then_upgraded(monkeypatch):
             with contextlib.suppress(OSError, ValueError, IndexError):
                 os.kill(int((directory / "postmaster.pid").read_text().split()[0]), SIGINT)
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --- recovering by itself, and typed errors for the rest (real servers in temp dirs) ------------
+
+
+@pytest.fixture
+def data_dir():
+    """A path for a real embedded server's data directory; whatever ran there is stopped."""
+    root = Path(tempfile.mkdtemp(prefix="rag_emb_"))
+    path = root / "pgdata"
+    sleepers = []
+    try:
+        yield path, sleepers
+    finally:
+        import psutil
+
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+        for process in psutil.process_iter(["name", "cmdline"]):
+            cmdline = process.info["cmdline"] or []
+            if process.info["name"] in ("postgres", "initdb") and any(
+                str(root) in argument for argument in cmdline
+            ):
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _query(settings: dict) -> int:
+    import psycopg
+
+    with psycopg.connect(
+        host=settings["HOST"],
+        port=settings["PORT"] or None,
+        user=settings["USER"],
+        dbname=settings["NAME"],
+        connect_timeout=5,
+    ) as conn:
+        return conn.execute("SELECT 41 + 1").fetchone()[0]
+
+
+def _postmaster_pid(path: Path) -> int:
+    return int((path / "postmaster.pid").read_text().split()[0])
+
+
+def _kill_postmaster(path: Path, *, wait: bool) -> list[str]:
+    """SIGKILL the server of ``path`` (its pid file and socket lock stay, as after a crash);
+    with ``wait``, until its backends have exited too. The pid file's lines."""
+    import time
+
+    import psutil
+
+    lines = (path / "postmaster.pid").read_text().splitlines()
+    pid = int(lines[0])
+    os.kill(pid, 9)
+    deadline = time.monotonic() + 20
+    while wait:
+        try:
+            gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            gone = True
+        if gone and not embedded._shared_memory_in_use(lines, pid):
+            break
+        assert time.monotonic() < deadline, "the killed server's processes did not exit"
+        time.sleep(0.05)
+    return lines
+
+
+def _reuse_pid(path: Path, lines: list[str], pid: int) -> None:
+    """Write ``pid`` where the killed server's pid stood: its pid file and its socket's lock
+    file (what pid reuse makes of them, in a container that restarted)."""
+    old = lines[0]
+    (path / "postmaster.pid").write_text("\n".join([str(pid), *lines[1:]]) + "\n")
+    lock = Path(lines[4]) / f".s.PGSQL.{lines[3]}.lock"
+    lock.write_text(lock.read_text().replace(old, str(pid), 1))
+
+
+def test_a_stale_pid_file_naming_a_live_unrelated_process_is_recovered(data_dir):
+    """A container restarted: postmaster.pid names a pid that another program now has. The
+    server is started anyway, and that program is never signalled (pg_ctl stop would)."""
+    path, sleepers = data_dir
+    first = embedded.embedded_database(path)
+    assert _query(first) == 42
+    lines = _kill_postmaster(path, wait=True)
+    sleeper = subprocess.Popen(["sleep", "300"])
+    sleepers.append(sleeper)
+    _reuse_pid(path, lines, sleeper.pid)
+
+    settings = embedded.embedded_database(path)
+    assert _query(settings) == 42
+    assert _postmaster_pid(path) not in (sleeper.pid, int(lines[0]))
+    assert sleeper.poll() is None  # never signalled
+
+    # `python -m django_rag.embedded stop` on the same state: no server, the program lives.
+    lines = _kill_postmaster(path, wait=True)
+    _reuse_pid(path, lines, sleeper.pid)
+    assert embedded.main(["stop", str(path)]) == 0
+    assert sleeper.poll() is None
+    assert not (path / "postmaster.pid").exists()
+    assert _query(embedded.embedded_database(path)) == 42
+    assert embedded.stop_data_directory(path)
+
+
+def test_a_start_right_after_the_server_was_killed_gets_a_live_server(data_dir):
+    """Within moments of a kill the postmaster is a zombie and its backends still hold its
+    memory: a start then must not return settings for the dead server."""
+    path, _ = data_dir
+    assert _query(embedded.embedded_database(path)) == 42
+    _kill_postmaster(path, wait=False)
+    # This process already holds a handle on the server (the package caches it).
+    assert _query(embedded.embedded_database(path)) == 42
+
+    _kill_postmaster(path, wait=False)
+    code = (
+        "import sys; from django_rag.embedded import embedded_database; "
+        "from tests.test_embedded import _query; print(_query(embedded_database(sys.argv[1])))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "42", result.stderr[-3000:]
+    assert embedded.stop_data_directory(path)
+
+
+def _assert_unfinished(path: Path) -> None:
+    assert embedded._unfinished_initdb(path), sorted(p.name for p in path.iterdir())
+
+
+def test_a_first_start_killed_during_initdb_starts_over(data_dir):
+    """Killed while initdb ran (SIGKILL to the whole process group: no cleanup): every later
+    start used to fail with a bare AssertionError and `stop` on a negative pid."""
+    import signal
+    import time
+
+    path, _ = data_dir
+    code = "import sys; from django_rag.embedded import embedded_database as e; e(sys.argv[1])"
+    for _attempt in range(5):
+        shutil.rmtree(path, ignore_errors=True)
+        starter = subprocess.Popen(
+            [sys.executable, "-c", code, str(path)],
+            start_new_session=True,
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        deadline = time.monotonic() + 60
+        caught = False
+        while time.monotonic() < deadline and starter.poll() is None:
+            with contextlib.suppress(OSError, IndexError):
+                if (path / "postmaster.pid").read_text().startswith("-"):
+                    os.killpg(starter.pid, signal.SIGKILL)  # initdb's single-user backend runs
+                    caught = True
+                    break
+            time.sleep(0.002)
+        starter.wait()
+        if caught:
+            break
+    assert caught, "initdb was never caught running"
+    _assert_unfinished(path)
+    backend = -int((path / "postmaster.pid").read_text().split()[0])
+    assert backend > 0
+    with contextlib.suppress(Exception):  # SIGKILL is delivered, not yet acted on
+        import psutil
+
+        psutil.Process(backend).wait(10)
+
+    assert embedded.main(["stop", str(path)]) == 0  # not a crash on the negative pid
+    settings = embedded.embedded_database(path)
+    assert _query(settings) == 42
+    assert embedded._cluster_complete(path)
+    assert embedded.stop_data_directory(path)
+
+
+def _unfinished_copy(complete: Path, path: Path) -> None:
+    """The state a first start killed during initdb's last step leaves, built from a complete
+    directory: no postgres database yet, never served, a single-user backend's pid file."""
+    shutil.copytree(complete, path, symlinks=True)
+    owner = complete.stat()
+    for child in [path, *path.rglob("*")]:  # run as root, postgres runs as the data's owner
+        os.lchown(child, owner.st_uid, owner.st_gid)
+    for name in ("postmaster.opts", "postmaster.pid", "log", ".handle_pids.json"):
+        (path / name).unlink(missing_ok=True)
+    for name in list((path / "base").iterdir()):
+        if name.name.isdigit() and name.name not in ("1", "4"):
+            shutil.rmtree(name)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    (path / "postmaster.pid").write_text(f"-{dead.pid}\n{path}\n1795703219\n5432\n\n\n  0  0\n")
+
+
+def test_an_unfinished_initdb_is_recognised_and_data_never_touched(data_dir):
+    path, _ = data_dir
+    assert _query(embedded.embedded_database(path)) == 42
+    assert embedded.stop_data_directory(path)
+    assert not embedded._unfinished_initdb(path)  # complete and served
+    unfinished = path.with_name("unfinished")
+    _unfinished_copy(path, unfinished)
+    _assert_unfinished(unfinished)
+    try:
+        # Not the same once a postmaster served it, or with a file PostgreSQL does not make.
+        (unfinished / "postmaster.opts").write_text("postgres\n")
+        assert not embedded._unfinished_initdb(unfinished)
+        (unfinished / "postmaster.opts").unlink()
+        (unfinished / "notes.txt").write_text("mine")
+        assert not embedded._unfinished_initdb(unfinished)
+        before = sorted(p.name for p in unfinished.iterdir())
+        embedded._recover_unfinished_initdb(unfinished)
+        assert sorted(p.name for p in unfinished.iterdir()) == before  # untouched
+        (unfinished / "notes.txt").unlink()
+        _assert_unfinished(unfinished)
+        assert _query(embedded.embedded_database(unfinished)) == 42
+        assert embedded.stop_data_directory(unfinished)
+    finally:
+        shutil.rmtree(unfinished, ignore_errors=True)
+
+
+# --- typed errors that say what to do --------------------------------------------------------
+
+
+def _data_directory_error(path, problem, *, call=None):
+    from django_rag.exceptions import EmbeddedDataDirectoryError
+
+    with pytest.raises(EmbeddedDataDirectoryError) as caught:
+        (call or embedded.embedded_database)(path)
+    error = caught.value
+    assert error.code == "embedded_data_directory_error" and error.problem == problem
+    assert isinstance(error, EmbeddedServerError)
+    return str(error)
+
+
+def test_a_file_where_the_directory_should_be(fake_data_dir, tmp_path, capsys):
+    path = tmp_path / "pgdata"
+    path.write_text("not a directory")
+    message = _data_directory_error(path, "not_a_directory")
+    assert "is a file, not a directory" in message and "move the file away" in message
+    assert path.read_text() == "not a directory"
+    assert embedded.main(["stop", str(path)]) == 1
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_a_non_empty_directory_without_pg_version(fake_data_dir, tmp_path):
+    path = tmp_path / "pgdata"
+    path.mkdir()
+    (path / "report.pdf").write_bytes(b"%PDF")
+    message = _data_directory_error(path, "not_a_data_directory")
+    assert "no PG_VERSION" in message and "report.pdf" in message
+    assert "absent or empty directory" in message
+    assert (path / "report.pdf").read_bytes() == b"%PDF"
+
+
+def test_a_garbage_pg_version(fake_data_dir, capsys):
+    path = fake_data_dir(embedded.embedded_server_version())
+    (path / "PG_VERSION").write_text("garbage\n")
+    message = _data_directory_error(path, "bad_pg_version")
+    assert "holds 'garbage'" in message and f"mv {path} {path}.damaged" in message
+    _data_directory_error(path, "bad_pg_version", call=embedded.check_data_directory)
+    assert embedded.main(["version", str(path)]) == 1
+    assert "holds 'garbage'" in capsys.readouterr().err
+
+
+def test_a_garbage_handle_pids_file(fake_data_dir):
+    path = fake_data_dir(embedded.embedded_server_version())
+    for garbage in ("{not json", '{"pids": [1]}', '[1, "two"]'):
+        (path / ".handle_pids.json").write_text(garbage)
+        message = _data_directory_error(path, "bad_handle_pids")
+        assert f"rm {path / '.handle_pids.json'}" in message

@@ -390,6 +390,26 @@ def test_search_and_ask_forms_bound_the_query(staff, docs):
         assert 'maxlength="5"' in staff.get(url("search")).content.decode()
 
 
+def test_the_longest_accepted_query_stays_within_the_search_budget(staff, docs):
+    """The costliest accepted query, 10,000 characters of distinct corpus words, from the
+    dashboard's Search page in every mode (compare): answered, and every statement that scores
+    chunks holds at most SEARCH["MAX_QUERY_TERMS"] (32) of its words, where it used to score
+    each candidate against all of them (tests/test_search_budget.py has the rest)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    vocabulary = [f"qz{i:04d}x" for i in range(1400)]
+    rag.ingest(" ".join(vocabulary), collection="docs", source_id="vocabulary")
+    query = " ".join(vocabulary)[:10_000]
+    with CaptureQueriesContext(connection) as captured:
+        response = staff.get(url("search"), {"q": query, "compare": "on"})
+    assert response.status_code == 200
+    scoring = [
+        q["sql"] for q in captured if "fulltext_score" in q["sql"] or "to_bm25query" in q["sql"]
+    ]
+    assert scoring and all(sum(word in sql for word in vocabulary) <= 32 for sql in scoring)
+
+
 @pytest.mark.parametrize("filename", ["notes\x00.txt", "x" * 300 + ".txt", "\u200b.txt"])
 def test_upload_with_a_hostile_filename_is_never_a_500(staff, docs, filename):
     # Django's upload parser drops non-printable characters and shortens long names.

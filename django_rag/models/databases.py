@@ -14,13 +14,15 @@ through the search alias, so a search sees one consistent database.
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
-from django.db import InterfaceError, OperationalError, connections, router
+from django.db import InterfaceError, OperationalError, connections, router, transaction
 
-from ..conf import search_setting
-from ..exceptions import ConfigurationError, InvalidOption
+from ..conf import search_setting, statement_timeout
+from ..exceptions import ConfigurationError, InvalidOption, SearchTimeout
 
 T = TypeVar("T")
 
@@ -71,3 +73,42 @@ def write_db() -> str:
     from .documents import Chunk
 
     return router.db_for_write(Chunk)
+
+
+# PostgreSQL's SQLSTATE for a statement cancelled by statement_timeout (or a cancel request).
+_QUERY_CANCELED = "57014"
+
+
+@contextlib.contextmanager
+def search_budget(using: str):
+    """Run one search's statements on ``using`` under ``SEARCH["STATEMENT_TIMEOUT"]``: a
+    statement that runs longer is cancelled and :class:`~django_rag.exceptions.SearchTimeout`
+    raised. Nothing is done when the setting is None (the default).
+
+    The timeout is ``SET LOCAL`` in a transaction of its own (a savepoint inside the caller's),
+    and put back as it was before the search returns: inside a caller's transaction a
+    released savepoint would otherwise keep it for the caller's later statements."""
+    seconds = statement_timeout()
+    if seconds is None:
+        yield
+        return
+    connection = connections[using]
+    with transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT current_setting('statement_timeout'), "
+                "set_config('statement_timeout', %s, true)",
+                [f"{max(1, math.ceil(seconds * 1000))}ms"],
+            )
+            previous = cursor.fetchone()[0]
+        try:
+            yield
+        except OperationalError as exc:
+            cause = exc.__cause__
+            if (getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)) in (
+                _QUERY_CANCELED,
+            ):
+                raise SearchTimeout(seconds, database=using) from exc
+            raise
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])

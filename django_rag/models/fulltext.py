@@ -26,7 +26,7 @@ import math
 import re
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from django.db import (
     DatabaseError,
@@ -39,7 +39,7 @@ from django.db import (
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 
-from ..conf import get_setting
+from ..conf import get_setting, max_query_terms
 from ..exceptions import ConfigurationError, InvalidOption
 
 # The statistics are kept per collection: a search scoped to collections ranks with theirs (as a
@@ -274,6 +274,10 @@ class FulltextQuery:
     # One word of the query for each scoring lexeme (the first giving it): the text handed to
     # a BM25 index, which stems it again (lexemes are not always stable under stemming).
     words: list[str] = field(default_factory=list)
+    # Scoring lexeme -> that word, in query order (how limit_terms keeps words in step).
+    word_of: dict[str, str] = field(default_factory=dict)
+    # How many distinct words limit_terms left out (SEARCH["MAX_QUERY_TERMS"]).
+    dropped_terms: int = 0
 
 
 def _quote(lexeme: str) -> str:
@@ -333,11 +337,11 @@ def parse_query(
                       SELECT lexeme FROM unnest(to_tsvector(%(config)s::regconfig, p))), ' ')
                   FROM unnest(%(phrase_list)s::text[]) AS p,
                   phraseto_tsquery(%(config)s::regconfig, p) AS q WHERE numnode(q) > 0),
-            ARRAY(SELECT w FROM (
-                      SELECT DISTINCT ON (u.lexeme) x.w, x.n
+            ARRAY(SELECT ARRAY[s.w, s.lexeme] FROM (
+                      SELECT DISTINCT ON (u.lexeme) x.w, x.n, u.lexeme
                       FROM unnest(%(words)s::text[]) WITH ORDINALITY AS x(w, n),
                            unnest(to_tsvector(%(config)s::regconfig, x.w)) AS u
-                      ORDER BY u.lexeme, x.n) s ORDER BY s.n)
+                      ORDER BY u.lexeme, x.n) s ORDER BY s.n, s.lexeme)
     """
     params = {
         "config": config,
@@ -354,7 +358,7 @@ def parse_query(
     try:
         with guard, connection.cursor() as cursor:
             cursor.execute(sql, params)
-            free_terms, phrase_terms, excluded_terms, phrase_queries, phrase_lexemes, words = (
+            free_terms, phrase_terms, excluded_terms, phrase_queries, phrase_lexemes, pairs = (
                 cursor.fetchone()
             )
     except (OperationalError, InterfaceError):
@@ -366,6 +370,9 @@ def parse_query(
     terms = list(dict.fromkeys([*free_terms, *phrase_terms]))
     if not terms:
         return FulltextQuery()
+    # Each scoring lexeme's word, in the order the words come in the query.
+    word_of = {lexeme: word for word, lexeme in pairs}
+    words = [word for word, _ in pairs]
     if syntax == "natural":
         # A phrase of one word is just that word; longer ones boost the chunks that hold them.
         boosts = [
@@ -374,7 +381,11 @@ def parse_query(
             if len(lexemes.split()) > 1
         ]
         return FulltextQuery(
-            match=quote_terms(terms), terms=terms, boosts=boosts, words=list(dict.fromkeys(words))
+            match=quote_terms(terms),
+            terms=terms,
+            boosts=boosts,
+            words=list(dict.fromkeys(words)),
+            word_of=word_of,
         )
     match = " & ".join(f"({q})" for q in phrase_queries) if phrase_queries else quote_terms(terms)
     exclude = quote_terms(excluded_terms) or None
@@ -384,6 +395,7 @@ def parse_query(
         terms=terms,
         phrases=bool(phrase_queries),
         words=list(dict.fromkeys(words)),
+        word_of=word_of,
     )
 
 
@@ -451,6 +463,65 @@ def term_weights(
         max_tf=[stored[term][1] if term in stored else None for term in terms],
         min_length=[stored[term][2] if term in stored else None for term in terms],
     )
+
+
+def limit_terms(
+    parsed: FulltextQuery,
+    weights: TermWeights | None = None,
+    *,
+    using: str = "default",
+    collection_ids: Sequence[int] | None = None,
+) -> tuple[FulltextQuery, TermWeights | None]:
+    """``parsed`` and its ``weights`` within ``SEARCH["MAX_QUERY_TERMS"]``: the cost budget of
+    one full-text ranking.
+
+    A query's cost grows with its distinct words (one posting list each, and every candidate
+    chunk is scored against all of them): a 10,000-character query of 1,400 distinct words
+    scored most of a 100k-chunk table. A query with more distinct words than the cap keeps the
+    most selective ones, those in the fewest chunks (the highest idf: the ones BM25 weighs
+    most), ties in query order; words in no chunk go last (they match and score nothing).
+    Phrase boosts are kept when all their words are; required phrases and excluded words of
+    web-search syntax still apply whole. A query within the cap comes back as it was, so
+    normal queries rank exactly as without a cap. ``weights`` (of ``parsed.terms``) are read
+    from the statistics when not given, and returned for the kept terms."""
+    cap = max_query_terms()
+    if cap is None or len(parsed.terms) <= cap:
+        return parsed, weights
+    if weights is None or weights.terms != parsed.terms:
+        weights = term_weights(parsed.terms, using=using, collection_ids=collection_ids)
+    index = {term: i for i, term in enumerate(weights.terms)}
+    position = {term: n for n, term in enumerate(parsed.word_of)}
+
+    def selectivity(term: str):
+        df = weights.frequencies[index[term]]
+        return (df == 0, df, position.get(term, len(position)), term)
+
+    kept_set = set(sorted(parsed.terms, key=selectivity)[:cap])
+    kept = [term for term in parsed.terms if term in kept_set]
+    rows = [index[term] for term in kept]
+
+    def pick(values: list) -> list:
+        return [values[i] for i in rows] if len(values) == len(weights.terms) else []
+
+    capped_weights = TermWeights(
+        kept,
+        pick(weights.frequencies),
+        pick(weights.idf),
+        weights.average_length,
+        max_tf=pick(weights.max_tf),
+        min_length=pick(weights.min_length),
+    )
+    word_of = {term: word for term, word in parsed.word_of.items() if term in kept_set}
+    capped = replace(
+        parsed,
+        match=parsed.match if parsed.phrases else quote_terms(kept),
+        terms=kept,
+        boosts=[boost for boost in parsed.boosts if set(boost[1]) <= kept_set],
+        words=list(dict.fromkeys(word_of.values())) if parsed.word_of else parsed.words,
+        word_of=word_of,
+        dropped_terms=len(parsed.terms) - len(kept),
+    )
+    return capped, capped_weights
 
 
 def bm25_sql(weights: TermWeights, boosts=()) -> tuple[str, list]:

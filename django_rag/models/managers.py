@@ -16,7 +16,7 @@ from pgvector.django import CosineDistance
 from ..conf import search_setting
 from ..fusion import fuse
 from ..results import SearchResult
-from .fulltext import bm25_sql, parse_query, quote_terms, term_weights
+from .fulltext import bm25_sql, limit_terms, parse_query, quote_terms, term_weights
 from .textsearch import fulltext_backend, score_sql
 
 try:
@@ -401,10 +401,12 @@ class ChunkQuerySet(models.QuerySet):
         if parsed.match is None:
             return []
         if fulltext_backend(self.db) == "pg_textsearch":
+            parsed, _ = limit_terms(parsed, using=self.db)
             return self._index_hits(parsed, limit)
         weights = weights or term_weights(
             parsed.terms, using=self.db, collection_ids=statistics_from
         )
+        parsed, weights = limit_terms(parsed, weights)
         boosts = weights.boosts(parsed)
         scored = self.without_excluded(parsed).with_bm25(weights, boosts)
         if parsed.phrases:  # already selective, and they match as a whole
@@ -554,6 +556,11 @@ class ChunkQuerySet(models.QuerySet):
             if parsed.terms and not index
             else None
         )
+        if parsed.terms:  # the cost budget, once for both the ranking and the candidates' BM25
+            parsed, weights = limit_terms(
+                parsed, weights, using=self.db, collection_ids=statistics_from
+            )
+            weights = None if index else weights
         semantic = dict(self.without_excluded(parsed).semantic_hits(vector, limit=pool))
         fulltext = (
             dict(self.fulltext_hits(parsed, limit=pool, weights=weights))

@@ -24,7 +24,7 @@ from ..conf import build_component, get_setting, on_reset, search_setting
 from ..exceptions import UnknownCollection
 from ..fusion import fuse
 from ..models import Chunk, Collection
-from ..models.databases import search_db, write_db
+from ..models.databases import search_budget, search_db, write_db
 from ..models.fulltext import split_query
 from ..results import SearchResult
 
@@ -119,6 +119,11 @@ class PgVectorStore(VectorStore):
     receives_writes = False
 
     def search(self, request):
+        # SEARCH["STATEMENT_TIMEOUT"]: every statement below runs under it (SearchTimeout).
+        with search_budget(request_db(request)):
+            return self._search(request)
+
+    def _search(self, request):
         scope = collection_scope(request)
         chunks = scoped_chunks(request, scope)
         if request.mode == "semantic":
