@@ -335,3 +335,50 @@ def test_sync_skips_links_and_deletes_a_document_a_link_brought_in_before(linked
     assert set(index_of("synced")) == {"a/page.txt"}
     assert "a/passwd.txt" in report.deleted
     assert {item.path.name for item in report.skipped} >= {"passwd.txt", "etc.txt", "out"}
+
+
+# --- the getting-started commands, as printed ----------------------------------------------
+
+
+def getting_started_command(start: str) -> list[str]:
+    """The arguments of the ``python manage.py rag_ingest ...`` line of getting-started.md that
+    starts with ``start``."""
+    import shlex
+    from pathlib import Path
+
+    page = Path(__file__).resolve().parent.parent / "docs" / "getting-started.md"
+    (line,) = [line for line in page.read_text().splitlines() if line.startswith(start)]
+    return shlex.split(line)[2:]  # after "python manage.py"
+
+
+def test_the_getting_started_command_run_again_after_an_edit_leaves_one_document(
+    tmp_path, monkeypatch
+):
+    from .test_parsers import make_pdf
+
+    args = getting_started_command('python manage.py rag_ingest docs/ "notes/')
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "notes" / "2024").mkdir(parents=True)
+    (tmp_path / "docs" / "refunds.md").write_text("# Refunds\n\nRefunds take fourteen days.")
+    (tmp_path / "notes" / "2024" / "meeting.md").write_text("# Meeting\n\nWe met on Monday.")
+    (tmp_path / "manual.pdf").write_bytes(make_pdf(["Press the red button."]))
+    run(*args)
+    (tmp_path / "docs" / "refunds.md").write_text("# Refunds\n\nRefunds now take three days.")
+    (tmp_path / "notes" / "2024" / "meeting.md").write_text("# Meeting\n\nWe met on Friday.")
+    output = run(*args)
+    assert "2 ingested" in output and "1 unchanged" in output
+    stored = index_of("handbook")
+    assert len(stored) == 3
+    assert stored["refunds.md"] == "# Refunds\n\nRefunds now take three days."
+    assert stored["notes/2024/meeting.md"] == "# Meeting\n\nWe met on Friday."
+    hits = rag.search("refunds meeting days", collection="handbook", limit=10)
+    assert not any("fourteen" in hit.text or "Monday" in hit.text for hit in hits)
+
+    sync = getting_started_command("python manage.py rag_ingest docs/ --sync")
+    run(*sync)
+    (tmp_path / "docs" / "faq.md").write_text("# FAQ\n\nAsk us anything.")
+    (tmp_path / "docs" / "refunds.md").unlink()
+    run(*sync)
+    assert set(index_of("docs")) == {"faq.md"}
+    assert len(index_of("handbook")) == 3  # the other collection is not the folder's
