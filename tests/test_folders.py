@@ -382,3 +382,35 @@ def test_the_getting_started_command_run_again_after_an_edit_leaves_one_document
     run(*sync)
     assert set(index_of("docs")) == {"faq.md"}
     assert len(index_of("handbook")) == 3  # the other collection is not the folder's
+
+
+def test_glob_patterns_match_like_glob_without_following_links(tmp_path):
+    from django_rag.ingestion.folders import glob_files
+
+    root = tmp_path / "g"
+    (root / "sub" / "deeper").mkdir(parents=True)
+    (root / ".hidden").mkdir()
+    for name in ("top.txt", "top.md", "sub/a.txt", "sub/deeper/b.txt", ".hidden/c.txt"):
+        (root / name).write_text(name)
+    os.symlink(tmp_path, root / "sub" / "up")
+
+    def names(pattern):
+        found, skipped = glob_files(str(root / pattern))
+        return (
+            sorted((item.path.relative_to(root).as_posix(), named) for item, named in found),
+            sorted(item.path.name for item in skipped),
+        )
+
+    assert names("*.txt") == ([("top.txt", True)], [])
+    assert names("**/*.txt") == (
+        [("sub/a.txt", True), ("sub/deeper/b.txt", True), ("top.txt", True)],
+        ["up"],
+    )
+    assert names("s*/*/*.txt") == ([("sub/deeper/b.txt", True)], [])
+    # A directory the pattern matches stands for the files under it (as rag_ingest walks it).
+    assert names("su?") == (
+        [("sub/a.txt", False), ("sub/deeper/b.txt", False)],
+        ["up"],
+    )
+    assert names(".hidden/*.txt") == ([(".hidden/c.txt", True)], [])
+    assert names("**/**/**/**/**/**/**/**/nothing.txt") == ([], ["up"])

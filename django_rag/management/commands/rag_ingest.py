@@ -279,7 +279,10 @@ class Command(RagCommand):
                 # One file's failure is reported once, here, and the others went on.
                 failures.append((path, f"{type(outcome).__name__}: {outcome}"))
                 lines[path] = self.style.ERROR(f"FAILED {path}: {outcome}")
-            elif outcome.deduplicated or outcome.superseded:
+            elif outcome.superseded:  # another run wrote a newer version of this file first
+                unchanged += 1
+                lines[path] = f"unchanged {path}: a newer version was written meanwhile"
+            elif outcome.deduplicated:
                 unchanged += 1
                 lines[path] = f"unchanged {path}"
             else:
