@@ -414,3 +414,12 @@ def test_glob_patterns_match_like_glob_without_following_links(tmp_path):
     )
     assert names(".hidden/*.txt") == ([(".hidden/c.txt", True)], [])
     assert names("**/**/**/**/**/**/**/**/nothing.txt") == ([], ["up"])
+
+
+def test_sync_folder_reports_through_telemetry(folder, events):
+    from django_rag.telemetry.logging import DETAILS
+
+    rag.sync_folder(folder, collection="tel")
+    (stop,) = [meta for kind, event, meta in events if event == "sync_folder" and kind == "stop"]
+    assert (stop["added"], stop["deleted"], stop["collection"]) == (3, 0, "tel")
+    assert DETAILS["sync_folder"](stop) == "3 added, 0 replaced, 0 unchanged, 0 deleted"
