@@ -6,6 +6,7 @@ The public API is small::
     doc = rag.ingest("text", collection="docs", source_id="handbook", replace=True)
     doc = rag.ingest_file("manual.pdf", collection="docs")
     docs = rag.ingest_many([{"text": ..., "source_id": ...}, ...], collection="docs")
+    report = rag.sync_folder("handbook/", collection="docs")   # the collection mirrors a folder
     hits = rag.search("how do refunds work", limit=5, collection="docs")
     answer = rag.ask("How do refunds work?", collection="docs", llm="openai/gpt-4o-mini")
     ctx = rag.Agent("Compare plan A and B").gate().search().rerank().answer().context
@@ -32,6 +33,7 @@ _EXPORTS = {
     "ingest_file": "django_rag.ingestion.service",
     "ingest_bytes": "django_rag.ingestion.service",
     "ingest_many": "django_rag.ingestion.service",
+    "sync_folder": "django_rag.ingestion.folders",
     "delete": "django_rag.ingestion.service",
     "indexed": "django_rag.sync",
     "with_objects": "django_rag.sync",

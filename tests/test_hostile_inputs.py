@@ -123,9 +123,23 @@ def test_ingest_refuses_with_a_typed_error_and_writes_nothing(docs, fields, coll
 def test_ingest_many_refuses_with_a_typed_error_and_writes_nothing(docs, fields, collection, error):
     items = ["A first, valid document.", {"text": TEXT + " Hostile.", **fields}]
     with nothing_written(), pytest.raises(error) as info:
-        rag.ingest_many(items, collection=collection or "docs")
+        rag.ingest_many(items, collection=collection or "docs", on_error="raise")
     if collection is None:
         assert "in documents[1]" in info.value.__notes__
+
+
+@pytest.mark.parametrize("fields, collection, error", DOCUMENT_CASES)
+def test_ingest_many_skips_a_hostile_document_and_stores_the_others(
+    docs, fields, collection, error
+):
+    items = ["A first, valid document.", {"text": TEXT + " Hostile.", **fields}]
+    if collection is not None:  # wrong for every document: the call fails, nothing stored
+        with nothing_written(), pytest.raises(error):
+            rag.ingest_many(items, collection=collection)
+        return
+    first, second = rag.ingest_many(items, collection="docs")
+    assert isinstance(second, error) and "in documents[1]" in second.__notes__
+    assert first.pk and first.content == "A first, valid document."
 
 
 def test_metadata_within_the_limits_is_stored(docs):

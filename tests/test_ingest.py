@@ -352,21 +352,69 @@ def test_ingest_many_batches_across_documents():
     assert rag.search("topic 7", mode="fulltext", collection="bulk")[0].source_id == "s7"
 
 
-def test_ingest_many_refuses_bad_items_before_writing():
+def test_ingest_many_refuses_bad_items_before_writing_with_on_error_raise():
     before = counts()
     with pytest.raises(EmptyDocument) as info:
-        rag.ingest_many(["fine text", "   ", "more text"], collection="bulk-bad")
+        rag.ingest_many(["fine text", "   ", "more text"], collection="bulk-bad", on_error="raise")
     assert "documents[1]" in info.value.__notes__[0]
     with pytest.raises(InvalidOption):
-        rag.ingest_many([{"txt": "typo"}], collection="bulk-bad")
+        rag.ingest_many([{"txt": "typo"}], collection="bulk-bad", on_error="raise")
     assert counts() == before
+
+
+def test_ingest_many_skips_and_reports_a_bad_document_by_default():
+    """One empty (or malformed) document no longer fails the whole batch: it is skipped, its
+    typed error takes its place in the result, and the others are stored."""
+    items = [
+        "fine text",
+        "   ",
+        {"txt": "typo"},
+        {"text": "more text", "metadata": {"score": float("nan")}},
+        {"text": "last text", "source_id": "last"},
+    ]
+    results = rag.ingest_many(items, collection="bulk-skip")
+    assert isinstance(results[1], EmptyDocument) and "in documents[1]" in results[1].__notes__
+    assert isinstance(results[2], InvalidOption) and "in documents[2]" in results[2].__notes__
+    assert isinstance(results[3], InvalidOption)
+    assert results[1].code == "empty_document"
+    assert [d.content for d in (results[0], results[4])] == ["fine text", "last text"]
+    stored = Document.objects.filter(collection__name="bulk-skip")
+    assert sorted(stored.values_list("content", flat=True)) == ["fine text", "last text"]
+    assert all(d.chunk_count == 1 for d in stored)
+
+
+def test_ingest_many_still_refuses_options_wrong_for_every_document():
+    before = counts()
+    for options in (
+        {"collection": "bad\x00"},
+        {"format": "html"},
+        {"chunk_size": 0},
+        {"on_error": "ignore"},
+    ):
+        with pytest.raises(InvalidOption):
+            rag.ingest_many(["one text", "two text"], **{"collection": "opts", **options})
+    assert counts() == before
+
+
+def test_ingest_many_skips_a_document_whose_chunk_the_embedder_refuses(failing_embedder):
+    texts = [f"Good document number {i}." for i in range(6)] + ["POISON here"]
+    results = rag.ingest_many(
+        texts, collection="bulk-skip-embed", embedder=failing_embedder("POISON"), group_size=4
+    )
+    assert isinstance(results[6], EmbeddingFailed) and "in documents[6]" in results[6].__notes__
+    assert all(isinstance(d, Document) for d in results[:6])
+    assert Document.objects.filter(collection__name="bulk-skip-embed").count() == 6
 
 
 def test_ingest_many_embedding_failure_names_the_document(failing_embedder):
     texts = [f"Good document number {i}." for i in range(6)] + ["POISON here"]
     with pytest.raises(EmbeddingFailed, match=r"documents\[6\] chunk 0") as info:
         rag.ingest_many(
-            texts, collection="bulk-fail", embedder=failing_embedder("POISON"), group_size=4
+            texts,
+            collection="bulk-fail",
+            embedder=failing_embedder("POISON"),
+            group_size=4,
+            on_error="raise",
         )
     assert info.value.chunk_index == 0
     # The first group of four was stored; the failing group was not.

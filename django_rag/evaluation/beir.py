@@ -78,6 +78,7 @@ def import_beir(
             for doc in corpus
         ),
         collection=collection,
+        on_error="raise",  # a corpus that does not load whole is not the benchmark
     )
     by_source = {doc.source_id: doc.pk for doc in documents}
     target = Collection.objects.get(name=collection)

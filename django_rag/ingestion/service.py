@@ -18,6 +18,7 @@ import contextvars
 import hashlib
 import logging
 import mimetypes
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -78,6 +79,7 @@ FORMATS = ("text", "markdown")
 # Batched ingestion folds the BM25 statistics deltas about this often (in chunks).
 COMPACT_EVERY = 2048
 ON_CHUNK_ERROR = ("raise", "skip")
+ON_ERROR = ("raise", "skip")
 
 
 def content_hash(text: str) -> str:
@@ -524,6 +526,7 @@ def ingest_many(
     chunk_overlap: int | None = None,
     group_size: int = 64,
     graph: bool | None = None,
+    on_error: str = "skip",
 ) -> list:
     """Ingest many texts, embedding the chunks of several documents per batch.
 
@@ -531,18 +534,29 @@ def ingest_many(
     ``source_id`` and ``format``; the other options apply to every item as in :func:`ingest`.
     Returns the documents in input order (stored duplicates included, as with ``ingest``).
 
-    Every item is validated and chunked before anything is embedded or written, so bad input
-    raises with nothing stored (the error has a note naming ``documents[i]``); stored
-    duplicates are found in one query. Documents are then embedded ``group_size`` at a time
+    One bad document does not fail the batch: with ``on_error="skip"`` (the default, as for
+    :func:`ingest_files` and ``rag_ingest``) a document that cannot be ingested (empty text,
+    bad metadata or source id, a chunk the embedder refuses, a failed write) is skipped and its
+    exception (a :class:`~django_rag.exceptions.RagError` with a note naming ``documents[i]``)
+    takes its place in the result; the others are stored. Options wrong for every document
+    (``collection``, ``format``, ``chunk_size``...) still raise before anything is stored.
+
+    With ``on_error="raise"`` every item is validated and chunked before anything is embedded
+    or written, so bad input raises with nothing stored (the error has a note naming
+    ``documents[i]``); if the embedder fails, the documents of earlier groups stay stored and
+    :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk; if a group's
+    write fails, the error is raised: earlier groups stay stored, and so do the earlier runs of
+    the failing group when it was cut at a repeated source_id.
+
+    Stored duplicates are found in one query. Documents are embedded ``group_size`` at a time
     (the next group on a thread while the previous one is written) and each group is written
     in one transaction, in order (cut where a source_id comes back, so the result is that of
-    one ``ingest`` per document): if the embedder fails, the documents of earlier groups stay
-    stored and :class:`~django_rag.exceptions.EmbeddingFailed` names the document and chunk;
-    if a group's write fails, the error is raised: earlier groups stay stored, and so do the
-    earlier runs of the failing group when it was cut at a repeated source_id.
+    one ``ingest`` per document).
     """
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
+    if on_error not in ON_ERROR:
+        raise InvalidOption(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
     with span("ingest_many", collection=collection, group_size=group_size) as s:
         results = _ingest_many(
             documents,
@@ -555,9 +569,14 @@ def ingest_many(
             chunk_overlap=chunk_overlap,
             group_size=group_size,
             graph=_use_graph(graph),
+            on_error=on_error,
         )
+        failed = sum(isinstance(document, Exception) for document in results)
+        if failed:
+            logger.warning("ingest_many: %d of %d document(s) skipped", failed, len(results))
         s.set(
-            document_count=len(results),
+            document_count=len(results) - failed,
+            failed=failed,
             chunk_count=sum(getattr(document, "chunk_count", 0) for document in results),
         )
         return results
@@ -575,8 +594,20 @@ def _ingest_many(
     chunk_overlap,
     group_size,
     graph,
+    on_error,
 ) -> list:
+    # Options shared by every document fail the call, not each document.
+    collection = clean_collection_name(collection)
+    if format not in FORMATS:
+        raise InvalidOption(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    options = {
+        key: value
+        for key, value in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
+        if value is not None
+    }
+    get_chunker(chunker, **options)
     resolved = get_embedder(embedder)
+    errors: dict[int, Exception] | None = {} if on_error == "skip" else None
     results: list = []
     validated: list[tuple[int, _Pending]] = []
     for index, item in enumerate(documents):
@@ -600,7 +631,11 @@ def _ingest_many(
             )
         except RagError as exc:
             exc.add_note(f"in documents[{index}]")
-            raise
+            if errors is None:
+                raise
+            errors[index] = exc
+            results.append(exc)
+            continue
         validated.append((index, checked))
         results.append(checked)
     _take_versions([item for _, item in validated])
@@ -614,20 +649,37 @@ def _ingest_many(
         chunk_overlap=chunk_overlap,
         group_size=group_size,
         graph=graph,
+        errors=errors,
     )
+    for index, error in (errors or {}).items():
+        if not any(note.startswith("in documents[") for note in getattr(error, "__notes__", [])):
+            error.add_note(f"in documents[{index}]")
+        results[index] = error
     return results
 
 
 def _without_stored(validated: list[tuple[int, _Pending]], results: list, replace: bool) -> list:
     """Cheap dedup before any embedding work, one query per thousand documents (the store
     checks again under the identity locks): a stored duplicate goes to ``results[index]``,
-    the others are returned."""
+    the others are returned. With ``replace``, only a duplicate that is its identity's only
+    document counts (one more query)."""
     stored: dict = {}
-    if not replace and validated:
+    if validated:
         name = validated[0][1].collection
         identities = [(p.document.source_id, p.document.content_hash) for _, p in validated]
         for start in range(0, len(identities), 1000):
             stored.update(find_duplicates(name, identities[start : start + 1000]))
+    if replace and stored:
+        # A replace whose text is already its identity's only document has nothing to replace:
+        # it is not embedded again (re-running rag_ingest on unchanged files costs no model
+        # time). Where other versions are stored, the write goes on and deletes them.
+        sources = sorted({source for source, _ in stored})
+        versions = Counter(
+            Document.objects.using(write_db())
+            .filter(collection__name=validated[0][1].collection, source_id__in=sources)
+            .values_list("source_id", flat=True)
+        )
+        stored = {key: document for key, document in stored.items() if versions[key[0]] == 1}
     left = []
     for index, item in validated:
         existing = stored.get((item.document.source_id, item.document.content_hash))
@@ -842,13 +894,47 @@ def ingest_files(
     wrong for every file (``collection``, ``metadata``, ``chunk_size``...) raise at once.
     ``source_ids`` defaults to each path as given. ``progress(done, total)`` receives chunk
     counts while embedding runs (from the embedding thread).
+
+    With ``replace=True``, a file whose text equals its identity's only stored document is not
+    embedded again: that document comes back with ``deduplicated = True``.
     """
     paths = [Path(path) for path in paths]
     if source_ids is not None and len(source_ids) != len(paths):
         raise InvalidOption(f"{len(source_ids)} source_ids for {len(paths)} paths")
+    name, resolved = _check_file_options(
+        collection, title, metadata, chunker, embedder, chunk_size, chunk_overlap, group_size
+    )
+    parsed: list[ParsedDocument | Exception] = []
+    for path in paths:
+        try:
+            clean_filename(str(path))
+            parsed.append(parse_file(path))
+        except (RagError, OSError) as exc:
+            parsed.append(exc)
+    return ingest_parsed_files(
+        paths,
+        parsed,
+        collection=name,
+        source_ids=source_ids,
+        replace=replace,
+        title=title,
+        metadata=metadata,
+        chunker=chunker,
+        embedder=resolved,
+        chunk_size=chunk_size,
+        chunk_overlap=chunk_overlap,
+        group_size=group_size,
+        graph=graph,
+        progress=progress,
+    )
+
+
+def _check_file_options(
+    collection, title, metadata, chunker, embedder, chunk_size, chunk_overlap, group_size
+) -> tuple[str, Embedder]:
+    """Options shared by every file, checked once, before any file is read."""
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
         raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
-    # Options shared by every file are checked once, before any file is read.
     name = clean_collection_name(collection)
     clean_title(title)
     clean_metadata(metadata)
@@ -858,20 +944,46 @@ def ingest_files(
         if value is not None
     }
     get_chunker(chunker, **options)
-    resolved = get_embedder(embedder)
+    return name, get_embedder(embedder)
+
+
+def ingest_parsed_files(
+    paths: Sequence[Path],
+    parsed: Sequence[ParsedDocument | Exception],
+    *,
+    collection: str | None = None,
+    source_ids: Sequence[str] | None = None,
+    replace: bool = False,
+    title: str = "",
+    metadata: dict | None = None,
+    chunker=None,
+    embedder=None,
+    chunk_size: int | None = None,
+    chunk_overlap: int | None = None,
+    group_size: int = 64,
+    graph: bool | None = None,
+    progress=None,
+) -> list:
+    """:func:`ingest_files` for files already parsed (``parsed[i]`` is ``paths[i]``'s
+    document, or the exception its parsing raised, returned as is): what
+    :func:`~django_rag.ingestion.folders.sync_folder` runs after comparing hashes."""
+    name, resolved = _check_file_options(
+        collection, title, metadata, chunker, embedder, chunk_size, chunk_overlap, group_size
+    )
     with span("ingest_files", collection=name, file_count=len(paths)) as s:
         results: list = [None] * len(paths)
         errors: dict[int, Exception] = {}
         validated: list[tuple[int, _Pending]] = []
-        for index, path in enumerate(paths):
+        for index, (path, document) in enumerate(zip(paths, parsed, strict=True)):
+            if isinstance(document, Exception):
+                errors[index] = document
+                continue
             try:
-                clean_filename(str(path))
-                parsed = parse_file(path)
                 validated.append(
                     (
                         index,
                         _validate(
-                            parsed,
+                            document,
                             collection=name,
                             title=title,
                             metadata=metadata,

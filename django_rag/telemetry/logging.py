@@ -37,6 +37,14 @@ DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
     "ingest_many": lambda m: (
         f"{_plural(m.get('document_count'), 'document')}, {_plural(m.get('chunk_count'), 'chunk')}"
+        + (f", {m['failed']} skipped" if m.get("failed") else "")
+    ),
+    "sync_folder": lambda m: (
+        ("dry run: " if m.get("dry_run") else "")
+        + ", ".join(
+            f"{m.get(key, 0)} {key}" for key in ("added", "replaced", "unchanged", "deleted")
+        )
+        + (f", {m['failed']} failed" if m.get("failed") else "")
     ),
     "delete": lambda m: f"document {m.get('document_id')}",
     "embed": lambda m: f"{_plural(m.get('count'), 'text')}, {m.get('dimensions', '?')} dims",
