@@ -27,6 +27,7 @@ from .exceptions import DocumentSuperseded
 from .graph import build_graph as build
 from .graph import detect_communities as detect
 from .graph import summarize_communities as summarize
+from .ingestion.folders import sync_folder
 from .ingestion.service import abandon_pending, process_pending
 from .models import Job
 from .sync import reconcile
@@ -163,11 +164,23 @@ def sync_row(job_id: int) -> None:
 @register("sync")
 @shared_task(name="django_rag.sync", **OPTIONS)
 def sync(job_id: int) -> None:
-    """:func:`django_rag.sync.reconcile` for the job's model (the dashboard's Check and
-    Reconcile)."""
+    """:func:`django_rag.sync.reconcile` for the job's model, or
+    :func:`django_rag.ingestion.folders.sync_folder` for its folder (the dashboard's Check,
+    Reconcile and Sync)."""
 
     def body(job):
-        (report,) = reconcile(progress=_progress(job), **job.params)
+        params = dict(job.params)
+        if params.get("folder"):
+            report = sync_folder(
+                params["folder"],
+                collection=params["collection"],
+                prefix=params.get("prefix", ""),
+                dry_run=bool(params.get("dry_run")),
+                progress=_progress(job),
+                record=False,  # this job is the record
+            )
+            return {**report.counts(), "failed_files": sorted(report.failed)[:5]}
+        (report,) = reconcile(progress=_progress(job), **params)
         result = report.to_dict()
         result["errors"] = result["errors"][:5]
         return result

@@ -271,7 +271,7 @@ def test_the_sync_page_shows_counts_and_checks_then_reconciles(staff):
         note_row = page[page.index('id="model-syncapp.note"') :]
         assert '<td class="stale">2 ' in note_row
         confirm = staff.post(url, {"model": "syncapp.note", "action": "reconcile"})
-        assert b"Reconcile syncapp.note?" in confirm.content  # asks first
+        assert b"Sync syncapp.note?" in confirm.content  # asks first
         staff.post(url, {"model": "syncapp.note", "action": "reconcile", "confirmed": "yes"})
         assert_index_matches_rows()
         assert staff.post(url, {"model": "auth.user", "action": "check"}).status_code == 302
@@ -312,3 +312,27 @@ def test_finished_jobs_are_pruned_by_age(capsys):
     assert Job.objects.count() == 4
     call_command("rag_maintenance", "jobs", "--apply")
     assert Job.objects.count() == 2 and Job.objects.filter(status="pending").exists()
+
+
+def test_the_sync_page_lists_synced_folders_checks_and_syncs_them(staff, tmp_path):
+    from django.urls import reverse
+
+    folder = tmp_path / "handbook"
+    folder.mkdir()
+    (folder / "a.txt").write_text("Refunds take 14 days.")
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "inline"}):
+        rag.sync_folder(folder, collection="handbook")
+        url = reverse("django_rag_dashboard:sync")
+        page = staff.get(url).content.decode()
+        assert f'data-folder="{folder.resolve()}"' in page and "1 added" in page
+        (folder / "b.txt").write_text("Exchanges take 30 days.")
+        (folder / "a.txt").unlink()
+        staff.post(url, {"folder": "0", "action": "check"})
+        assert list(Document.objects.values_list("source_id", flat=True)) == ["a.txt"]
+        page = staff.get(url).content.decode()
+        row = page[page.index('id="folder-0"') :]
+        assert '<td class="stale">2</td>' in row  # one to add, one to delete
+        staff.post(url, {"folder": "0", "action": "reconcile", "confirmed": "yes"})
+        assert list(Document.objects.values_list("source_id", flat=True)) == ["b.txt"]
+        assert staff.post(url, {"folder": "7", "action": "check"}).status_code == 302
+    assert Job.objects.filter(kind="sync", runner="inline").count() == 2  # not the unknown one

@@ -27,8 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.utils import timezone
+
 from ..exceptions import FileNotFound, InvalidOption, RagError
-from ..models import Document
+from ..models import Document, Job
 from ..models.databases import write_db
 from ..signals import span
 from ..store import delete_source
@@ -256,6 +258,7 @@ def sync_folder(
     group_size: int = 64,
     graph: bool | None = None,
     progress: Callable[[int, int], None] | None = None,
+    record: bool = True,
 ) -> FolderSync:
     """Make ``collection`` mirror the directory ``path``; return a :class:`FolderSync`.
 
@@ -272,6 +275,10 @@ def sync_folder(
     ``dry_run=True`` parses and compares but writes nothing: the result says what would be
     added, replaced, left and deleted. The other options are those of
     :func:`~django_rag.ingestion.service.ingest_files`.
+
+    Each run (dry runs too) is recorded as a finished ``sync`` job with its counts, so the
+    dashboard's Sync page lists the folders and can sync them again (``record=False`` for a
+    run that is itself a job).
     """
     from .service import content_hash, ingest_parsed_files  # service imports this module
 
@@ -316,6 +323,8 @@ def sync_folder(
         report.deleted = sorted(source for source in stored if source not in present)
         s.set(**report.counts())
         if dry_run:
+            if record:
+                _record(report, prefix)
             return report
         if wanted:
             outcomes = ingest_parsed_files(
@@ -347,4 +356,30 @@ def sync_folder(
         for source_id in report.deleted:
             delete_source(name, source_id)
         s.set(**report.counts())
+        if record:
+            _record(report, prefix)
         return report
+
+
+def _record(report: FolderSync, prefix: str) -> None:
+    now = timezone.now()
+    Job.objects.create(
+        kind=Job.Kind.SYNC,
+        status=Job.Status.COMPLETED,
+        params=folder_params(report.directory, report.collection, prefix, report.dry_run),
+        result=report.counts(),
+        started_at=now,
+        finished_at=now,
+        done=sum(report.counts().values()),
+    )
+
+
+def folder_params(directory: str, collection: str, prefix: str, dry_run: bool) -> dict:
+    """How a folder sync is named in a job's params (the dashboard groups runs by them)."""
+    return {
+        "folder": str(Path(directory).resolve()),
+        "collection": collection,
+        "prefix": prefix,
+        "dry_run": bool(dry_run),
+        "title": str(Path(directory).resolve()),
+    }
