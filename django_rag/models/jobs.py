@@ -90,10 +90,7 @@ class Job(models.Model):
             self._attempt_counted = True
             changes["attempts"] = models.F("attempts") + 1
         # A connection that died while the runner waited for work is replaced, not a failure.
-        on_live_connection(
-            router.db_for_write(type(self)),
-            lambda: type(self).objects.filter(pk=self.pk).update(finished_at=None, **changes),
-        )
+        self._write({**changes, "finished_at": None})
 
     def finish(self, result: dict | None = None) -> None:
         """Mark the job completed with its result (a job already completed stays as it is)."""
@@ -101,14 +98,9 @@ class Job(models.Model):
         self.result = result or {}
         self.finished_at = timezone.now()
         # The work is stored: a connection lost just now must not turn it into a failure.
-        on_live_connection(
-            router.db_for_write(type(self)),
-            lambda: (
-                type(self)
-                .objects.filter(pk=self.pk)
-                .exclude(status=self.Status.COMPLETED)
-                .update(status=self.status, result=self.result, finished_at=self.finished_at)
-            ),
+        self._write(
+            {"status": self.status, "result": self.result, "finished_at": self.finished_at},
+            unless_completed=True,
         )
 
     def fail(self, exc: BaseException) -> None:
@@ -119,17 +111,25 @@ class Job(models.Model):
         self._end()
 
     def _end(self) -> None:
-        # On a fresh connection when the failure broke this one (the job must not stay
-        # "running" with no runner). A late end of a duplicate run never undoes a completed job.
-        on_live_connection(
-            router.db_for_write(type(self)),
-            lambda: (
-                type(self)
-                .objects.filter(pk=self.pk)
-                .exclude(status=self.Status.COMPLETED)
-                .update(status=self.status, error=self.error, finished_at=self.finished_at)
-            ),
+        # The job must not stay "running" with no runner: written on a fresh connection when
+        # the failure broke this one.
+        self._write(
+            {"status": self.status, "error": self.error, "finished_at": self.finished_at},
+            unless_completed=True,
         )
+
+    def _write(self, changes: dict, *, unless_completed: bool = False) -> None:
+        """Update this job's row on the write database, on a fresh connection when the current
+        one is lost; ``unless_completed``: a late end of a duplicate run never undoes a
+        completed job."""
+
+        def update() -> int:
+            rows = type(self).objects.filter(pk=self.pk)
+            if unless_completed:
+                rows = rows.exclude(status=self.Status.COMPLETED)
+            return rows.update(**changes)
+
+        on_live_connection(router.db_for_write(type(self)), update)
 
     def supersede(self, exc: BaseException) -> None:
         """Mark the job superseded: a newer version of what it was writing got there first,
