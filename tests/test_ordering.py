@@ -245,3 +245,13 @@ def test_versions_with_transient_failures_retried_in_random_order(hashing):
             Job.objects.filter(status="pending").update(not_before=None)  # skip the backoff
             background.work(burst=True)
         assert_newest_stored(jobs)
+
+
+def test_a_failed_job_whose_document_is_deleted_ends_superseded_without_retry():
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "BACKGROUND": "worker"}):
+        document = rag.ingest("A valve note.", collection="bg", background=True)
+        Job.objects.get(pk=document.job.pk).fail(RuntimeError("the embedder was down"))
+        rag.delete(document)
+    job = Job.objects.get(pk=document.job.pk)
+    assert job.status == "superseded" and "deleted before it was stored" in job.error
+    assert not background.retryable(job)
