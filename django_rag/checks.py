@@ -290,8 +290,8 @@ def check_search_database(app_configs=None, **kwargs):
         alias = get_settings()["SEARCH"].get("DATABASE")
     except ConfigurationError:
         return []  # reported as E005 by check_settings
-    if alias is None or (isinstance(alias, str) and alias in settings.DATABASES):
-        return []
+    if not isinstance(alias, str) or alias in settings.DATABASES:
+        return []  # None: the routers choose; not a string: reported as E005 (its type)
     return [
         checks.Error(
             f"DJANGO_RAG['SEARCH']['DATABASE'] is {alias!r}, which is not an alias of "

@@ -84,6 +84,7 @@ def test_a_section_that_is_not_a_dict_is_refused(settings):
         ({"SEARCH": {"LIMIT": True}}, "SEARCH.LIMIT"),
         ({"SEARCH": {"FUSION": "mean"}}, "SEARCH.FUSION"),
         ({"MAX_QUERY_CHARS": "10000"}, "MAX_QUERY_CHARS"),
+        ({"SEARCH": {"DATABASE": 5}}, "SEARCH.DATABASE"),  # E005 only, not also E010
     ],
 )
 def test_a_value_of_the_wrong_type_is_refused_naming_the_setting(settings, config, setting):
@@ -93,6 +94,13 @@ def test_a_value_of_the_wrong_type_is_refused_naming_the_setting(settings, confi
     assert caught.value.setting == setting and not isinstance(caught.value, UnknownSetting)
     (error,) = check_settings()
     assert error.id == "django_rag.E005" and setting in error.msg
+
+
+def test_a_database_alias_of_the_wrong_type_is_reported_once(settings):
+    from django_rag.checks import check_search_database
+
+    settings.DJANGO_RAG = {"SEARCH": {"DATABASE": 5}}
+    assert [e.id for e in check_settings() + check_search_database()] == ["django_rag.E005"]
 
 
 def test_every_type_error_is_reported_at_once(settings):
@@ -138,6 +146,8 @@ def test_defaults_come_from_the_schema():
         elif setting.name != "BACKGROUND":  # the suite's conftest makes "inline" the default
             assert merged[setting.name] == setting.default
         setting.check(setting.default_value(), setting.name)  # every default is valid
+    for setting in [*settings_schema.SCHEMA, *(k for s in settings_schema.SCHEMA for k in s.keys)]:
+        assert setting.doc.endswith(".") and "\n" not in setting.doc, setting.name
 
 
 def test_the_schema_choices_are_the_values_the_library_accepts():
