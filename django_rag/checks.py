@@ -13,9 +13,10 @@ from .conf import (
     fulltext_backend_setting,
     get_setting,
     get_settings,
+    validate_settings,
 )
 from .embeddings import get_embedder
-from .exceptions import ConfigurationError
+from .exceptions import ConfigurationError, UnknownSetting
 from .ingestion.chunkers import get_chunker
 from .ingestion.parsers import get_parser, parser_registry
 from .models import Chunk
@@ -36,26 +37,36 @@ def _default_grounder():
     return get_grounder()
 
 
+def _settings_error(exc: ConfigurationError) -> checks.Error:
+    """E005 for a bad ``DJANGO_RAG`` value; for an unknown key the hint names the closest
+    known one."""
+    hint = "Fix DJANGO_RAG in your settings; docs/configuration.md lists every key."
+    if isinstance(exc, UnknownSetting):
+        section, _, _ = exc.setting.rpartition(".")
+        where = f"DJANGO_RAG[{section!r}]" if section else "DJANGO_RAG"
+        if exc.suggestions:
+            hint = f"Did you mean {' or '.join(map(repr, exc.suggestions))}? " + hint
+        else:
+            hint = f"{where} knows {', '.join(exc.known)}. " + hint
+    return checks.Error(str(exc), hint=hint, id="django_rag.E005")
+
+
 @checks.register()
 def check_settings(app_configs=None, **kwargs):
     """E002 (a component cannot be built), E003 (embedder size != EMBEDDING_DIMENSIONS), E005."""
 
     errors = []
+    problems = validate_settings()
+    if problems:
+        return [_settings_error(exc) for exc in problems]
     try:
-        get_settings()
         dimensions = embedding_dimensions()
         check_graph_settings()
         check_background_settings()
         check_search_budget()
         fulltext_backend_setting()
     except ConfigurationError as exc:
-        return [
-            checks.Error(
-                str(exc),
-                hint="Fix DJANGO_RAG in your settings; docs/configuration.md lists every key.",
-                id="django_rag.E005",
-            )
-        ]
+        return [_settings_error(exc)]
 
     embedder = None
     for setting, build in (
@@ -279,8 +290,8 @@ def check_search_database(app_configs=None, **kwargs):
         alias = get_settings()["SEARCH"].get("DATABASE")
     except ConfigurationError:
         return []  # reported as E005 by check_settings
-    if alias is None or (isinstance(alias, str) and alias in settings.DATABASES):
-        return []
+    if not isinstance(alias, str) or alias in settings.DATABASES:
+        return []  # None: the routers choose; not a string: reported as E005 (its type)
     return [
         checks.Error(
             f"DJANGO_RAG['SEARCH']['DATABASE'] is {alias!r}, which is not an alias of "

@@ -21,226 +21,72 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from . import settings_schema
 from .exceptions import ConfigurationError, InvalidInput
 
 SETTING_NAME = "DJANGO_RAG"
 
-DEFAULTS: dict[str, Any] = {
-    # Embedder: an alias ("sentence-transformers", "litellm", "hashing"), a dotted path to a class,
-    # callable or instance, or {"BACKEND": <alias or path>, "OPTIONS": {...}}.
-    "EMBEDDER": {
-        "BACKEND": "sentence-transformers",
-        "OPTIONS": {"model": "all-MiniLM-L6-v2"},
-    },
-    # Size of the chunk embedding column. Must equal the embedder's output size.
-    "EMBEDDING_DIMENSIONS": 384,
-    # The embedder to switch to without downtime (same forms as EMBEDDER): `rag_reembed`
-    # fills a shadow column with its vectors and swaps it in; from then on it is used.
-    "NEXT_EMBEDDER": None,
-    # Chunker: same forms as EMBEDDER; "token" is the built-in token-aware splitter.
-    "CHUNKER": {"BACKEND": "token", "OPTIONS": {}},
-    # Parsers by file extension, merged over the built-ins; a value of None disables one.
-    "PARSERS": {},
-    # Where search runs: "pgvector" (default) or "memory", or a dotted path / instance.
-    "VECTOR_STORE": "pgvector",
-    "DEFAULT_COLLECTION": "default",
-    # Longest document text accepted by ingest, in characters.
-    "MAX_DOCUMENT_CHARS": 10_000_000,
-    # Parser budgets, enforced while a file is read so hostile files are refused early
-    # (None disables one): pages of a PDF, bytes of drawing instructions on one PDF page
-    # (content streams, forms per call, annotation appearances), seconds spent reading a PDF.
-    "MAX_PDF_PAGES": 2_000,
-    "MAX_PDF_PAGE_CONTENT_BYTES": 16 * 1024 * 1024,
-    "PARSE_TIMEOUT": 60,
-    # ZIP-based inputs (DOCX, XLSX...: django_rag.ingestion.archives), checked from the central
-    # directory before anything is inflated: members, total uncompressed bytes, and how many
-    # times a member of 1 MiB or more may inflate its compressed size.
-    "MAX_ZIP_MEMBERS": 10_000,
-    "MAX_ZIP_UNCOMPRESSED_BYTES": 256 * 1024 * 1024,
-    "MAX_ZIP_RATIO": 100,
-    # Uploads (the dashboard, ingest_bytes(background=True)) are parsed by their job in a child
-    # process whose address space may grow by at most this many bytes (None: parse in the job's
-    # own process, unbounded). POSIX only (docs/security.md).
-    "MAX_PARSE_MEMORY": 1024 * 1024 * 1024,
-    # PostgreSQL text search configuration used for the chunks' search vectors.
-    "TEXT_SEARCH_CONFIG": "english",
-    "SEARCH": {
-        "MODE": "semantic",
-        "LIMIT": 10,
-        # A filtered search whose filter matches at most this many chunks is answered by an
-        # exact scan (always complete); larger filtered sets use the HNSW index and fall back
-        # to an exact scan when the index returns too few rows.
-        "EXACT_SEARCH_MAX_ROWS": 5_000,
-        # HNSW candidate list size; raised automatically to the requested limit.
-        "HNSW_EF_SEARCH": 200,
-        # BM25 parameters of full-text mode.
-        "BM25_K1": 1.2,
-        "BM25_B": 0.75,
-        # How full-text mode reads a query: "natural" (questions: quotes and minus signs never
-        # filter, phrases boost) or "websearch" ("phrases" required, -word excluded).
-        "SYNTAX": "natural",
-        # Hybrid mode: "adaptive", "weighted" or "rrf" fusion over the top CANDIDATES x limit
-        # chunks of each side (both scores are then computed for every candidate). The weights
-        # are adaptive fusion's starting point and weighted fusion's fixed mix. Defaults chosen
-        # by cross-validation on the SciFact train queries (docs/benchmarks.md).
-        "FUSION": "adaptive",
-        "RRF_K": 60,
-        "SEMANTIC_WEIGHT": 0.7,
-        "FULLTEXT_WEIGHT": 0.3,
-        "CANDIDATES": 2,
-        # With a reranker, search fetches RERANK_CANDIDATES x limit chunks and reranks them.
-        "RERANK_CANDIDATES": 3,
-        # Where full-text BM25 runs: "auto" (the pg_textsearch BM25 index when the extension and
-        # the index exist in the database searched, else "sql"), "sql" (plain SQL over the
-        # trigger-kept statistics, any PostgreSQL) or "pg_textsearch" (docs/search.md).
-        "FULLTEXT_BACKEND": "auto",
-        # The DATABASES alias searches read (a replica); None: the routers' db_for_read(Chunk),
-        # else "default". Writes always go to db_for_write (docs/scaling.md).
-        "DATABASE": None,
-        # The cost budget of one search (docs/search.md#cost-budget). MAX_QUERY_TERMS: the most
-        # distinct words a query scores with in full-text and hybrid mode; a longer query keeps
-        # its most selective ones (highest idf), so its cost no longer grows with its length
-        # (None: no cap). STATEMENT_TIMEOUT: seconds any one SQL statement of a search may run
-        # before it is cancelled with SearchTimeout (None: no limit).
-        "MAX_QUERY_TERMS": 32,
-        "STATEMENT_TIMEOUT": None,
-    },
-    # Longest search query or question accepted by search() and ask(), in characters
-    # (docs/search.md#validation): room for a pasted paragraph. What a long query may cost the
-    # database is bounded by SEARCH["MAX_QUERY_TERMS"] (docs/search.md#cost-budget).
-    "MAX_QUERY_CHARS": 10_000,
-    # Default LLM for ask(), the agent and evaluation: a litellm model string
-    # ("openai/gpt-4o-mini"), {"model": ..., **options}, {"BACKEND": ..., "OPTIONS": {...}},
-    # a dotted path, a callable taking the prompt and returning text, or an LLM instance.
-    "LLM": None,
-    # Longest time one LLM answer may take, in seconds, retries and streaming included (None:
-    # no limit). Each attempt's timeout is cut to what is left; a stream that runs past it
-    # raises LLMTimeout.
-    "LLM_DEADLINE": 120.0,
-    # Longest time one Agent run may take, in seconds (None: no limit). LLM calls inside it get
-    # at most what is left; steps that start after it passed are skipped with ctx.error set.
-    "AGENT_DEADLINE": 300.0,
-    # Reranker applied by search() when none is given per call (None: no reranking).
-    "RERANKER": None,
-    # Grounder used by ask(..., ground=True), the agent's ground step, Loop(ground=True) and
-    # evaluation: "llm" (an LLM judge, the default LLM), "cross-encoder"/"nli" (a local
-    # CrossEncoder), "embedding", a {"BACKEND": ..., "OPTIONS": {...}} dict, a dotted path, a
-    # function (text, chunks) -> Grounding, or a Grounder instance (docs/grounding.md).
-    "GROUNDER": "llm",
-    # GraphRAG (docs/graphrag.md). Off by default; per call: ingest(..., graph=True).
-    "GRAPH": {
-        "ENABLED": False,
-        # A combined extractor (entities and relationships in one call per chunk), or None to
-        # use ENTITY_EXTRACTOR + RELATIONSHIP_EXTRACTOR. Aliases: "llm", "ner", "capitalized",
-        # "cooccurrence"; or dotted paths, classes, instances, functions.
-        "EXTRACTOR": "llm",
-        "ENTITY_EXTRACTOR": "ner",
-        "RELATIONSHIP_EXTRACTOR": "cooccurrence",
-        "CONCURRENCY": 3,
-        # Bounds on what one chunk's extraction may add (an LLM can answer with thousands).
-        "MAX_ENTITIES_PER_CHUNK": 50,
-        "MAX_RELATIONSHIPS_PER_CHUNK": 100,
-        # Query time: entity matching, expansion over relationships, fusion.
-        "ENTITY_MATCHER": "embedding",
-        "MATCH_THRESHOLD": 0.3,
-        "MATCH_LIMIT": 20,
-        "DEPTH": 0,
-        "DEPTH_DECAY": 0.5,
-        "RRF_K": 60,
-        # The graph list's weight in the fusion (the other results weigh 1), and the gate: a
-        # query whose best matched entity scores below MIN_MATCH_SCORE (the matcher's score:
-        # cosine similarity for "embedding") gets no graph list. Chosen on the SciFact train
-        # queries (docs/graphrag.md, docs/benchmarks.md#graphrag).
-        "WEIGHT": 0.75,
-        "MIN_MATCH_SCORE": 0.8,
-        # Communities (hierarchical Leiden) and their summaries.
-        "RESOLUTION": 1.0,
-        "LEVELS": 1,
-        "MAX_CLUSTER_SIZE": 50,
-        "MIN_SIZE": 2,
-        "SEED": 42,
-        "SUMMARY_THRESHOLD": 10,
-        "SUMMARY_CONCURRENCY": 4,
-        "SUMMARY_LEVELS": [0],
-        # What ask(..., graph=True) adds to the prompt.
-        "CONTEXT_ENTITIES": 10,
-        "CONTEXT_RELATIONSHIPS": 20,
-        "CONTEXT_SUMMARIES": 5,
-    },
-    # The dashboard (django_rag.dashboard.urls): who may use it, which collections each user
-    # sees (a dotted path or callable: user -> list of names, or None for all), upload limit.
-    "DASHBOARD": {
-        "PERMISSION": None,  # None: staff users; else a callable (user) -> bool
-        "COLLECTIONS": None,
-        "MAX_UPLOAD_BYTES": 10 * 1024 * 1024,
-        "PAGE_SIZE": 20,
-    },
-    # Where background work runs (docs/background.md): "auto" (Celery when the host's Celery
-    # app has a broker, else "thread"), "celery", "thread" (a pool in the calling process),
-    # "worker" (queued in the Job table for `manage.py rag_worker`) or "inline" (synchronous).
-    "BACKGROUND": "auto",
-    # Jobs outside Celery: the thread pool's size, how often a running job records a heartbeat,
-    # after how long without one it counts as stalled, how often rag_worker polls for work.
-    "JOBS": {
-        "THREADS": 1,
-        "HEARTBEAT_SECONDS": 10,
-        "STALLED_AFTER_SECONDS": 120,
-        "POLL_SECONDS": 1.0,
-    },
-    # Load the local models (EMBEDDER, NEXT_EMBEDDER, RERANKER) when a web process or a Celery
-    # worker process starts instead of on the first call (docs/configuration.md). Management
-    # commands other than runserver never preload.
-    "PRELOAD_MODELS": False,
-    "TELEMETRY": {
-        # Put raw document, query and answer text in telemetry metadata.
-        "INCLUDE_TEXT": False,
-        # Attach the logging receiver at this level ("INFO", "DEBUG"...) at start-up.
-        "LOG_LEVEL": None,
-        # Count Prometheus metrics (when prometheus_client is installed).
-        "PROMETHEUS": True,
-        # Emit OpenTelemetry spans (needs opentelemetry-api).
-        "OPENTELEMETRY": False,
-        # Label Prometheus metrics with collection names (they are shown to anyone who can read
-        # /metrics); off by default: the label is "all".
-        "PROMETHEUS_COLLECTION_LABELS": False,
-    },
-}
+# Every key's default, built from the schema (django_rag.settings_schema declares each key once:
+# its type or accepted values, its default, what it does).
+DEFAULTS: dict[str, Any] = settings_schema.defaults()
 
-_NESTED = ("SEARCH", "TELEMETRY", "GRAPH", "DASHBOARD", "JOBS")
+_NESTED = tuple(setting.name for setting in settings_schema.SCHEMA if setting.is_section)
 
 
 @functools.cache
 def get_settings() -> dict[str, Any]:
-    """Return the effective settings: ``DJANGO_RAG`` merged over :data:`DEFAULTS`."""
+    """Return the effective settings: ``DJANGO_RAG`` merged over :data:`DEFAULTS`.
+
+    An unknown key, top-level or in a section (``SEARCH``, ``GRAPH``...), raises
+    :class:`~django_rag.exceptions.UnknownSetting` naming it and the closest known key. Types
+    are checked when a value is read (:func:`get_setting`, :func:`search_setting`...) and all
+    at once by :func:`validate_settings` (system check E005).
+    """
     user = getattr(django_settings, SETTING_NAME, {}) or {}
     if not isinstance(user, Mapping):
         raise ConfigurationError("*", user, "DJANGO_RAG must be a dict")
-    unknown = set(user) - set(DEFAULTS)
-    if unknown:
-        raise ConfigurationError(
-            sorted(unknown)[0],
-            user[sorted(unknown)[0]],
-            f"unknown setting; known settings are {', '.join(sorted(DEFAULTS))}",
-        )
+    settings_schema.check_known(user)
     merged = copy.deepcopy(DEFAULTS)
     for key, value in user.items():
-        if key in _NESTED and isinstance(value, Mapping):
+        if key in _NESTED:
             merged[key] = {**merged[key], **value}
         else:
             merged[key] = value
     return merged
 
 
+def validate_settings() -> list[ConfigurationError]:
+    """Every problem of ``DJANGO_RAG`` the schema finds: the first unknown key (with the
+    closest known one), else each value of a wrong type or outside its accepted values."""
+    try:
+        settings = get_settings()
+    except ConfigurationError as exc:
+        return [exc]
+    return settings_schema.problems(settings)
+
+
+def _checked(path: str, value: Any) -> Any:
+    settings_schema.lookup(path).check(value, path)
+    return value
+
+
 def get_setting(name: str) -> Any:
-    return get_settings()[name]
+    """The effective value of ``DJANGO_RAG[name]``; a value of a wrong type raises
+    :class:`ConfigurationError` naming the setting (a section is returned as its dict)."""
+    return _checked(name, get_settings()[name])
+
+
+def section_setting(section: str, name: str) -> Any:
+    """The effective value of ``DJANGO_RAG[section][name]``, type-checked."""
+    return _checked(f"{section}.{name}", get_settings()[section][name])
 
 
 def search_setting(name: str) -> Any:
-    return get_settings()["SEARCH"][name]
+    return section_setting("SEARCH", name)
 
 
 def graph_setting(name: str) -> Any:
-    return get_settings()["GRAPH"][name]
+    return section_setting("GRAPH", name)
 
 
 # GRAPH numbers read when a search fuses the graph list: (minimum, maximum or None).
@@ -273,7 +119,7 @@ def graph_number(name: str) -> float:
     return number
 
 
-FULLTEXT_BACKENDS = ("auto", "sql", "pg_textsearch")
+FULLTEXT_BACKENDS = settings_schema.lookup("SEARCH.FULLTEXT_BACKEND").choices
 
 
 def fulltext_backend_setting() -> str:
@@ -338,7 +184,7 @@ def check_graph_settings() -> None:
         graph_number(name)
 
 
-BACKGROUND_MODES = ("auto", "celery", "thread", "worker", "inline")
+BACKGROUND_MODES = tuple(c for c in settings_schema.lookup("BACKGROUND").choices if c != "sync")
 # "sync" is accepted for "inline" (what a script means by it).
 _BACKGROUND_ALIASES = {"sync": "inline"}
 # JOBS numbers: (minimum exclusive, integer?).
@@ -364,7 +210,7 @@ def background_setting() -> str:
 
 def jobs_setting(name: str) -> float:
     """A ``JOBS`` number, checked: a bad value raises :class:`ConfigurationError`."""
-    value = get_settings()["JOBS"].get(name)
+    value = get_settings()["JOBS"][name]
     low, integer = _JOBS_NUMBERS[name]
     valid = isinstance(value, int | float) and not isinstance(value, bool) and value > low
     if integer and not isinstance(value, int):
@@ -378,14 +224,6 @@ def jobs_setting(name: str) -> float:
 def check_background_settings() -> None:
     """Raise :class:`ConfigurationError` for an invalid ``BACKGROUND`` or ``JOBS`` value."""
     background_setting()
-    unknown = set(get_settings()["JOBS"]) - set(_JOBS_NUMBERS)
-    if unknown:
-        name = sorted(unknown)[0]
-        raise ConfigurationError(
-            f"JOBS.{name}",
-            get_settings()["JOBS"][name],
-            f"unknown; known: {', '.join(_JOBS_NUMBERS)}",
-        )
     for name in _JOBS_NUMBERS:
         jobs_setting(name)
     beat, stalled = jobs_setting("HEARTBEAT_SECONDS"), jobs_setting("STALLED_AFTER_SECONDS")

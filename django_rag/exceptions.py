@@ -42,6 +42,25 @@ class ConfigurationError(RagError, ImproperlyConfigured):
         self.value = value
 
 
+class UnknownSetting(ConfigurationError):
+    """``DJANGO_RAG`` (or one of its sections: ``SEARCH``, ``GRAPH``...) has a key the library
+    does not know, most often a typo. ``suggestions``: the closest known keys, best first
+    (``suggestion``: the first, or None); ``known``: every key accepted there."""
+
+    code = "unknown_setting"
+
+    def __init__(self, setting: str, value, suggestions, known):
+        self.suggestions = list(suggestions)
+        self.suggestion = self.suggestions[0] if self.suggestions else None
+        self.known = list(known)
+        if self.suggestions:
+            cause = f"unknown setting; did you mean {' or '.join(map(repr, self.suggestions))}?"
+        else:
+            cause = f"unknown setting; known settings are {', '.join(self.known)}"
+        super().__init__(setting, value, cause)
+        self.details["suggestions"] = self.suggestions
+
+
 class MissingDependency(RagError, ImproperlyConfigured):
     """An optional dependency is needed for what was asked."""
 

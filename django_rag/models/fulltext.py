@@ -39,7 +39,7 @@ from django.db import (
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 
-from ..conf import get_setting, max_query_terms
+from ..conf import get_setting, max_query_terms, search_setting
 from ..exceptions import ConfigurationError, InvalidOption
 
 # The statistics are kept per collection: a search scoped to collections ranks with theirs (as a
@@ -420,8 +420,8 @@ class TermWeights:
         containing a term (stored per term and collection) it bounds every chunk's; without
         them, the part's limit, k1 + 1. A hair is added against rounding: the search compares
         scores PostgreSQL computed with this."""
-        k1 = float(get_setting("SEARCH")["BM25_K1"])
-        b = float(get_setting("SEARCH")["BM25_B"])
+        k1 = float(search_setting("BM25_K1"))
+        b = float(search_setting("BM25_B"))
         index = {t: i for i, t in enumerate(self.terms)}
         total = 0.0
         for term in terms:
@@ -527,8 +527,8 @@ def limit_terms(
 def bm25_sql(weights: TermWeights, boosts=()) -> tuple[str, list]:
     """SQL (with params) computing BM25 for the current ``django_rag_chunk`` row, plus the
     weight of every ``(phrase tsquery, weight)`` boost the row matches."""
-    k1 = float(get_setting("SEARCH")["BM25_K1"])
-    b = float(get_setting("SEARCH")["BM25_B"])
+    k1 = float(search_setting("BM25_K1"))
+    b = float(search_setting("BM25_B"))
     sql = (
         "(SELECT coalesce(sum(q.idf * m.tf * (%s + 1) / (m.tf + %s * (1 - %s + %s * "
         "django_rag_chunk.fts_length / %s))), 0) "

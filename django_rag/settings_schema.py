@@ -1,0 +1,539 @@
+"""The ``DJANGO_RAG`` settings schema: every key and nested key, declared once.
+
+Each :class:`Setting` gives a key's name, the values it accepts (Python types and/or a list of
+choices; no types for component specs, which their builders check), its default and a one-line
+description. :mod:`django_rag.conf` builds ``DEFAULTS`` from it, rejects unknown keys (with the
+closest known name), and checks each value's type when it is read; the system check
+``django_rag.E005`` reports every problem at start-up; a test keeps docs/configuration.md in
+step with it.
+
+Bounds that need more than a type (a positive number, a weight from 0 to 1, two settings that
+depend on each other) stay in the accessors of :mod:`django_rag.conf`, which name the setting.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .exceptions import ConfigurationError, UnknownSetting
+
+NUMBER = (int, float)
+INTEGER = (int,)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One key of ``DJANGO_RAG``, or of one of its sections (``keys`` set)."""
+
+    name: str
+    default: Any
+    doc: str
+    types: tuple[type, ...] = ()  # () with no choices: any value (a component spec)
+    choices: tuple[Any, ...] = ()
+    nullable: bool = False
+    keys: tuple[Setting, ...] = ()  # a section: a dict of these keys, merged over defaults
+
+    @property
+    def is_section(self) -> bool:
+        return bool(self.keys)
+
+    def default_value(self) -> Any:
+        if self.is_section:
+            return {key.name: key.default_value() for key in self.keys}
+        return copy.deepcopy(self.default)
+
+    def accepts(self) -> str:
+        """What the key accepts, in words (error messages and docs)."""
+        if self.is_section:
+            return "a dict"
+        parts = []
+        if self.choices:
+            parts.append(f"one of {', '.join(repr(c) for c in self.choices)}")
+        elif self.types:
+            names = {
+                NUMBER: "a number",
+                INTEGER: "an integer",
+                (bool,): "True or False",
+                (str,): "a string",
+                (list, tuple): "a list",
+                (dict,): "a dict",
+                (str, int): "a string or an integer",
+            }
+            parts.append(names.get(self.types, " or ".join(t.__name__ for t in self.types)))
+        else:
+            return "any value"
+        if self.nullable:
+            parts.append("None")
+        return " or ".join(parts)
+
+    def check(self, value: Any, path: str) -> None:
+        """Raise :class:`ConfigurationError` naming ``path`` when ``value`` has a wrong type
+        or is not among the choices."""
+        if self.is_section:
+            if not isinstance(value, Mapping):
+                raise ConfigurationError(path, value, "must be a dict of settings")
+            return
+        if value is None and (self.nullable or not (self.types or self.choices)):
+            return
+        if self.choices:
+            ok = any(value == c and type(value) is type(c) for c in self.choices)
+        elif self.types:
+            # bool is an int to Python; a flag given where a number is wanted is a mistake.
+            ok = isinstance(value, self.types) and (
+                bool in self.types or not isinstance(value, bool)
+            )
+        else:
+            ok = True
+        if not ok:
+            raise ConfigurationError(path, value, f"must be {self.accepts()}")
+
+
+def _s(name, default, doc, types=(), *, choices=(), nullable=False, keys=()) -> Setting:
+    return Setting(name, default, doc, types, tuple(choices), nullable, tuple(keys))
+
+
+MiB = 1024 * 1024
+
+SCHEMA: tuple[Setting, ...] = (
+    _s(
+        "EMBEDDER",
+        {"BACKEND": "sentence-transformers", "OPTIONS": {"model": "all-MiniLM-L6-v2"}},
+        "How text becomes vectors: an alias, a dotted path, {BACKEND, OPTIONS}, a class, an "
+        "instance or a function.",
+    ),
+    _s(
+        "EMBEDDING_DIMENSIONS",
+        384,
+        "Size of the chunk embedding column; equals the embedder's output size (at most 2,000).",
+        INTEGER,
+    ),
+    _s(
+        "NEXT_EMBEDDER",
+        None,
+        "The embedder rag_reembed switches to without downtime (same forms as EMBEDDER).",
+    ),
+    _s(
+        "CHUNKER",
+        {"BACKEND": "token", "OPTIONS": {}},
+        "How documents are split (same forms as EMBEDDER; 'token' is the built-in splitter).",
+    ),
+    _s(
+        "PARSERS",
+        {},
+        "Parsers by file extension, merged over the built-ins; None disables one.",
+        (dict,),
+    ),
+    _s(
+        "VECTOR_STORE",
+        "pgvector",
+        "Where search runs: 'pgvector', 'memory', a dotted path or a VectorStore instance.",
+    ),
+    _s("DEFAULT_COLLECTION", "default", "Collection used when ingest gets none.", (str,)),
+    _s(
+        "MAX_DOCUMENT_CHARS",
+        10_000_000,
+        "Longest document text ingest accepts, in characters.",
+        INTEGER,
+    ),
+    _s(
+        "MAX_PDF_PAGES",
+        2_000,
+        "PDFs with more pages are refused on opening (None: no limit).",
+        INTEGER,
+        nullable=True,
+    ),
+    _s(
+        "MAX_PDF_PAGE_CONTENT_BYTES",
+        16 * MiB,
+        "Bytes of drawing instructions one PDF page may cost (None: no limit).",
+        INTEGER,
+        nullable=True,
+    ),
+    _s(
+        "PARSE_TIMEOUT",
+        60,
+        "Seconds reading one PDF may take (None: no limit).",
+        NUMBER,
+        nullable=True,
+    ),
+    _s(
+        "MAX_ZIP_MEMBERS",
+        10_000,
+        "ZIP-based inputs: most members, from the central directory (None: no limit).",
+        INTEGER,
+        nullable=True,
+    ),
+    _s(
+        "MAX_ZIP_UNCOMPRESSED_BYTES",
+        256 * MiB,
+        "ZIP-based inputs: most bytes the members may inflate to (None: no limit).",
+        INTEGER,
+        nullable=True,
+    ),
+    _s(
+        "MAX_ZIP_RATIO",
+        100,
+        "ZIP-based inputs: most times a member of 1 MiB or more may inflate (None: no limit).",
+        NUMBER,
+        nullable=True,
+    ),
+    _s(
+        "MAX_PARSE_MEMORY",
+        1024 * MiB,
+        "Bytes of address space an upload's parse child may add (None: parse in the job's "
+        "process, unbounded).",
+        INTEGER,
+        nullable=True,
+    ),
+    _s(
+        "TEXT_SEARCH_CONFIG",
+        "english",
+        "PostgreSQL text search configuration of the chunks' search vectors.",
+        (str,),
+    ),
+    _s(
+        "SEARCH",
+        None,
+        "Search defaults; keys given are merged over these.",
+        keys=(
+            _s("MODE", "semantic", "Default search mode: semantic, fulltext or hybrid.", (str,)),
+            _s("LIMIT", 10, "Results per search.", INTEGER),
+            _s(
+                "EXACT_SEARCH_MAX_ROWS",
+                5_000,
+                "A filtered search over at most this many chunks is an exact scan.",
+                INTEGER,
+            ),
+            _s(
+                "HNSW_EF_SEARCH",
+                200,
+                "HNSW candidate list size (raised to the limit when smaller).",
+                INTEGER,
+            ),
+            _s("BM25_K1", 1.2, "BM25 k1 of full-text mode.", NUMBER),
+            _s("BM25_B", 0.75, "BM25 b of full-text mode.", NUMBER),
+            _s(
+                "SYNTAX",
+                "natural",
+                "How full-text and hybrid modes read a query.",
+                choices=("natural", "websearch"),
+            ),
+            _s(
+                "FUSION",
+                "adaptive",
+                "Hybrid fusion method.",
+                choices=("adaptive", "weighted", "rrf"),
+            ),
+            _s("RRF_K", 60, "Reciprocal rank fusion constant.", NUMBER),
+            _s(
+                "SEMANTIC_WEIGHT",
+                0.7,
+                "Adaptive fusion's starting semantic weight; weighted fusion's fixed one.",
+                NUMBER,
+            ),
+            _s(
+                "FULLTEXT_WEIGHT",
+                0.3,
+                "Adaptive fusion's starting full-text weight; weighted fusion's fixed one.",
+                NUMBER,
+            ),
+            _s(
+                "CANDIDATES",
+                2,
+                "Hybrid: each side's top CANDIDATES x limit chunks are fused.",
+                INTEGER,
+            ),
+            _s(
+                "RERANK_CANDIDATES",
+                3,
+                "With a reranker, RERANK_CANDIDATES x limit chunks are reranked.",
+                INTEGER,
+            ),
+            _s(
+                "FULLTEXT_BACKEND",
+                "auto",
+                "Where full-text BM25 runs.",
+                choices=("auto", "sql", "pg_textsearch"),
+            ),
+            _s(
+                "DATABASE",
+                None,
+                "The DATABASES alias searches read (None: the routers, else 'default').",
+                (str,),
+                nullable=True,
+            ),
+            _s(
+                "MAX_QUERY_TERMS",
+                32,
+                "Most distinct words a full-text or hybrid query scores with (None: no cap).",
+                INTEGER,
+                nullable=True,
+            ),
+            _s(
+                "STATEMENT_TIMEOUT",
+                None,
+                "Seconds one SQL statement of a search may run (None: no limit).",
+                NUMBER,
+                nullable=True,
+            ),
+        ),
+    ),
+    _s(
+        "MAX_QUERY_CHARS",
+        10_000,
+        "Longest query or question search() and ask() accept, in characters.",
+        INTEGER,
+    ),
+    _s(
+        "LLM",
+        None,
+        "Default LLM of ask(), the agent and evaluation: a litellm model string, a dict, a "
+        "dotted path, a function or an LLM instance.",
+    ),
+    _s(
+        "LLM_DEADLINE",
+        120.0,
+        "Seconds one LLM answer may take, retries and streaming included (None: no limit).",
+        NUMBER,
+        nullable=True,
+    ),
+    _s(
+        "AGENT_DEADLINE",
+        300.0,
+        "Seconds one Agent run may take (None: no limit).",
+        NUMBER,
+        nullable=True,
+    ),
+    _s("RERANKER", None, "Reranker search() applies when none is given (None: no reranking)."),
+    _s(
+        "GROUNDER",
+        "llm",
+        "Grounder that ground=True uses: 'llm', 'cross-encoder'/'nli', 'embedding', a dict, a "
+        "dotted path, a function, an instance, or None.",
+    ),
+    _s(
+        "GRAPH",
+        None,
+        "GraphRAG: off by default; extractors, matching, Leiden, summaries.",
+        keys=(
+            _s("ENABLED", False, "Graph on for ingest and search by default.", (bool,)),
+            _s(
+                "EXTRACTOR",
+                "llm",
+                "Combined entity and relationship extractor; None to use the two below.",
+            ),
+            _s(
+                "ENTITY_EXTRACTOR",
+                "ner",
+                "Entity extractor used when EXTRACTOR is None.",
+            ),
+            _s(
+                "RELATIONSHIP_EXTRACTOR",
+                "cooccurrence",
+                "Relationship extractor used when EXTRACTOR is None.",
+            ),
+            _s("CONCURRENCY", 3, "Chunks extracted at once.", INTEGER),
+            _s(
+                "MAX_ENTITIES_PER_CHUNK",
+                50,
+                "Most entities one chunk's extraction may add.",
+                INTEGER,
+            ),
+            _s(
+                "MAX_RELATIONSHIPS_PER_CHUNK",
+                100,
+                "Most relationships one chunk's extraction may add.",
+                INTEGER,
+            ),
+            _s("ENTITY_MATCHER", "embedding", "How a query is matched to entities."),
+            _s("MATCH_THRESHOLD", 0.3, "Lowest score of a matched entity.", NUMBER),
+            _s("MATCH_LIMIT", 20, "Most entities a query matches.", INTEGER),
+            _s("DEPTH", 0, "Relationship hops expanded from the matched entities.", INTEGER),
+            _s("DEPTH_DECAY", 0.5, "Score factor per hop of expansion.", NUMBER),
+            _s("RRF_K", 60, "Reciprocal rank fusion constant of the graph list.", NUMBER),
+            _s("WEIGHT", 0.75, "The graph list's weight in the fusion (a number >= 0).", NUMBER),
+            _s(
+                "MIN_MATCH_SCORE",
+                0.8,
+                "No graph list when the best matched entity scores less (0 to 1).",
+                NUMBER,
+            ),
+            _s("RESOLUTION", 1.0, "Leiden resolution.", NUMBER),
+            _s("LEVELS", 1, "Leiden hierarchy levels.", INTEGER),
+            _s("MAX_CLUSTER_SIZE", 50, "Largest community before it is split.", INTEGER),
+            _s("MIN_SIZE", 2, "Smallest community kept.", INTEGER),
+            _s("SEED", 42, "Leiden random seed.", INTEGER, nullable=True),
+            _s(
+                "SUMMARY_THRESHOLD",
+                10,
+                "Changes to a community before its summary is refreshed.",
+                INTEGER,
+            ),
+            _s("SUMMARY_CONCURRENCY", 4, "Summaries written at once.", INTEGER),
+            _s("SUMMARY_LEVELS", [0], "Community levels that get summaries.", (list, tuple)),
+            _s("CONTEXT_ENTITIES", 10, "Entities ask(graph=True) adds to the prompt.", INTEGER),
+            _s(
+                "CONTEXT_RELATIONSHIPS",
+                20,
+                "Relationships ask(graph=True) adds to the prompt.",
+                INTEGER,
+            ),
+            _s(
+                "CONTEXT_SUMMARIES",
+                5,
+                "Community summaries ask(graph=True) adds to the prompt.",
+                INTEGER,
+            ),
+        ),
+    ),
+    _s(
+        "DASHBOARD",
+        None,
+        "The dashboard: who may use it, which collections each user sees, upload limit.",
+        keys=(
+            _s(
+                "PERMISSION",
+                None,
+                "A callable (user) -> bool or its dotted path (None: staff users).",
+            ),
+            _s(
+                "COLLECTIONS",
+                None,
+                "A callable (user) -> collection names or its dotted path (None: all).",
+            ),
+            _s("MAX_UPLOAD_BYTES", 10 * MiB, "Largest upload accepted, in bytes.", INTEGER),
+            _s("PAGE_SIZE", 20, "Rows per page of the dashboard's lists.", INTEGER),
+        ),
+    ),
+    _s(
+        "BACKGROUND",
+        "auto",
+        "Where background work runs ('sync' is accepted for 'inline').",
+        choices=("auto", "celery", "thread", "worker", "inline", "sync"),
+    ),
+    _s(
+        "JOBS",
+        None,
+        "Jobs outside Celery: thread pool size, heartbeat, stall limit, worker polling.",
+        keys=(
+            _s("THREADS", 1, "Size of the thread pool.", INTEGER),
+            _s("HEARTBEAT_SECONDS", 10, "How often a running job records a heartbeat.", NUMBER),
+            _s(
+                "STALLED_AFTER_SECONDS",
+                120,
+                "After how long without a heartbeat a job counts as stalled.",
+                NUMBER,
+            ),
+            _s("POLL_SECONDS", 1.0, "How often an idle rag_worker polls for work.", NUMBER),
+        ),
+    ),
+    _s(
+        "PRELOAD_MODELS",
+        False,
+        "Load the local models when a web or Celery worker process starts.",
+        (bool,),
+    ),
+    _s(
+        "TELEMETRY",
+        None,
+        "Telemetry: raw text in metadata, logging, Prometheus, OpenTelemetry.",
+        keys=(
+            _s(
+                "INCLUDE_TEXT",
+                False,
+                "Put raw document, query and answer text in metadata.",
+                (bool,),
+            ),
+            _s(
+                "LOG_LEVEL",
+                None,
+                "Attach the logging receiver at this level at start-up (None: not attached).",
+                (str, int),
+                nullable=True,
+            ),
+            _s("PROMETHEUS", True, "Count Prometheus metrics.", (bool,)),
+            _s("OPENTELEMETRY", False, "Emit OpenTelemetry spans.", (bool,)),
+            _s(
+                "PROMETHEUS_COLLECTION_LABELS",
+                False,
+                "Label Prometheus metrics with collection names (else 'all').",
+                (bool,),
+            ),
+        ),
+    ),
+)
+
+BY_NAME: dict[str, Setting] = {setting.name: setting for setting in SCHEMA}
+# "NAME" and "SECTION.NAME" -> Setting: the accessors look a key up on every read.
+_BY_PATH: dict[str, Setting] = {
+    **BY_NAME,
+    **{f"{s.name}.{key.name}": key for s in SCHEMA for key in s.keys},
+}
+
+
+def defaults() -> dict[str, Any]:
+    """A new dict of every key's default (sections as dicts of their keys' defaults)."""
+    return {setting.name: setting.default_value() for setting in SCHEMA}
+
+
+def lookup(path: str) -> Setting:
+    """The :class:`Setting` of ``"NAME"`` or ``"SECTION.NAME"``."""
+    return _BY_PATH[path]
+
+
+def closest(name: Any, known: Iterable[str], n: int = 3) -> list[str]:
+    """The known names closest to ``name`` (a typo's likely meanings), best first: by the
+    whole name, else by its words (``HYRBID_WEIGHTS`` -> the keys with ``WEIGHT``)."""
+    if not isinstance(name, str):
+        return []
+    known = list(known)
+    upper = {k.upper(): k for k in known}
+    if name.upper() in upper:  # "search" for "SEARCH"
+        return [upper[name.upper()]]
+    found = difflib.get_close_matches(name.upper(), known, n=n, cutoff=0.6)
+    if found:
+        return found
+    words = {word for key in known for word in key.split("_")}
+    matched = set()
+    for word in name.upper().split("_"):
+        if len(word) > 2:
+            matched.update(difflib.get_close_matches(word, words, n=n, cutoff=0.8))
+    return [k for k in known if matched & set(k.split("_"))][:n]
+
+
+def check_known(user: Mapping[str, Any]) -> None:
+    """Raise :class:`UnknownSetting` for the first unknown key of ``user`` (``DJANGO_RAG``)
+    or of one of its sections, and :class:`ConfigurationError` for a section that is not a
+    dict."""
+    for name in sorted(user, key=str):
+        setting = BY_NAME.get(name)
+        if setting is None:
+            raise UnknownSetting(name, user[name], closest(name, BY_NAME), list(BY_NAME))
+        if setting.is_section:
+            value = user[name]
+            setting.check(value, name)
+            known = [key.name for key in setting.keys]
+            for key in sorted(value, key=str):
+                if key not in known:
+                    raise UnknownSetting(f"{name}.{key}", value[key], closest(key, known), known)
+
+
+def problems(settings: Mapping[str, Any]) -> list[ConfigurationError]:
+    """Every type error of the merged ``settings`` (unknown keys are checked before)."""
+    found = []
+    for setting in SCHEMA:
+        value = settings.get(setting.name)
+        for key, path, item in (
+            [(k, f"{setting.name}.{k.name}", value.get(k.name)) for k in setting.keys]
+            if setting.is_section and isinstance(value, Mapping)
+            else [(setting, setting.name, value)]
+        ):
+            try:
+                key.check(item, path)
+            except ConfigurationError as exc:
+                found.append(exc)
+    return found
