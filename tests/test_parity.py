@@ -3,7 +3,8 @@
 import pytest
 
 import django_rag as rag
-from django_rag.exceptions import InvalidOption
+from django_rag.exceptions import InvalidOption, InvalidParserOutput
+from django_rag.ingestion.parsers import Page, ParsedDocument, Parser
 from django_rag.testing import ScriptedLLM
 
 pytestmark = pytest.mark.django_db
@@ -45,3 +46,55 @@ def test_a_function_chunker_refuses_options_it_does_not_take_with_a_typed_error(
 def test_a_function_chunker_that_declares_the_option_receives_it():
     doc = rag.ingest("a b c d e f", collection="c", chunker=_words, chunk_size=3)
     assert [chunk.text for chunk in doc.chunks.order_by("chunk_index")] == ["a b c", "d e f"]
+
+
+class PagedParser(Parser):
+    """Splits on form feeds into pages; ``SPANS`` overrides the page spans it reports."""
+
+    SPANS = None
+
+    def parse(self, data, *, filename):
+        text = data.decode()
+        pages, offset = [], 0
+        for number, part in enumerate(text.split("\f"), start=1):
+            pages.append(Page(number, offset, offset + len(part)))
+            offset += len(part) + 1
+        if self.SPANS is not None:
+            pages = [Page(*span) for span in self.SPANS]
+        return ParsedDocument(text=text, pages=pages)
+
+
+PAGED = b"First page about refunds.\fSecond page about shipping."
+
+
+@pytest.mark.parametrize(
+    "spans, rule",
+    [
+        ([(1, 0, 25), (2, 26, 900)], "outside the text"),
+        ([(2, 26, 53), (1, 0, 25)], "page numbers must increase"),
+        ([(1, 0, 30), (2, 26, 53)], "not overlap"),
+        ([(1, -5, 25)], "outside the text"),
+        ([(0, 0, 25)], "start at 1"),
+    ],
+)
+def test_a_custom_parsers_bad_pages_raise_a_typed_error_naming_it(settings, spans, rule):
+    from django_rag.models import Document
+
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "PARSERS": {".paged": PagedParser}}
+    PagedParser.SPANS = spans
+    try:
+        with pytest.raises(InvalidParserOutput) as caught:
+            rag.ingest_bytes(PAGED, filename="a.paged", collection="c")
+    finally:
+        PagedParser.SPANS = None
+    assert caught.value.code == "invalid_parser_output"
+    assert "tests.test_parity.PagedParser" in str(caught.value) and rule in str(caught.value)
+    assert "a.paged" in str(caught.value)
+    assert not Document.objects.exists()
+
+
+def test_a_custom_parser_with_valid_pages_stores_them(settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "PARSERS": {".paged": PagedParser}}
+    doc = rag.ingest_bytes(PAGED, filename="a.paged", collection="c", chunk_size=6, chunk_overlap=0)
+    pages = [(c.page_start, c.page_end) for c in doc.chunks.order_by("chunk_index")]
+    assert pages[0] == (1, 1) and pages[-1] == (2, 2)
