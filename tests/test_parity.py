@@ -98,3 +98,35 @@ def test_a_custom_parser_with_valid_pages_stores_them(settings):
     doc = rag.ingest_bytes(PAGED, filename="a.paged", collection="c", chunk_size=6, chunk_overlap=0)
     pages = [(c.page_start, c.page_end) for c in doc.chunks.order_by("chunk_index")]
     assert pages[0] == (1, 1) and pages[-1] == (2, 2)
+
+
+def scope_alpha(user):
+    return "alpha"
+
+
+def scope_mixed(user):
+    return ["alpha", 7]
+
+
+def test_a_dashboard_scope_returning_one_string_means_that_collection(staff):
+    from django.test import override_settings
+    from django.urls import reverse
+
+    rag.ingest("Alpha handbook on refunds.", collection="alpha", title="Alpha doc")
+    rag.ingest("Letter a collection: salaries.", collection="a", title="Letter doc")
+    scoped = {"EMBEDDER": "hashing", "DASHBOARD": {"COLLECTIONS": "tests.test_parity.scope_alpha"}}
+    with override_settings(DJANGO_RAG=scoped):
+        listing = staff.get(reverse("django_rag_dashboard:documents")).content.decode()
+    assert "Alpha doc" in listing and "Letter doc" not in listing
+
+
+def test_a_dashboard_scope_with_a_non_string_fails_closed_and_logs(staff, caplog):
+    from django.test import override_settings
+    from django.urls import reverse
+
+    rag.ingest("Alpha handbook on refunds.", collection="alpha", title="Alpha doc")
+    scoped = {"EMBEDDER": "hashing", "DASHBOARD": {"COLLECTIONS": "tests.test_parity.scope_mixed"}}
+    with override_settings(DJANGO_RAG=scoped), caplog.at_level("ERROR"):
+        listing = staff.get(reverse("django_rag_dashboard:documents")).content.decode()
+    assert "Alpha doc" not in listing
+    assert "COLLECTIONS" in caplog.text and "holding int values" in caplog.text
