@@ -3,7 +3,7 @@
 import pytest
 
 import django_rag as rag
-from django_rag.exceptions import InvalidOption, InvalidParserOutput
+from django_rag.exceptions import InvalidOption, InvalidParserOutput, UnknownCollection
 from django_rag.ingestion.parsers import Page, ParsedDocument, Parser
 from django_rag.testing import ScriptedLLM
 
@@ -130,3 +130,59 @@ def test_a_dashboard_scope_with_a_non_string_fails_closed_and_logs(staff, caplog
         listing = staff.get(reverse("django_rag_dashboard:documents")).content.decode()
     assert "Alpha doc" not in listing
     assert "COLLECTIONS" in caplog.text and "holding int values" in caplog.text
+
+
+def _acme_extractor(text):
+    entities = [
+        {"name": "Acme Corp", "type": "organization", "description": "maker of drills"},
+        {"name": "Berlin", "type": "location", "metadata": {"country": "DE", "wikidata": "Q64"}},
+    ]
+    return entities, [{"source": "Acme Corp", "target": "Berlin", "type": "LOCATED_IN"}]
+
+
+def _graph_settings(embedder="hashing"):
+    from django.test import override_settings
+
+    return override_settings(
+        DJANGO_RAG={
+            "EMBEDDER": embedder,
+            "GRAPH": {"ENABLED": True, "EXTRACTOR": _acme_extractor},
+        }
+    )
+
+
+def _other_model():
+    import numpy as np
+
+    from django_rag.testing import HashingEmbedder
+
+    class Reversed(HashingEmbedder):
+        def _vector(self, text):
+            return np.ascontiguousarray(super()._vector(text)[::-1])
+
+    return Reversed(model_name="reversed-bow")  # same size (384), other vectors
+
+
+def test_reembedding_in_place_with_another_model_refreshes_graph_entities():
+    import numpy as np
+
+    from django_rag import maintenance
+    from django_rag.models import Entity
+
+    with _graph_settings():
+        rag.ingest("Acme Corp makes drills in Berlin.", collection="kb", graph=True)
+    acme = Entity.objects.get(name="Acme Corp")
+    assert acme.embedding_model == "hashing-bow"
+    other = _other_model()
+    with _graph_settings(other):
+        job = maintenance.reembed()
+        assert job.result["entities"] == 2
+        acme.refresh_from_db()
+        assert acme.embedding_model == "reversed-bow"
+        expected = other.embed_documents(["Acme Corp: maker of drills"])[0]
+        assert np.allclose(np.asarray(acme.embedding), expected, atol=1e-6)
+        # Up to date now: nothing left, unless forced (per collection too).
+        assert maintenance.embed_entities() == 0
+        assert maintenance.embed_entities(collection="kb", force=True) == 2
+        with pytest.raises(UnknownCollection):
+            maintenance.embed_entities(collection="nope")

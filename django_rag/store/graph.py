@@ -70,8 +70,11 @@ def persist(
             f"{found[k].name}: {found[k].description}" if found[k].description else found[k].name
             for k in new
         ]
+        model = ""
         try:
-            vectors = get_embedder(embedder).embed_documents(texts)
+            resolved = get_embedder(embedder)
+            vectors = resolved.embed_documents(texts)
+            model = resolved.model_name
         except Exception as exc:  # entities stay usable by name; embed them later
             logger.warning("Entity embeddings failed (%s); stored without them", exc)
             vectors = [None] * len(new)
@@ -84,6 +87,7 @@ def persist(
                     type=found[key].type[:50],
                     description=found[key].description,
                     embedding=vector,
+                    embedding_model=model if vector is not None else "",
                 )
                 for key, vector in zip(new, vectors, strict=True)
             ],
@@ -239,14 +243,17 @@ def save_summary(community_id: int, summary: str, fingerprint: str) -> None:
     )
 
 
-def write_entity_vectors(ids: Sequence[int], vectors: Sequence[Sequence[float]]) -> None:
-    """Store entity embeddings (after a model switch, or a backfill)."""
+def write_entity_vectors(
+    ids: Sequence[int], vectors: Sequence[Sequence[float]], *, model: str
+) -> None:
+    """Store entity embeddings made by ``model`` (after a model switch, or a backfill)."""
 
     db = write_db()
     with transaction.atomic(using=db), connections[db].cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Entity._meta.db_table} AS e SET embedding = v.e::vector "
+            f"UPDATE {Entity._meta.db_table} AS e SET embedding = v.e::vector, "
+            "embedding_model = %s "
             "FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS e) AS v "
             "WHERE e.id = v.id",
-            [list(ids), [vector_literal(v) for v in vectors]],
+            [model[:255], list(ids), [vector_literal(v) for v in vectors]],
         )
