@@ -186,3 +186,32 @@ def test_reembedding_in_place_with_another_model_refreshes_graph_entities():
         assert maintenance.embed_entities(collection="kb", force=True) == 2
         with pytest.raises(UnknownCollection):
             maintenance.embed_entities(collection="nope")
+
+
+def test_entity_metadata_from_the_extractor_is_stored_and_merged():
+    from django_rag.models import Entity
+
+    with _graph_settings():
+        rag.ingest("Acme Corp makes drills in Berlin.", collection="kb", graph=True)
+    assert Entity.objects.get(name="Berlin").metadata == {"country": "DE", "wikidata": "Q64"}
+    assert Entity.objects.get(name="Acme Corp").metadata == {}
+
+    def later(text):
+        return [
+            {"name": "Berlin", "metadata": {"country": "XX", "population": 3_800_000}},
+            {"name": "Acme Corp", "metadata": "not an object"},  # dropped, not fatal
+        ], []
+
+    from django.test import override_settings
+
+    with override_settings(
+        DJANGO_RAG={"EMBEDDER": "hashing", "GRAPH": {"ENABLED": True, "EXTRACTOR": later}}
+    ):
+        rag.ingest("Berlin again, and Acme Corp.", collection="kb", graph=True)
+    # Keys already stored keep their value; new keys are added.
+    assert Entity.objects.get(name="Berlin").metadata == {
+        "country": "DE",
+        "wikidata": "Q64",
+        "population": 3_800_000,
+    }
+    assert Entity.objects.get(name="Acme Corp").metadata == {}

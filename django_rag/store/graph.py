@@ -8,6 +8,7 @@ never deadlock on entity or relationship rows. Reads and writes run on the write
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +60,8 @@ def persist(
                 known.description = known.description or entity.description
                 if known.type == "other":
                     known.type = entity.type
+                if entity.metadata:
+                    known.metadata = {**entity.metadata, **known.metadata}
     ids = dict(
         Entity.objects.using(db)
         .filter(collection_id=collection_id, normalized_name__in=list(found))
@@ -88,6 +91,7 @@ def persist(
                     description=found[key].description,
                     embedding=vector,
                     embedding_model=model if vector is not None else "",
+                    metadata=found[key].metadata,
                 )
                 for key, vector in zip(new, vectors, strict=True)
             ],
@@ -98,6 +102,9 @@ def persist(
             .filter(collection_id=collection_id, normalized_name__in=new)
             .values_list("normalized_name", "pk")
         )
+    _add_entity_metadata(
+        {ids[k]: found[k].metadata for k in found if k in ids and k not in new}, db
+    )
     mentions = []
     edges: dict[tuple[int, int, str], dict[str, Any]] = {}
     for chunk_id, extraction in zip(chunk_ids, extractions, strict=True):
@@ -138,6 +145,20 @@ def persist(
             collection_id=collection_id, entity_ids__overlap=list(touched)
         ).update(change_count=F("change_count") + 1)
     return {"entities": len(found), "relationships": len(edges), "mentions": len(mentions)}
+
+
+def _add_entity_metadata(metadata: dict[int, dict[str, Any]], db: str) -> None:
+    """Add the keys entities already stored lack (the values stored first are kept)."""
+    rows = {pk: value for pk, value in metadata.items() if value}
+    if not rows:
+        return
+    with connections[db].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Entity._meta.db_table} AS e SET metadata = v.m || e.metadata "
+            "FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::jsonb[]) AS m) AS v "
+            "WHERE e.id = v.id AND NOT (e.metadata @> v.m)",
+            [list(rows), [json.dumps(value) for value in rows.values()]],
+        )
 
 
 def _upsert_relationships(edges: dict[tuple[int, int, str], dict[str, Any]], db: str) -> None:
