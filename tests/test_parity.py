@@ -215,3 +215,14 @@ def test_entity_metadata_from_the_extractor_is_stored_and_merged():
         "population": 3_800_000,
     }
     assert Entity.objects.get(name="Acme Corp").metadata == {}
+
+
+def test_ingest_with_graph_emits_the_graph_build_span(events):
+    with _graph_settings():
+        rag.ingest("Acme Corp makes drills in Berlin.", collection="kb", graph=True)
+    starts = [meta for kind, event, meta in events if kind == "start" and event == "graph.build"]
+    stops = [meta for kind, event, meta in events if kind == "stop" and event == "graph.build"]
+    assert len(starts) == len(stops) == 1
+    assert starts[0]["collection"] == "kb" and starts[0]["ingest"] is True
+    assert stops[0]["chunks"] == 1 and stops[0]["entities"] == 2
+    assert stops[0]["relationships"] == 1 and stops[0]["failed"] == 0
