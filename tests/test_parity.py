@@ -226,3 +226,37 @@ def test_ingest_with_graph_emits_the_graph_build_span(events):
     assert starts[0]["collection"] == "kb" and starts[0]["ingest"] is True
     assert stops[0]["chunks"] == 1 and stops[0]["entities"] == 2
     assert stops[0]["relationships"] == 1 and stops[0]["failed"] == 0
+
+
+def test_the_graph_page_keeps_its_type_filter_across_pages_and_links(staff):
+    import html
+    import re
+    from urllib.parse import parse_qs, urlsplit
+
+    from django.urls import reverse
+
+    from django_rag.models import Collection, Entity
+
+    kb = Collection.objects.create(name="kb")
+    Entity.objects.bulk_create(
+        [
+            Entity(collection=kb, name=f"P{i:03}", normalized_name=f"p{i:03}", type="person")
+            for i in range(60)
+        ]
+        + [
+            Entity(collection=kb, name=f"L{i:03}", normalized_name=f"l{i:03}", type="location")
+            for i in range(60)
+        ]
+    )
+    url = reverse("django_rag_dashboard:graph")
+    first = staff.get(url, {"tab": "entities", "collection": "kb", "type": "person"})
+    body = first.content.decode()
+    assert "<option selected>person</option>" in body
+    links = [html.unescape(h) for h in re.findall(r'href="(\?[^"]*)"', body)]
+    following = next(h for h in links if "page=2" in h)
+    assert parse_qs(urlsplit(following).query)["type"] == ["person"]
+    entity_links = [h for h in links if "entity=" in h]
+    assert entity_links and all(parse_qs(h[1:])["type"] == ["person"] for h in entity_links)
+    second = staff.get(url + following).content.decode()
+    assert "Page 2 of 2" in second
+    assert re.search(r">P0\d\d<", second) and not re.search(r">L0\d\d<", second)
