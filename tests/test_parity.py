@@ -260,3 +260,64 @@ def test_the_graph_page_keeps_its_type_filter_across_pages_and_links(staff):
     second = staff.get(url + following).content.decode()
     assert "Page 2 of 2" in second
     assert re.search(r">P0\d\d<", second) and not re.search(r">L0\d\d<", second)
+
+
+def scope_handbook(user):
+    return ["handbook"]
+
+
+def test_a_test_case_without_collection_takes_its_relevant_chunks_collection(staff):
+    from django.test import override_settings
+    from django.urls import reverse
+
+    from django_rag.evaluation import create_test_case, run_evaluation
+    from django_rag.exceptions import InvalidInput
+
+    handbook = rag.ingest("Refunds take 14 days.", collection="handbook")
+    other = rag.ingest("Salaries are paid monthly.", collection="hr")
+    case = create_test_case("How long do refunds take?", chunks=list(handbook.chunks.all()))
+    assert case.collection.name == "handbook"
+    by_document = create_test_case("refund delay", documents=[handbook])
+    assert by_document.collection.name == "handbook"
+    mixed = create_test_case(
+        "pay and refunds", chunks=[handbook.chunks.first(), other.chunks.first()]
+    )
+    assert mixed.collection is None  # spread over two collections: no single owner
+    with pytest.raises(InvalidInput, match="No chunk with id 999999"):
+        create_test_case("ghost", chunks=[999999])
+
+    run = run_evaluation(mode="semantic", collection="handbook")
+    assert run.test_case_count == 2  # both single-collection cases, not the mixed one
+    scoped = {
+        "EMBEDDER": "hashing",
+        "DASHBOARD": {"COLLECTIONS": "tests.test_parity.scope_handbook"},
+    }
+    with override_settings(DJANGO_RAG=scoped):
+        page = staff.get(reverse("django_rag_dashboard:evaluation")).content.decode()
+    assert "How long do refunds take?" in page and "pay and refunds" not in page
+
+
+def test_the_migration_gives_stored_cases_their_single_collection():
+    import importlib
+
+    from django.db import connection
+
+    from django_rag.models import Relevance, TestCase
+
+    backfill = importlib.import_module("django_rag.migrations.0014_test_case_collection").BACKFILL
+    a = rag.ingest("Refunds take 14 days.", collection="handbook")
+    b = rag.ingest("Salaries are paid monthly.", collection="hr")
+    single = TestCase.objects.create(question="refunds")
+    Relevance.objects.create(test_case=single, chunk=a.chunks.first())
+    by_doc = TestCase.objects.create(question="refund doc", level="document")
+    Relevance.objects.create(test_case=by_doc, document=a)
+    mixed = TestCase.objects.create(question="both")
+    Relevance.objects.create(test_case=mixed, chunk=a.chunks.first())
+    Relevance.objects.create(test_case=mixed, chunk=b.chunks.first())
+    with connection.cursor() as cursor:
+        cursor.execute(backfill)
+    names = {
+        case.question: case.collection and case.collection.name
+        for case in TestCase.objects.select_related("collection")
+    }
+    assert names == {"refunds": "handbook", "refund doc": "handbook", "both": None}
