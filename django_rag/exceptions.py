@@ -128,6 +128,14 @@ class DimensionMismatch(RagError):
     code = "dimension_mismatch"
 
 
+class InvalidParserOutput(RagError):
+    """A parser (built-in or from ``DJANGO_RAG["PARSERS"]``) returned a document that cannot
+    be stored as it is: text not a string, or pages outside the text, out of order or
+    overlapping. The message names the parser and the file; fix the parser."""
+
+    code = "invalid_parser_output"
+
+
 # --- input ------------------------------------------------------------------------------------
 
 

@@ -197,10 +197,16 @@ def _reembed_in_place(collection, batch_size, concurrency, resume, progress, job
                 progress=progress,
             )
             s.set(reembedded=job.done)
+            # Entities of another model (same size, or its vectors would not fit) would keep
+            # matching queries of the new model against the old model's vectors.
+            entities = embed_entities(embedder, collection=collection, batch_size=batch_size)
+            s.set(entities=entities)
     except BaseException as exc:
         job.fail(exc)
         raise
-    return _finish(job, {"reembedded": job.done, "model": embedder.model_name})
+    return _finish(
+        job, {"reembedded": job.done, "entities": entities, "model": embedder.model_name}
+    )
 
 
 def reembed_documents(document_ids: Sequence[int], *, batch_size: int = 64) -> Job:
@@ -311,14 +317,39 @@ def _swap(embedder: Embedder, dimensions: int, batch_size: int, job: Job) -> Non
     sync_all_vectors()
 
 
-def embed_entities(embedder: Embedder | None = None, *, batch_size: int = 64) -> int:
-    """Embed the graph entities that have no vector (``"name: description"``); returns how
-    many. Run after a model switch, or to backfill entities stored while embedding failed."""
+def embed_entities(
+    embedder: Embedder | None = None,
+    *,
+    collection: str | None = None,
+    force: bool = False,
+    batch_size: int = 64,
+) -> int:
+    """Embed graph entities (``"name: description"``) with ``embedder`` (default: the current
+    one); returns how many.
+
+    Embedded are the entities without a vector and those whose vector another model made
+    (``embedding_model`` differs: a switch to a model of the same size, or rows stored before
+    the model was recorded); ``force=True`` re-embeds every entity. ``collection`` limits it to
+    one collection (an unknown name raises :class:`~django_rag.exceptions.UnknownCollection`).
+    ``rag_reembed`` runs it after the chunks; run it yourself to backfill entities stored while
+    embedding failed."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise InvalidInput(f"batch_size must be a positive integer, got {batch_size!r}")
     embedder = embedder or get_embedder()
-    done = 0
+    db = write_db()
+    entities = Entity.objects.using(db)
+    if collection is not None:
+        if not Collection.objects.using(db).filter(name=collection).exists():
+            raise UnknownCollection(collection)
+        entities = entities.filter(collection__name=collection)
+    if not force:
+        entities = entities.filter(
+            models.Q(embedding__isnull=True) | ~models.Q(embedding_model=embedder.model_name)
+        )
+    done, last = 0, 0
+    # Walk by primary key: with force=True every row keeps matching the filter once written.
     while batch := list(
-        Entity.objects.using(write_db())
-        .filter(embedding__isnull=True)
+        entities.filter(pk__gt=last)
         .order_by("pk")
         .values_list("pk", "name", "description")[:batch_size]
     ):
@@ -326,8 +357,9 @@ def embed_entities(embedder: Embedder | None = None, *, batch_size: int = 64) ->
             f"{name}: {description}" if description else name for _, name, description in batch
         ]
         vectors = embedder.embed_documents(texts)
-        write_entity_vectors([pk for pk, _, _ in batch], vectors)
+        write_entity_vectors([pk for pk, _, _ in batch], vectors, model=embedder.model_name)
         done += len(batch)
+        last = batch[-1][0]
     return done
 
 

@@ -11,7 +11,7 @@ from ..graph.global_search import global_answer
 from ..graph.search import graph_context
 from ..llm import LLM, Completion, collect_usage, get_llm
 from ..results import Answer, Citation, SearchResult
-from ..retrieval.service import run_search
+from ..retrieval.service import check_search_options, run_search
 from ..signals import span
 from ..validation import clean_query
 from . import prompts
@@ -119,7 +119,9 @@ def ask(
     """Answer ``question`` from the best ``limit`` chunks, citing them by number.
 
     Retrieval is :func:`django_rag.search` with ``mode``, ``collection``, ``source_id``,
-    ``threshold`` and any other search option (``reranker``, ``rewriter``, ``metadata``, ...).
+    ``threshold`` and any other search option (``reranker``, ``rewriter``, ``metadata``, ...);
+    an option :func:`~django_rag.search` does not take raises
+    :class:`~django_rag.exceptions.InvalidOption` naming it and the accepted ones.
     The chunks reach the LLM as numbered, delimited sources; the answer cites them as ``[n]``
     and :attr:`Answer.citations` resolves each to its chunk, document, file and pages.
     ``prompt(question, chunks)`` replaces the default prompt. ``stream=True`` returns an
@@ -140,6 +142,7 @@ def ask(
     question = clean_query(question)  # bounded and valid before any LLM or search sees it
     if prompt is not None and not callable(prompt):
         raise InvalidOption("prompt must be a function (question, chunks) -> str")
+    check_search_options(search_options, "ask()")  # a typo fails here, before any LLM call
     model = get_llm(llm, feature="ask()")
     grounder = None
     if ground is not False and ground is not None:

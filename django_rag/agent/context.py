@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
-import functools
-import inspect
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,7 +13,8 @@ from ..llm import Usage
 from ..models import Collection
 from ..models.databases import search_db
 from ..results import Grounding, SearchResult
-from ..retrieval.service import normalize_collections, search
+from ..retrieval.service import check_search_options as check_options
+from ..retrieval.service import normalize_collections
 from ..validation import clean_query
 from .answer import Answer, Citation
 
@@ -24,29 +22,10 @@ from .answer import Answer, Citation
 _OWN_OPTIONS = frozenset({"query", "limit", "threshold", "collection"})
 
 
-@functools.cache
-def search_option_names() -> frozenset[str]:
-    """The options :func:`~django_rag.search` takes that an agent passes on as they are."""
-    return frozenset(inspect.signature(search).parameters) - _OWN_OPTIONS
-
-
 def check_search_options(options: Mapping[str, Any], owner: str) -> None:
-    """Raise :class:`~django_rag.exceptions.InvalidOption` naming the first option that
-    :func:`~django_rag.search` does not take (``owner`` says whose option it was), so a typo
-    fails at once instead of in every search."""
-    known = search_option_names()
-    for name in options:
-        if name in known:
-            continue
-        if name in ("collection", "collections"):
-            hint = f"; give the collections as {owner}(collection=...) (a name or a list)"
-        else:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise InvalidOption(
-            f"{owner} got an unknown option {name!r}{hint} (search options: "
-            f"{', '.join(sorted(known))})"
-        )
+    """:func:`~django_rag.retrieval.service.check_search_options` less the options an agent
+    sets itself on every search."""
+    check_options(options, owner, own=_OWN_OPTIONS)
 
 
 @dataclass

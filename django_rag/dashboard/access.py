@@ -33,19 +33,42 @@ def has_permission(user) -> bool:
 
 
 def allowed_collections(request) -> set[str] | None:
-    """The collection names this user may see, or None for all. Fails closed: anything but
-    None or an iterable of strings denies everything."""
+    """The collection names this user may see, or None for all.
+
+    ``DASHBOARD["COLLECTIONS"](user)`` returns None (all), one collection name (a string: that
+    collection, as ``collection=`` reads it everywhere) or an iterable of names. Anything else,
+    or an iterable holding anything but strings, denies everything (fails closed) and logs an
+    error naming the setting, so a broken scope function shows no collection rather than wrong
+    ones (a string iterated would have given collections named by its characters)."""
     scope = _callable("COLLECTIONS")
     if scope is None:
         return None
     names = scope(request.user)
     if names is None:
         return None
-    try:
-        names = set(names)
-    except TypeError:
+    if isinstance(names, str):
+        return {names}
+    problem = None
+    if isinstance(names, bytes | bytearray | dict):
+        problem = f"a {type(names).__name__}"
+    else:
+        try:
+            names = list(names)
+        except TypeError:
+            problem = f"a {type(names).__name__} (not iterable)"
+        else:
+            wrong = [name for name in names if not isinstance(name, str)]
+            if wrong:
+                problem = f"an iterable holding {type(wrong[0]).__name__} values"
+    if problem is not None:
+        logger.error(
+            "DJANGO_RAG['DASHBOARD']['COLLECTIONS'] returned %s for user id %s; it must return "
+            "None, a collection name or an iterable of names. The user sees no collection.",
+            problem,
+            getattr(request.user, "pk", None),
+        )
         return set()
-    return {name for name in names if isinstance(name, str)}
+    return set(names)
 
 
 def check_collection(request, name: str) -> None:

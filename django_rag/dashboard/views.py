@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.core.paginator import Paginator
@@ -1470,6 +1471,7 @@ def graph(request):
     )
     communities = scope(Community.objects.select_related("collection"), request)
     collection = param(request, "collection")
+    entity_type = param(request, "type") if tab == "entities" else ""
     if collection:
         check_collection(request, collection)
         entities = entities.filter(collection__name=collection)
@@ -1479,7 +1481,7 @@ def graph(request):
         rows = entities.annotate(mention_count=Count("mentions", distinct=True))
         if q:
             rows = rows.filter(name__icontains=q)
-        if entity_type := param(request, "type"):
+        if entity_type:
             rows = rows.filter(type=entity_type)
         rows = rows.order_by("-mention_count", "name")
     elif tab == "relationships":
@@ -1513,6 +1515,12 @@ def graph(request):
         .order_by("-n")
         .values_list("type", flat=True)[:20]
     )
+    if entity_type and entity_type not in types:
+        types.append(entity_type)  # the select keeps showing the filter in use
+    # Every link of the page (pages, entities) carries the filters, so none is forgotten.
+    kept = {"collection": collection, "q": q, "type": entity_type}
+    filters = urlencode({"tab": tab, **{k: v for k, v in kept.items() if v}})
+    entity_filters = urlencode({"tab": "entities", **{k: v for k, v in kept.items() if v}})
     return render(
         request,
         "django_rag/dashboard/graph.html",
@@ -1524,6 +1532,9 @@ def graph(request):
             q=q,
             selected=collection,
             types=types,
+            entity_type=entity_type,
+            filters=filters,
+            entity_filters=entity_filters,
             graph_stats={
                 "entities": entities.count(),
                 "relationships": relationships.count(),

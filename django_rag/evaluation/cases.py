@@ -14,6 +14,7 @@ from ..conf import get_setting
 from ..exceptions import InvalidInput, LLMError, UnknownCollection
 from ..llm import get_llm, parse_json
 from ..models import Chunk, Collection, Document, Relevance, TestCase
+from ..models.databases import write_db
 from ..signals import span
 from ..validation import clean_collection_name, clean_query, clean_source_id, clean_string
 from . import prompts
@@ -34,6 +35,12 @@ def create_test_case(
 
     ``grades`` maps chunk or document ids to a graded relevance (default 1) used by nDCG.
     Give chunks or documents, not both.
+
+    Without ``collection``, the case belongs to the collection of its relevant chunks or
+    documents when they all lie in one (so runs scoped to it, and dashboard users limited to
+    it, see the case); relevant items spread over several collections leave it without one (it
+    is searched in every collection, and only unscoped runs and unrestricted users see it).
+    An id with no chunk or document raises :class:`~django_rag.exceptions.InvalidInput`.
     """
     chunk_ids = [c.pk if isinstance(c, Chunk) else c for c in chunks]
     document_ids = [d.pk if isinstance(d, Document) else d for d in documents]
@@ -47,6 +54,9 @@ def create_test_case(
     if bool(chunk_ids) == bool(document_ids):
         raise InvalidInput("Give the relevant chunks or the relevant documents (one of them).")
     grades = grades or {}
+    found = _relevant_collections(Chunk if chunk_ids else Document, chunk_ids or document_ids)
+    if target is None and len(set(found)) == 1:
+        target = Collection.objects.using(write_db()).get(pk=found[0])
     with transaction.atomic():
         case = TestCase.objects.create(
             question=question.strip(),
@@ -62,6 +72,23 @@ def create_test_case(
             ]
         )
     return case
+
+
+def _relevant_collections(model: type[Chunk] | type[Document], ids: list[Any]) -> list[int]:
+    """The collection ids of the relevant rows, one per row; unknown ids raise InvalidInput."""
+    if any(not isinstance(i, int) or isinstance(i, bool) for i in ids):
+        raise InvalidInput(f"Relevant {model.__name__.lower()}s must be given as rows or ids.")
+    # Read where the case is written: a lagging replica may not hold a chunk just ingested.
+    rows = dict(
+        model.objects.using(write_db()).filter(pk__in=ids).values_list("pk", "collection_id")
+    )
+    missing = sorted(set(ids) - set(rows))
+    if missing:
+        raise InvalidInput(
+            f"No {model.__name__.lower()} with id {', '.join(map(str, missing[:10]))}: give "
+            "stored chunks or documents as the relevant ones."
+        )
+    return list(rows.values())
 
 
 def _collection(name: Any) -> Collection | None:

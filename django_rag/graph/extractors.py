@@ -19,10 +19,11 @@ from typing import Any
 
 from ..conf import build_component, get_setting, graph_setting
 from ..embeddings.loading import load_model
-from ..exceptions import LLMResponseError, MissingDependency
+from ..exceptions import InvalidInput, LLMResponseError, MissingDependency
 from ..llm import get_llm, parse_json
 from ..llm.prompting import quote
 from ..signals import span
+from ..validation import clean_metadata
 from .names import normalize_name
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,8 @@ class ExtractedEntity:
     description: str = ""
     span_start: int | None = None
     span_end: int | None = None
+    # Stored on the entity (JSON; keys already stored are kept, new keys are added).
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -186,6 +189,7 @@ class CallableGraphExtractor(GraphExtractor):
 
 def _entity(item: Any) -> ExtractedEntity:
     if isinstance(item, ExtractedEntity):
+        item.metadata = entity_metadata(item.metadata)
         return item
     if isinstance(item, str):
         return ExtractedEntity(item)
@@ -195,7 +199,20 @@ def _entity(item: Any) -> ExtractedEntity:
         description=str(item.get("description") or ""),
         span_start=item.get("span_start"),
         span_end=item.get("span_end"),
+        metadata=entity_metadata(item.get("metadata")),
     )
+
+
+def entity_metadata(value: Any) -> dict[str, Any]:
+    """An extractor's entity metadata as a JSON object PostgreSQL accepts; anything else (an
+    LLM's reply is untrusted) is dropped with a warning rather than failing the chunk."""
+    if value is None or value == {}:
+        return {}
+    try:
+        return clean_metadata(value)
+    except InvalidInput as exc:
+        logger.warning("Entity metadata dropped: %s", exc)
+        return {}
 
 
 def _relationship(item: Any) -> ExtractedRelationship:

@@ -6,6 +6,7 @@ Every chunk carries ``start``/``end`` character offsets such that
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -205,15 +206,28 @@ class CallableChunker(Chunker):
     Strings are located in the source text so they get offsets when they appear verbatim.
     """
 
-    def __init__(self, func: Callable[..., Sequence[Any]]):
+    def __init__(self, func: Callable[..., Sequence[Any]], **options: Any):
         self.func = func
+        # Options (``chunk_size``, ``chunk_overlap``, per call or in OPTIONS) reach the function
+        # as keyword arguments when it declares them; otherwise they would be silently lost
+        # (or fail as a bare TypeError), so refuse them here, saying what to do.
+        refused = [name for name in options if not _takes_keyword(func, name)]
+        if refused:
+            name = getattr(func, "__qualname__", None) or type(func).__name__
+            raise InvalidOption(
+                f"the chunker function {name!r} does not take {', '.join(map(repr, refused))}: "
+                f"add {'those keyword parameters' if len(refused) > 1 else 'a keyword parameter'}"
+                " (or **options) to it, drop the option, or use a Chunker class that takes it",
+                option=refused[0],
+            )
+        self.options = options
 
     def chunk(
         self, text: str, *, format: str = "text", embedder: Embedder | None = None
     ) -> list[TextChunk]:
         chunks: list[TextChunk] = []
         cursor = 0
-        for item in self.func(text, format=format):
+        for item in self.func(text, format=format, **self.options):
             if isinstance(item, TextChunk):
                 chunks.append(item)
                 continue
@@ -248,6 +262,18 @@ class CallableChunker(Chunker):
                 )
             )
         return chunks
+
+
+def _takes_keyword(func: Callable[..., Any], name: str) -> bool:
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # no signature (some builtins): assume it takes nothing
+        return False
+    return any(
+        p.kind is p.VAR_KEYWORD
+        or (p.name == name and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        for p in parameters
+    )
 
 
 ALIASES = {

@@ -24,6 +24,7 @@ from ..exceptions import (
     DocumentTooLarge,
     EncryptedPDF,
     FileNotFound,
+    InvalidParserOutput,
     InvalidText,
     MissingDependency,
     NoTextLayer,
@@ -627,6 +628,62 @@ class PdfParser(Parser):
             )
 
 
+def check_parsed(parsed: Any, *, parser: Any, filename: str) -> ParsedDocument:
+    """Return ``parsed`` when it can be stored as it is; otherwise raise
+    :class:`~django_rag.exceptions.InvalidParserOutput` naming the parser.
+
+    Every parse goes through here, built-in or custom, so a parser's bug is caught before its
+    page spans turn into wrong page numbers on the stored chunks."""
+    name = f"{type(parser).__module__}.{type(parser).__qualname__}"
+
+    def fail(problem: str) -> InvalidParserOutput:
+        return InvalidParserOutput(
+            f"The parser {name} returned an invalid document for {filename!r}: {problem}. "
+            "Fix the parser (docs/ingestion.md#custom-parsers).",
+            parser=name,
+            filename=filename,
+        )
+
+    if not isinstance(parsed, ParsedDocument):
+        raise fail(f"expected a ParsedDocument, got {type(parsed).__name__}")
+    for attribute in ("text", "title", "format", "content_type"):
+        value = getattr(parsed, attribute)
+        if not isinstance(value, str):
+            raise fail(f"{attribute} must be a string, got {type(value).__name__}")
+    if not isinstance(parsed.metadata, dict):
+        raise fail(f"metadata must be a dict, got {type(parsed.metadata).__name__}")
+    if not isinstance(parsed.pages, list):
+        raise fail(f"pages must be a list of Page, got {type(parsed.pages).__name__}")
+    length = len(parsed.text)
+    previous: Page | None = None
+    for index, page in enumerate(parsed.pages):
+        if not isinstance(page, Page):
+            raise fail(f"pages[{index}] is a {type(page).__name__}, not a Page")
+        fields = (page.number, page.start, page.end)
+        if any(not isinstance(v, int) or isinstance(v, bool) for v in fields):
+            raise fail(f"pages[{index}] needs integer number, start and end, got {fields!r}")
+        if page.number < 1:
+            raise fail(f"pages[{index}] has number {page.number}; page numbers start at 1")
+        if not 0 <= page.start <= page.end <= length:
+            raise fail(
+                f"pages[{index}] (page {page.number}) spans {page.start}..{page.end}, outside "
+                f"the text (0..{length})"
+            )
+        if previous is not None:
+            if page.number <= previous.number:
+                raise fail(
+                    f"page numbers must increase: page {page.number} follows page {previous.number}"
+                )
+            if page.start < previous.end:
+                raise fail(
+                    f"page {page.number} starts at {page.start}, inside page {previous.number} "
+                    f"({previous.start}..{previous.end}); pages must be in text order and "
+                    "not overlap"
+                )
+        previous = page
+    return parsed
+
+
 BUILTIN_PARSERS: dict[str, str] = {
     ".txt": "django_rag.ingestion.parsers.TextParser",
     ".text": "django_rag.ingestion.parsers.TextParser",
@@ -668,7 +725,8 @@ def get_parser(filename: str) -> Parser:
 
 
 def parse_bytes(data: bytes, *, filename: str) -> ParsedDocument:
-    parsed = get_parser(filename).parse(data, filename=filename)
+    parser = get_parser(filename)
+    parsed = check_parsed(parser.parse(data, filename=filename), parser=parser, filename=filename)
     if not parsed.content_type or parsed.content_type == "application/octet-stream":
         parsed.content_type = mimetypes.guess_type(filename)[0] or "application/octet-stream"
     return parsed

@@ -39,6 +39,7 @@ from ..exceptions import (
 )
 from ..graph.builder import extract_all
 from ..graph.extractors import get_extractor
+from ..graph.names import normalize_name
 from ..models import Document, Job
 from ..models.databases import write_db
 from ..signals import span
@@ -175,12 +176,26 @@ def _use_graph(graph: bool | None) -> bool:
     return bool(graph_setting("ENABLED") if graph is None else graph)
 
 
-def _extract_graph(chunks: Sequence[PreparedChunk]) -> list:
+def _extract_graph(chunks: Sequence[PreparedChunk], collection: str) -> list:
     """Entities and relationships of the chunks, found before the write transaction opens
-    (LLM calls must not hold it)."""
-    extractions, _ = extract_all(
-        [item.chunk.text for item in chunks], get_extractor(), graph_setting("CONCURRENCY")
-    )
+    (LLM calls must not hold it), in a ``graph.build`` span as a :func:`build_graph` run emits
+    (``ingest=True``; its counts are those found in this document's chunks)."""
+    with span("graph.build", collection=collection, resume=True, ingest=True) as s:
+        extractions, failed = extract_all(
+            [item.chunk.text for item in chunks], get_extractor(), graph_setting("CONCURRENCY")
+        )
+        entities = {normalize_name(e.name) for x in extractions for e in x.entities}
+        relationships = {
+            (normalize_name(r.source), normalize_name(r.target), r.type)
+            for x in extractions
+            for r in x.relationships
+        }
+        s.set(
+            chunks=len(chunks),
+            failed=failed,
+            entities=len(entities - {""}),
+            relationships=len(relationships),
+        )
     return extractions
 
 
@@ -216,7 +231,10 @@ def _prepared(pending: _Pending, chunks, vectors, embedder: Embedder, graph: boo
     )
     skipped = [index for index, vector in enumerate(vectors) if vector is None]
     return Prepared(
-        prepared, _extract_graph(prepared) if graph else None, embedder.model_name, skipped
+        prepared,
+        _extract_graph(prepared, pending.collection) if graph else None,
+        embedder.model_name,
+        skipped,
     )
 
 

@@ -39,6 +39,9 @@ class Entity(models.Model):
     type = models.CharField(max_length=50, default="other")
     description = models.TextField(blank=True, default="")
     embedding = EmbeddingField(null=True, blank=True)
+    # The model that made ``embedding`` ("" when unknown): an entity of another model than the
+    # current embedder's is re-embedded by maintenance.embed_entities (and rag_reembed).
+    embedding_model = models.CharField(max_length=255, blank=True, default="")
     metadata = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import difflib
+import functools
+import inspect
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -279,6 +282,34 @@ def run_search(
         results = results[:limit]
         s.set(result_count=len(results), queries=len(queries), reranked=ranker is not None)
         return results, match
+
+
+@functools.cache
+def search_option_names() -> frozenset[str]:
+    """The keyword options :func:`search` takes (every parameter but the query)."""
+    return frozenset(inspect.signature(run_search).parameters) - {"query"}
+
+
+def check_search_options(
+    options: Mapping[str, Any], owner: str, *, own: frozenset[str] = frozenset()
+) -> None:
+    """Raise :class:`~django_rag.exceptions.InvalidOption` naming the first of ``options``
+    that :func:`search` does not take, with the accepted ones, so a typo fails at the call
+    site of ``owner`` (``"ask()"``, ``"Loop"``...) instead of as a ``TypeError`` deep in
+    :func:`run_search`. ``own`` are names ``owner`` sets itself: they are refused too."""
+    known = search_option_names() - own
+    for name in options:
+        if name in known:
+            continue
+        if name in ("collection", "collections"):
+            hint = f"; give the collections as {owner}(collection=...) (a name or a list)"
+        else:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise InvalidOption(
+            f"{owner} got an unknown option {name!r}{hint} (search options: "
+            f"{', '.join(sorted(known))})"
+        )
 
 
 def _with_graph(query, results, request, store, depth, matcher, embedder):

@@ -8,6 +8,7 @@ never deadlock on entity or relationship rows. Reads and writes run on the write
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Sequence
 from typing import Any
@@ -59,6 +60,8 @@ def persist(
                 known.description = known.description or entity.description
                 if known.type == "other":
                     known.type = entity.type
+                if entity.metadata:
+                    known.metadata = {**entity.metadata, **known.metadata}
     ids = dict(
         Entity.objects.using(db)
         .filter(collection_id=collection_id, normalized_name__in=list(found))
@@ -70,8 +73,11 @@ def persist(
             f"{found[k].name}: {found[k].description}" if found[k].description else found[k].name
             for k in new
         ]
+        model = ""
         try:
-            vectors = get_embedder(embedder).embed_documents(texts)
+            resolved = get_embedder(embedder)
+            vectors = resolved.embed_documents(texts)
+            model = resolved.model_name
         except Exception as exc:  # entities stay usable by name; embed them later
             logger.warning("Entity embeddings failed (%s); stored without them", exc)
             vectors = [None] * len(new)
@@ -84,6 +90,8 @@ def persist(
                     type=found[key].type[:50],
                     description=found[key].description,
                     embedding=vector,
+                    embedding_model=model if vector is not None else "",
+                    metadata=found[key].metadata,
                 )
                 for key, vector in zip(new, vectors, strict=True)
             ],
@@ -94,6 +102,9 @@ def persist(
             .filter(collection_id=collection_id, normalized_name__in=new)
             .values_list("normalized_name", "pk")
         )
+    _add_entity_metadata(
+        {ids[k]: found[k].metadata for k in found if k in ids and k not in new}, db
+    )
     mentions = []
     edges: dict[tuple[int, int, str], dict[str, Any]] = {}
     for chunk_id, extraction in zip(chunk_ids, extractions, strict=True):
@@ -134,6 +145,20 @@ def persist(
             collection_id=collection_id, entity_ids__overlap=list(touched)
         ).update(change_count=F("change_count") + 1)
     return {"entities": len(found), "relationships": len(edges), "mentions": len(mentions)}
+
+
+def _add_entity_metadata(metadata: dict[int, dict[str, Any]], db: str) -> None:
+    """Add the keys entities already stored lack (the values stored first are kept)."""
+    rows = {pk: value for pk, value in metadata.items() if value}
+    if not rows:
+        return
+    with connections[db].cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {Entity._meta.db_table} AS e SET metadata = v.m || e.metadata "
+            "FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::jsonb[]) AS m) AS v "
+            "WHERE e.id = v.id AND NOT (e.metadata @> v.m)",
+            [list(rows), [json.dumps(value) for value in rows.values()]],
+        )
 
 
 def _upsert_relationships(edges: dict[tuple[int, int, str], dict[str, Any]], db: str) -> None:
@@ -239,14 +264,17 @@ def save_summary(community_id: int, summary: str, fingerprint: str) -> None:
     )
 
 
-def write_entity_vectors(ids: Sequence[int], vectors: Sequence[Sequence[float]]) -> None:
-    """Store entity embeddings (after a model switch, or a backfill)."""
+def write_entity_vectors(
+    ids: Sequence[int], vectors: Sequence[Sequence[float]], *, model: str
+) -> None:
+    """Store entity embeddings made by ``model`` (after a model switch, or a backfill)."""
 
     db = write_db()
     with transaction.atomic(using=db), connections[db].cursor() as cursor:
         cursor.execute(
-            f"UPDATE {Entity._meta.db_table} AS e SET embedding = v.e::vector "
+            f"UPDATE {Entity._meta.db_table} AS e SET embedding = v.e::vector, "
+            "embedding_model = %s "
             "FROM (SELECT unnest(%s::bigint[]) AS id, unnest(%s::text[]) AS e) AS v "
             "WHERE e.id = v.id",
-            [list(ids), [vector_literal(v) for v in vectors]],
+            [model[:255], list(ids), [vector_literal(v) for v in vectors]],
         )
