@@ -310,6 +310,18 @@ class LLMError(RagError):
         self.attempts = attempts
 
 
+class LLMAuthenticationError(LLMError):
+    """The provider refused the call's credentials: no API key was found, or the key was
+    rejected (HTTP 401/403). Never retried: set or fix the key (``env_var`` names the
+    environment variable litellm reads for the model's provider, when known)."""
+
+    code = "llm_authentication_failed"
+
+    def __init__(self, message: str, *, model: str = "", attempts: int = 1, env_var: str = ""):
+        super().__init__(message, model=model, attempts=attempts)
+        self.env_var = env_var
+
+
 class LLMResponseError(LLMError):
     """The LLM answered, but not in the expected form (no JSON found, empty text, ...)."""
 

@@ -8,6 +8,7 @@ from django.test import override_settings
 from django_rag.conf import redact
 from django_rag.exceptions import (
     ConfigurationError,
+    LLMAuthenticationError,
     LLMError,
     LLMNotConfigured,
     LLMResponseError,
@@ -241,6 +242,47 @@ def test_litellm_gives_up_after_max_retries_and_on_final_errors(stub_llm_server)
     assert len(stub_llm_server.chat_requests) == before + 1  # auth errors are not retried
     assert "sk-test-not-a-real-key" not in str(info.value)
     assert "AuthenticationError" in str(info.value)
+
+
+@pytest.mark.parametrize("status", [401, 403])
+def test_a_rejected_api_key_fails_at_once_saying_which_key_to_set(stub_llm_server, status):
+    # Default backoff (1 s, 3 retries): were the failure taken as transient, it would be retried.
+    stub_llm_server.chat = [Failure(status, "Incorrect API key provided: sk-test-not-a-real-key")]
+    llm = get_llm({**stub_llm(stub_llm_server), "backoff": 1.0})
+    with pytest.raises(LLMAuthenticationError) as info:
+        llm.complete("go")
+    error = info.value
+    assert isinstance(error, LLMError) and error.code == "llm_authentication_failed"
+    assert error.attempts == 1 and len(stub_llm_server.chat_requests) == 1
+    assert error.env_var == "OPENAI_API_KEY"
+    assert "set OPENAI_API_KEY" in str(error) and "refused the API key" in str(error)
+    assert "sk-test-not-a-real-key" not in str(error)
+
+
+def test_a_missing_api_key_fails_at_once_saying_which_key_to_set(stub_llm_server, monkeypatch):
+    # litellm reports a missing key as an InternalServerError, a class otherwise retried.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    spec = {**stub_llm(stub_llm_server), "backoff": 1.0}
+    del spec["api_key"]
+    with pytest.raises(LLMAuthenticationError) as info:
+        get_llm(spec).complete("go")
+    assert info.value.attempts == 1 and stub_llm_server.chat_requests == []
+    assert "no API key was found" in str(info.value)
+    assert "set OPENAI_API_KEY" in str(info.value)
+
+
+def test_a_rejected_key_for_embeddings_is_not_retried(stub_llm_server):
+    from django_rag.embeddings.litellm import LiteLLMEmbedder
+
+    stub_llm_server.embedding_failures = [Failure(401, "bad key")] * 4
+    embedder = LiteLLMEmbedder(
+        model="openai/text-embedding-3-small",
+        api_base=stub_llm_server.base_url,
+        api_key="sk-test-not-a-real-key",
+    )
+    with pytest.raises(LLMAuthenticationError, match="set OPENAI_API_KEY"):
+        embedder.embed_query("hello")
+    assert len(stub_llm_server.requests) == 1
 
 
 def test_litellm_streams_over_http(stub_llm_server):

@@ -23,7 +23,7 @@ from .base import (
     tool_schema,
 )
 from .callable import CallableLLM
-from .errors import AgentTimeout, LLMStreamError, LLMTimeout
+from .errors import AgentTimeout, LLMAuthenticationError, LLMStreamError, LLMTimeout
 from .litellm import LiteLLM
 from .parsing import as_bool, parse_json
 
@@ -77,6 +77,7 @@ __all__ = [
     "AgentTimeout",
     "CallableLLM",
     "Completion",
+    "LLMAuthenticationError",
     "LLMStreamError",
     "LLMTimeout",
     "LiteLLM",

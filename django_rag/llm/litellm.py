@@ -5,12 +5,13 @@ from __future__ import annotations
 import functools
 import logging
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..conf import scrub_text, secrets_in
-from ..exceptions import LLMError, LLMResponseError, MissingDependency
+from ..exceptions import LLMAuthenticationError, LLMError, LLMResponseError, MissingDependency
 from .base import LLM, Completion, Messages, ToolCall, ToolCompletion, Usage, remaining_time
 from .errors import LLMStreamError, LLMTimeout
 
@@ -24,6 +25,18 @@ _TRANSIENT = (
     "ServiceUnavailableError",
     "InternalServerError",
     "BadGatewayError",
+)
+
+# Credential failures: no retry can fix them, whatever class litellm gives them. litellm maps
+# some by status (AuthenticationError for 401), leaves others generic (a 403 from an
+# OpenAI-compatible server is a plain APIError), and reports a key missing before any request
+# as an InternalServerError, which would otherwise be retried as transient.
+_AUTH_CLASSES = ("AuthenticationError", "PermissionDeniedError")
+_AUTH_STATUS = (401, 403)
+_MISSING_KEY = re.compile(
+    r"missing credentials|api_key client option must be set|missing [\w ]{0,20}api[ _]?key"
+    r"|no api[ _]?key|api[ _]?key (?:is |was )?(?:missing|required|not (?:set|found|provided))",
+    re.IGNORECASE,
 )
 
 
@@ -56,6 +69,7 @@ def call_with_retries(
     """
     litellm = _litellm()
     transient = tuple(getattr(litellm, name) for name in _TRANSIENT if hasattr(litellm, name))
+    auth = tuple(getattr(litellm, name) for name in _AUTH_CLASSES if hasattr(litellm, name))
     attempt = 0
     while True:
         attempt += 1
@@ -69,8 +83,10 @@ def call_with_retries(
             )
         try:
             return call()
-        except transient as exc:
-            if attempt > max_retries:
+        except Exception as exc:
+            if _is_auth_failure(exc, auth):
+                raise _auth_error(exc, attempt, model, secret) from None
+            if not isinstance(exc, transient) or attempt > max_retries:
                 raise _error(exc, attempt, model, secret) from None
             delay = _delay(exc, attempt, backoff, max_backoff)
             left = remaining_time()
@@ -85,8 +101,51 @@ def call_with_retries(
                 delay,
             )
             time.sleep(delay)
-        except Exception as exc:
-            raise _error(exc, attempt, model, secret) from None
+
+
+def _is_auth_failure(exc: Exception, auth: tuple[type, ...]) -> bool:
+    """Whether ``exc`` says the credentials are missing or refused (never worth a retry)."""
+    if auth and isinstance(exc, auth):
+        return True
+    for status in (
+        getattr(exc, "status_code", None),
+        getattr(getattr(exc, "response", None), "status_code", None),
+    ):
+        if status in _AUTH_STATUS:
+            return True
+    return bool(_MISSING_KEY.search(str(exc)[:2000]))
+
+
+def _key_env_var(model: str) -> str:
+    """The environment variable litellm reads the key from for ``model``'s provider, or ""."""
+    try:
+        litellm = _litellm()
+        names = litellm.validate_environment(model=model).get("missing_keys") or []
+        keys = [name for name in names if name.endswith("_KEY")]
+        if keys:
+            return keys[0]
+        provider = litellm.get_llm_provider(model)[1]
+    except Exception:  # an unknown provider: say "the provider's API key" instead
+        return ""
+    return f"{provider.upper()}_API_KEY" if re.fullmatch(r"[a-z0-9_]+", provider or "") else ""
+
+
+def _auth_error(
+    exc: Exception, attempt: int, model: str, secret: str | Iterable[str] | None
+) -> LLMAuthenticationError:
+    message = scrub_text(str(exc), secret or ())
+    env_var = _key_env_var(model)
+    where = f"set {env_var} in the environment" if env_var else "set the provider's API key"
+    missing = bool(_MISSING_KEY.search(message[:2000]))
+    what = "no API key was found" if missing else "the provider refused the API key"
+    return LLMAuthenticationError(
+        f"LLM call to {model!r} failed: {what} ({type(exc).__name__}: {message[:300]}). "
+        f"To fix it, {where} (or pass api_key in the LLM settings) with a valid key that may "
+        "use this model; not retried, since a retry cannot fix credentials.",
+        model=model,
+        attempts=attempt,
+        env_var=env_var,
+    )
 
 
 def attempt_timeout(timeout: float | None) -> float | None:
