@@ -294,3 +294,33 @@ def test_commands_announce_model_loads_on_stderr_only():
         with span("model.load", model="quiet", kind="embedder"):
             pass
     assert err.getvalue() == "loading model all-MiniLM-L6-v2 ...\n"
+
+
+@pytest.fixture
+def unmigrated_database(db):
+    """An empty database on the test server, as a project has before ``migrate``."""
+    name = f"{connection.settings_dict['NAME']}_unmigrated"
+    with connection._nodb_cursor() as cursor:
+        cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        cursor.execute(f'CREATE DATABASE "{name}"')
+    yield name
+    with connection._nodb_cursor() as cursor:
+        cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["rag_search", "refunds", "--mode", "fulltext"],
+        ["rag_search", "refunds"],
+        ["rag_info"],
+        ["rag_ingest", "README.md", "--collection", "kb"],
+        ["rag_maintenance", "orphans"],
+    ],
+)
+def test_a_command_before_migrate_says_to_run_migrate(manage, unmigrated_database, command):
+    status, out, err, _ = manage(*command, DJANGO_RAG_TEST_DATABASE=unmigrated_database)
+    assert status == 1, (out, err)
+    assert "The django_rag tables do not exist yet: run python manage.py migrate" in err, err
+    assert "Traceback" not in err, err

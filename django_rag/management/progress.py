@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from django_rag.signals import operation_started
 
@@ -70,11 +70,42 @@ def announce_model_loads(stream: Callable[[], Any], *, enabled: bool = True) -> 
         operation_started.disconnect(receiver)
 
 
+NOT_MIGRATED = "The django_rag tables do not exist yet: run python manage.py migrate"
+
+# SQLSTATE of "relation ... does not exist" (psycopg's UndefinedTable), and of "type ... does
+# not exist" (UndefinedObject: pgvector's type before the first migration creates it).
+_UNDEFINED_TABLE = "42P01"
+_UNDEFINED_OBJECT = "42704"
+
+
+def not_migrated(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error it was raised from) says the tables, or the ``vector``
+    type the first migration creates, are missing: the database was never migrated."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+        if code == _UNDEFINED_TABLE:
+            return True
+        if code == _UNDEFINED_OBJECT and '"vector"' in str(current):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
 class RagCommand(BaseCommand):
     """Base of the ``rag_*`` commands: a model loaded while the command runs is announced on
     stderr with one line (at verbosity 1 and above); stdout keeps only the command's output, so
-    ``--json`` stays parseable."""
+    ``--json`` stays parseable. Run before ``migrate``, a command says to run it (a
+    :class:`CommandError`) instead of showing a database traceback."""
 
     def execute(self, *args, **options):
         with announce_model_loads(lambda: self.stderr, enabled=options.get("verbosity", 1) > 0):
-            return super().execute(*args, **options)
+            try:
+                return super().execute(*args, **options)
+            except Exception as exc:
+                # Services may wrap the database error in a typed one: look down the chain.
+                if isinstance(exc, CommandError) or not not_migrated(exc):
+                    raise
+                raise CommandError(NOT_MIGRATED) from exc
