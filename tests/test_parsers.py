@@ -44,6 +44,54 @@ def test_pdf_pages_map_to_character_ranges():
     )
 
 
+def make_titled_pdf(title: str, *, heading_size: float = 20) -> bytes:
+    """A two-page PDF: a small running header, a heading in a larger font, then body text."""
+    document = pymupdf.open()
+    page = document.new_page()
+    page.insert_text((50, 40), "Case 19-1392, page 1", fontsize=8)
+    page.insert_text((50, 90), "Oral Argument in the", fontsize=heading_size)
+    page.insert_text((50, 115), "Supreme Court", fontsize=heading_size)
+    body = "The court heard argument on the question presented. " * 6
+    page.insert_textbox(pymupdf.Rect(50, 140, 550, 400), body, fontsize=11)
+    document.new_page().insert_text((50, 90), "Second page text.", fontsize=11)
+    document.set_metadata({"title": title})
+    data = document.tobytes()
+    document.close()
+    return data
+
+
+@pytest.mark.parametrize(
+    "junk",
+    [
+        "10811.exe",
+        "Microsoft Word - brief.doc",
+        "untitled",
+        "Untitled-3",
+        "Document1",
+        "12345",
+        "--- 2021/07 ---",
+        "final_v2.docx",
+        "C:\\cases\\brief",
+    ],
+)
+def test_a_file_name_or_placeholder_pdf_title_loses_to_the_first_heading(junk):
+    parsed = parse_bytes(make_titled_pdf(junk), filename="brief.pdf")
+    assert parsed.title == "Oral Argument in the Supreme Court"
+
+
+def test_without_a_larger_font_the_first_line_in_the_body_font_is_the_title():
+    # The running header in a smaller font is skipped.
+    parsed = parse_bytes(make_titled_pdf("10811.exe", heading_size=11), filename="brief.pdf")
+    assert parsed.title == "Oral Argument in the"
+
+
+@pytest.mark.parametrize(
+    "title", ["Geometrie und Topologie", "Introduction to Node.js", "Version 2.0 notes", ""]
+)
+def test_a_real_pdf_title_or_none_is_kept(title):
+    assert parse_bytes(make_titled_pdf(title), filename="brief.pdf").title == title
+
+
 def test_encrypted_pdf_is_refused():
     data = make_pdf(["secret"], encryption=pymupdf.PDF_ENCRYPT_AES_256, user_pw="u", owner_pw="o")
     with pytest.raises(EncryptedPDF, match="password"):

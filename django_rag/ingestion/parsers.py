@@ -38,6 +38,7 @@ from .pdftext import (
     reading_order,
     restore_hyphens,
 )
+from .titles import pdf_title
 
 
 @dataclass
@@ -529,6 +530,7 @@ class PdfParser(Parser):
             joins: list[tuple[int, str]] = []  # hyphens removed at line ends
             parts: list[str] = []
             pages: list[Page] = []
+            first_page: list | None = None  # its blocks, in reading order, for the title
             offset = 0
             for number, page in enumerate(document, start=1):
                 elapsed = time.monotonic() - started
@@ -591,6 +593,8 @@ class PdfParser(Parser):
                     text = plain.replace("\x00", "").strip()
                 else:
                     blocks = reading_order(layout)
+                    if number == 1:
+                        first_page = blocks
                     hyphenated_words(blocks, compounds)
                     cleaned = page_text(blocks)
                     text = cleaned.text
@@ -622,7 +626,8 @@ class PdfParser(Parser):
             return ParsedDocument(
                 text=text,
                 content_type=self.content_type,
-                title=title.strip()[:500],
+                # A file name or a tool's placeholder in the metadata loses to the heading.
+                title=pdf_title(title if isinstance(title, str) else "", first_page, text),
                 pages=pages,
                 metadata={"page_count": page_count},
             )

@@ -60,6 +60,7 @@ class Line:
     y0: float
     x1: float
     y1: float
+    size: float = 0.0  # the largest font size in the line (0: unknown)
 
 
 @dataclass(slots=True)
@@ -98,7 +99,12 @@ def blocks_from_dict(data: dict) -> list[Block]:
                 # A damaged or hostile font can give infinite or NaN boxes: such a line keeps
                 # its text and gets an empty box (it then joins no column).
                 box = [value if math.isfinite(value) else 0.0 for value in raw_line["bbox"]]
-                lines.append(Line(text, *box))
+                sizes = [span.get("size") for span in raw_line["spans"] if span["text"]]
+                finite = [
+                    float(s) for s in sizes if isinstance(s, int | float) and math.isfinite(s)
+                ]
+                size = max(finite, default=0.0)
+                lines.append(Line(text, *box, size=size))
         if lines:
             blocks.append(Block(lines))
     return blocks
