@@ -3,6 +3,7 @@ reciprocal rank fusion of whole rankings (rewritten queries, graph results)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any
@@ -21,6 +22,7 @@ def fuse(
     semantic_weight: float = 0.5,
     fulltext_weight: float = 0.5,
     pool: int | None = None,
+    readable: bool = False,
 ) -> list[Any]:
     """Set ``item.score`` from ``item.semantic_score`` and ``item.fulltext_score``; sort.
 
@@ -41,6 +43,9 @@ def fuse(
     similarity min-max normalised over the candidates and ``f`` is BM25 divided by the best
     BM25 among them (BM25's own minimum is 0), so both lie in [0, 1].
     Ties keep the semantic order.
+
+    ``readable=True`` (what searches return) then puts each score on a scale a person can read,
+    without changing the order: see :func:`readable_score`.
     """
     if fusion not in FUSIONS:
         raise InvalidOption(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
@@ -48,7 +53,14 @@ def fuse(
     if not items:
         return []
     if fusion == "adaptive":
-        _adaptive(items, semantic_weight, fulltext_weight, pool or len(items))
+        words_matched = _adaptive(items, semantic_weight, fulltext_weight, pool or len(items))
+        if readable and not words_matched:
+            # The semantic order stands; on the readable scale, as standard scores like the
+            # fused ones (the raw score, a cosine, can be negative).
+            reference = [item.semantic_score for item in items[: pool or len(items)]]
+            values = [item.semantic_score for item in items]
+            for item, z in zip(items, _standardise(values, reference), strict=True):
+                item.score = z
     elif fusion == "rrf":
         clean_number("rrf_k", rrf_k, minimum=0)
         for rank, item in enumerate(items, start=1):
@@ -69,7 +81,41 @@ def fuse(
             s = (item.semantic_score - low) / spread if spread > 0 else 1.0
             f = item.fulltext_score / best_fulltext if best_fulltext > 0 else 0.0
             item.score = semantic_weight * s + fulltext_weight * f
-    return sorted(items, key=lambda item: -item.score)
+    ranked = sorted(items, key=lambda item: -item.score)
+    if readable:
+        # After the sort: the order is the raw scores', whatever rounding does at the ends.
+        for item in ranked:
+            item.score = readable_score(
+                item.score,
+                fusion=fusion,
+                semantic_weight=semantic_weight,
+                fulltext_weight=fulltext_weight,
+            )
+    return ranked
+
+
+def readable_score(
+    score: float, *, fusion: str, semantic_weight: float = 0.5, fulltext_weight: float = 0.5
+) -> float:
+    """A raw fused ``score`` on a scale from 0 to 1, by a map that keeps the order.
+
+    ``adaptive``: the logistic function of the mix of standard scores, ``1 / (1 + e^-x)``: 0.5
+    is a candidate as good as the average of this query's candidates, 0.73 one standard
+    deviation above it, 0.95 three; it never reaches 0 or 1 (the raw mix, typically -2 to 4, was
+    negative for every candidate below the average, and could be for the best hit too).
+    ``weighted``: divided by ``semantic_weight + fulltext_weight``; 1 is the best candidate on
+    both sides. ``rrf``: unchanged (already positive; at most ``2 / (rrf_k + 1)``, first on
+    both sides).
+    """
+    if fusion == "adaptive":
+        if score >= 0:
+            return 1.0 / (1.0 + math.exp(-score))
+        exp = math.exp(score)  # no overflow for very negative scores
+        return exp / (1.0 + exp)
+    if fusion == "weighted":
+        total = semantic_weight + fulltext_weight
+        return score / total if total > 0 else 0.0
+    return score
 
 
 def _check_weights(semantic_weight: float, fulltext_weight: float) -> None:
@@ -94,7 +140,8 @@ def _standing_out(reference: list[float]) -> float:
     return (best - statistics.fmean(reference)) / best if best > 0 else 0.0
 
 
-def _adaptive(items: list[Any], semantic_weight: float, fulltext_weight: float, pool: int):
+def _adaptive(items: list[Any], semantic_weight: float, fulltext_weight: float, pool: int) -> bool:
+    """Set adaptive scores; False when nothing matched the words (the scores are cosines)."""
     _check_weights(semantic_weight, fulltext_weight)
     semantic = [item.semantic_score for item in items[:pool]]  # items come sorted by it
     fulltext = sorted((i.fulltext_score for i in items if i.fulltext_score > 0), reverse=True)
@@ -102,7 +149,7 @@ def _adaptive(items: list[Any], semantic_weight: float, fulltext_weight: float, 
     if not fulltext:  # nothing matched the words: the semantic order stands
         for item in items:
             item.score = item.semantic_score
-        return
+        return False
     s_weight = semantic_weight * _standing_out(semantic)
     f_weight = fulltext_weight * _standing_out(fulltext)
     if s_weight + f_weight <= 0:  # neither side stands out: the weights as given
@@ -114,6 +161,7 @@ def _adaptive(items: list[Any], semantic_weight: float, fulltext_weight: float, 
     f_scores = _standardise([item.fulltext_score for item in items], fulltext)
     for item, s, f in zip(items, s_scores, f_scores, strict=True):
         item.score = share * s + (1 - share) * f
+    return True
 
 
 def rrf_merge(

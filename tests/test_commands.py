@@ -50,6 +50,25 @@ def test_ingest_directory_then_search(files):
     assert "manual.pdf p.1" in table and "Press the red button." in table
 
 
+def test_search_output_says_what_the_scores_mean(files):
+    import re
+
+    run("rag_ingest", str(files / "docs"), "--collection", "kb")
+    for mode, fusion, legend in [
+        ("semantic", None, "cosine similarity"),
+        ("fulltext", None, "BM25"),
+        ("hybrid", None, "0.5 = as good as this query's average candidate"),
+        ("hybrid", "weighted", "1 = best on both"),
+        ("hybrid", "rrf", "1/(rrf_k + rank)"),
+    ]:
+        args = ["rag_search", "refund policy days", "--collection", "kb", "--mode", mode]
+        output = run(*args, *(["--fusion", fusion] if fusion else []))
+        assert output.splitlines()[-1].startswith("score: ") and legend in output, output
+        if mode == "hybrid":
+            scores = [float(s) for s in re.findall(r"^\s*\d+\. (-?[\d.]+) ", output, re.M)]
+            assert len(scores) == 3 and all(0 <= score <= 1 for score in scores), output
+
+
 def test_glob_and_replace(files):
     path = files / "docs" / "nested" / "shipping.txt"
     run("rag_ingest", str(files / "docs" / "**" / "*.txt"), "--collection", "g")

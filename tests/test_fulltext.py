@@ -254,6 +254,68 @@ def test_hybrid_carries_both_scores_and_beats_either_side_on_mixed_queries():
         assert result.score == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("fusion", ["adaptive", "weighted", "rrf"])
+def test_readable_fused_scores_keep_the_order_and_are_never_negative(fusion):
+    import random
+
+    generator = random.Random(7)
+    for size in (1, 2, 5, 40):
+        items = [
+            SimpleNamespace(
+                name=i,
+                semantic_score=generator.uniform(-0.3, 0.9),
+                fulltext_score=generator.choice([0.0, generator.uniform(0.1, 12.0)]),
+            )
+            for i in range(size)
+        ]
+        options = {"fusion": fusion, "semantic_weight": 0.7, "fulltext_weight": 0.6, "pool": 30}
+        raw = fuse([SimpleNamespace(**vars(i)) for i in items], **options)
+        readable = fuse([SimpleNamespace(**vars(i)) for i in items], readable=True, **options)
+        assert [i.name for i in readable] == [i.name for i in raw]
+        assert all(0 <= i.score <= 1 for i in readable), [i.score for i in readable]
+        assert [i.score for i in readable] == sorted((i.score for i in readable), reverse=True)
+    # Nothing matched the words: still the semantic order, on the same 0..1 scale.
+    unmatched = [SimpleNamespace(name=n, semantic_score=s, fulltext_score=0.0) for n, s in
+                 (("x", -0.4), ("y", -0.1), ("z", 0.3))]  # fmt: skip
+    fused = fuse(unmatched, fusion="adaptive", readable=True)
+    assert [i.name for i in fused] == ["z", "y", "x"]
+    assert all(0 < i.score < 1 for i in fused)
+
+
+def test_hybrid_scores_are_readable_and_the_ranking_unchanged():
+    from django_rag.conf import search_setting
+
+    texts = [
+        "Refunds are processed within five business days of the return.",
+        "A refund goes back to the card used for the purchase.",
+        "Shipping is free above fifty euros; refunds exclude shipping costs.",
+        "Our office is closed on public holidays.",
+        "Gift cards cannot be refunded or exchanged for cash.",
+        "Tomatoes grow best in full sun with regular watering.",
+    ]
+    for number, text in enumerate(texts):
+        rag.ingest(text, collection="scores", source_id=f"t{number}")
+    for query in ("how long do refunds take", "refund gift card", "sunny garden"):
+        results = rag.search(query, mode="hybrid", collection="scores", limit=20)
+        assert len(results) == len(texts)  # the whole corpus: every chunk is a candidate
+        assert all(0 <= r.score <= 1 for r in results), [r.score for r in results]
+        # The raw adaptive fusion of the same components ranks them identically.
+        raw = fuse(
+            [
+                SimpleNamespace(
+                    pk=r.chunk_id, semantic_score=r.semantic_score, fulltext_score=r.fulltext_score
+                )
+                for r in sorted(results, key=lambda r: r.chunk_id)
+            ],  # fmt: skip
+            fusion="adaptive",
+            semantic_weight=search_setting("SEMANTIC_WEIGHT"),
+            fulltext_weight=search_setting("FULLTEXT_WEIGHT"),
+            pool=20 * search_setting("CANDIDATES"),
+        )
+        assert [r.chunk_id for r in results] == [item.pk for item in raw], query
+        assert results[0].score > 0.5  # the best hit is above the query's average candidate
+
+
 def test_threshold_per_mode():
     rag.ingest("alpha beta gamma", collection="t")
     rag.ingest("alpha delta", collection="t")

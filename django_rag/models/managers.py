@@ -615,6 +615,7 @@ class ChunkQuerySet(models.QuerySet):
             semantic_weight=semantic_weight,
             fulltext_weight=fulltext_weight,
             pool=pool,
+            readable=True,
         )
         if threshold is not None:
             fused = [item for item in fused if item.score >= threshold]

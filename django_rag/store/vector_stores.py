@@ -319,6 +319,7 @@ class MemoryVectorStore(VectorStore):
                 semantic_weight=request.semantic_weight,
                 fulltext_weight=request.fulltext_weight,
                 pool=pool,
+                readable=True,
             )
         if request.threshold is not None:
             ranked = [r for r in ranked if r.score >= request.threshold]
