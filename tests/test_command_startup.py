@@ -324,3 +324,24 @@ def test_a_command_before_migrate_says_to_run_migrate(manage, unmigrated_databas
     assert status == 1, (out, err)
     assert "The django_rag tables do not exist yet: run python manage.py migrate" in err, err
     assert "Traceback" not in err, err
+
+
+def test_only_a_missing_django_rag_table_means_not_migrated():
+    from django.db import ProgrammingError
+
+    from django_rag.management.progress import not_migrated
+
+    class UndefinedTable(Exception):
+        sqlstate = "42P01"
+
+    def wrapped(message):
+        try:
+            try:
+                raise UndefinedTable(message)
+            except UndefinedTable as cause:
+                raise ProgrammingError(message) from cause
+        except ProgrammingError as error:
+            return error
+
+    assert not_migrated(wrapped('relation "django_rag_chunk" does not exist'))
+    assert not not_migrated(wrapped('relation "shop_product" does not exist'))

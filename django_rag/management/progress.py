@@ -79,14 +79,15 @@ _UNDEFINED_OBJECT = "42704"
 
 
 def not_migrated(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an error it was raised from) says the tables, or the ``vector``
-    type the first migration creates, are missing: the database was never migrated."""
+    """Whether ``exc`` (or an error it was raised from) says a django_rag table, or the
+    ``vector`` type the first migration creates, is missing: the database was never migrated.
+    A missing table of the project's own (a model ``rag_sync`` indexes) is not ours to explain."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
         code = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
-        if code == _UNDEFINED_TABLE:
+        if code == _UNDEFINED_TABLE and 'relation "django_rag_' in str(current):
             return True
         if code == _UNDEFINED_OBJECT and '"vector"' in str(current):
             return True
