@@ -491,7 +491,7 @@ def test_search_explains_its_scores_and_shows_defaults(staff, corpus):
         assert 'name="limit" value="7"' in staff.get(url("search")).content.decode()
     body = staff.get(url("search"), {"q": "refunds", "compare": "on"}).content.decode()
     assert 'id="score-legend"' in body
-    for scale in ("from 0 (unrelated) to 1", "no upper bound", "not bounded to 0..1"):
+    for scale in ("from 0 (unrelated) to 1", "no upper bound", "is never negative"):
         assert scale in body
 
 
