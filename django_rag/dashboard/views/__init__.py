@@ -9,13 +9,11 @@ from .asking import (
     NO_COLLECTION,
     STEP_ORDER,
     TRAILER,
-    VERDICTS,
     ask_page,
     ask_stream,
-    grounded_segments,
 )
 from .collections import collections, delete_collection, save_collection
-from .common import JOB_LIMIT
+from .common import JOB_LIMIT, VERDICTS, grounded_segments
 from .documents import (
     CHUNKS_PER_PAGE,
     delete_document,

@@ -16,7 +16,7 @@ from ...conf import scrub_text
 from ...exceptions import RagError
 from ..access import check_collection, dashboard_view
 from ..forms import AskForm
-from .common import _context, _visible_collections
+from .common import _context, _visible_collections, grounded_segments
 
 
 def _library_ask(question, **options):
@@ -272,46 +272,6 @@ def _graph_context(chunks: list[dict], spans: list[dict], given: dict | None) ->
         "match_scores": [m.get("graph_match_score") for m in searches],
         "chunks": graphed,
     }
-
-
-VERDICTS = ("supported", "unsupported", "contradicted")
-
-
-def grounded_segments(text: str, grounding) -> list[dict]:
-    """The answer cut into pieces for display, each marked with the verdict of the grounded
-    span covering it (None between spans). Spans are read duck-typed (``start``, ``end``,
-    ``verdict``, ``chunk_ids``, ``score``); overlapping or out-of-range ones are clipped."""
-    spans = []
-    for item in getattr(grounding, "spans", None) or []:
-        try:
-            start, end = int(item.start), int(item.end)
-        except (AttributeError, TypeError, ValueError):
-            continue
-        start, end = max(0, start), min(len(text), end)
-        if end > start:
-            spans.append((start, end, item))
-    spans.sort(key=lambda entry: entry[0])
-    segments, at = [], 0
-    for start, end, item in spans:
-        start = max(start, at)
-        if end <= start:
-            continue
-        if start > at:
-            segments.append({"text": text[at:start], "verdict": None})
-        verdict = getattr(item, "verdict", None)
-        score = getattr(item, "score", None)
-        segments.append(
-            {
-                "text": text[start:end],
-                "verdict": verdict if verdict in VERDICTS else "unsupported",
-                "chunk_ids": list(getattr(item, "chunk_ids", None) or []),
-                "score": score,
-            }
-        )
-        at = end
-    if at < len(text):
-        segments.append({"text": text[at:], "verdict": None})
-    return segments
 
 
 def _ask_error(exc: Exception) -> str:

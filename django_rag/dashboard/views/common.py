@@ -12,6 +12,7 @@ from django.urls import reverse
 from ... import background
 from ...background import start
 from ...models import Chunk, Collection, Document, Job
+from ...results import VERDICTS
 from ..access import scope
 
 
@@ -171,3 +172,53 @@ def _result_rows(result) -> list[dict]:
 
 def _polling(jobs) -> bool:
     return any(job.status in ("pending", "running") for job in jobs)
+
+
+def _field(item, name: str):
+    """A grounding's or a span's field, from the object (``Answer.grounding``) or from its
+    stored dict (``Grounding.to_dict()`` in a run's results)."""
+    return item.get(name) if isinstance(item, dict) else getattr(item, name, None)
+
+
+def grounded_segments(text: str, grounding) -> list[dict]:
+    """The answer cut into pieces for display, each marked with the verdict of the grounded
+    span covering it (None between spans), for the Ask page and an evaluation run alike.
+
+    The grounding and its spans are objects or their stored dicts (``start``, ``end``,
+    ``verdict``, ``chunk_ids``, ``score``). Out-of-range spans are clipped to the text,
+    overlapping ones to what the earlier spans leave; a verdict outside ``VERDICTS`` shows as
+    unsupported. Without a usable span: the whole text as one plain piece.
+    """
+    text = text if isinstance(text, str) else ""
+    items = _field(grounding, "spans") if grounding is not None else None
+    spans = []
+    for item in items if isinstance(items, list | tuple) else []:
+        try:
+            start, end = int(_field(item, "start")), int(_field(item, "end"))
+        except (TypeError, ValueError):
+            continue
+        start, end = max(0, start), min(len(text), end)
+        if end > start:
+            spans.append((start, end, item))
+    spans.sort(key=lambda entry: entry[0])
+    segments, at = [], 0
+    for start, end, item in spans:
+        start = max(start, at)
+        if end <= start:
+            continue
+        if start > at:
+            segments.append({"text": text[at:start], "verdict": None})
+        verdict = _field(item, "verdict")
+        chunk_ids = _field(item, "chunk_ids")
+        segments.append(
+            {
+                "text": text[start:end],
+                "verdict": verdict if verdict in VERDICTS else "unsupported",
+                "chunk_ids": list(chunk_ids) if isinstance(chunk_ids, list | tuple) else [],
+                "score": _field(item, "score"),
+            }
+        )
+        at = end
+    if at < len(text):
+        segments.append({"text": text[at:], "verdict": None})
+    return segments

@@ -14,7 +14,7 @@ from ...exceptions import InvalidOption
 from ...models import Job, Run, TestCase
 from ...retrieval.service import normalize_mode
 from ..access import check_collection, dashboard_view, object_id, param, scope
-from .common import _confirm, _context, _jobs, _polling, _start
+from .common import _confirm, _context, _jobs, _polling, _start, grounded_segments
 
 EVALUATION_JOBS = [Job.Kind.RUN_EVALUATION, Job.Kind.GENERATE_TEST_CASES]
 
@@ -216,28 +216,10 @@ def _retriever_label(retriever) -> str:
     return str(retriever)
 
 
-def _answer_parts(answer, grounding) -> list[dict]:
-    """The answer cut into plain and grounded parts (for highlighting); [] without spans."""
-    if not answer or not grounding or not grounding.get("spans"):
-        return []
-    parts, at = [], 0
-    for item in sorted(grounding["spans"], key=lambda s: s.get("start", 0)):
-        start, end = int(item.get("start", 0)), int(item.get("end", 0))
-        if start < at or end > len(answer) or end <= start:
-            continue  # overlapping or out of range: shown as plain text
-        if start > at:
-            parts.append({"text": answer[at:start]})
-        parts.append(
-            {
-                "text": answer[start:end],
-                "verdict": item.get("verdict"),
-                "chunk_ids": item.get("chunk_ids") or [],
-            }
-        )
-        at = end
-    if at < len(answer):
-        parts.append({"text": answer[at:]})
-    return parts
+def _highlighted(answer, grounding) -> list[dict]:
+    """A case's answer cut by its grounded spans; [] when no span shows (the plain answer)."""
+    segments = grounded_segments(answer, grounding)
+    return segments if any(s["verdict"] for s in segments) else []
 
 
 @dashboard_view
@@ -253,7 +235,7 @@ def evaluation_run(request, pk: int):
                 **record,
                 "found": rank is not None and not skipped,
                 "in_top_5": rank is not None and rank <= 5,
-                "spans": _answer_parts(record.get("answer"), record.get("grounding")),
+                "spans": _highlighted(record.get("answer"), record.get("grounding")),
             }
         )
     # Failures first: skipped, nothing relevant found, then found low, then the rest by rank.

@@ -1,0 +1,98 @@
+"""The dashboard's views package: one module per page, every view importable from
+``django_rag.dashboard.views``, and the helpers the pages share."""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from django.urls import get_resolver, reverse
+
+import django_rag.dashboard.views as views
+from django_rag.dashboard import urls
+
+pytestmark = pytest.mark.django_db
+
+VIEWS_DIR = Path(views.__file__).parent
+
+
+def url(name, *args):
+    return reverse(f"django_rag_dashboard:{name}", args=args)
+
+
+def test_every_url_resolves_to_a_view_named_on_the_views_package():
+    for pattern in urls.urlpatterns:
+        assert getattr(views, pattern.callback.__name__) is pattern.callback, pattern.name
+    assert get_resolver().resolve(url("ask")).func is views.ask_page
+
+
+def test_no_views_module_is_long():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in VIEWS_DIR.glob("*.py")}
+    assert len(sizes) >= 9 and max(sizes.values()) <= 400, sizes
+
+
+# --- one helper cuts an answer by its grounded spans (Ask page and evaluation runs) -------------
+
+
+@dataclass
+class Span:
+    start: int
+    end: int
+    verdict: str
+    chunk_ids: list = field(default_factory=list)
+    score: float | None = None
+
+
+@dataclass
+class Grounding:
+    spans: list
+
+
+TEXT = "Two years. Made on Mars. Blue."
+SPANS = [
+    Span(11, 24, "contradicted", [3], 0.1),
+    Span(0, 10, "supported", [1, 2], 0.9),
+    Span(5, 10, "supported"),  # inside an earlier span: left out
+    Span(20, 26, "supported"),  # overlaps the span before: clipped to what is left
+    Span(25, 99, "made-up verdict"),  # past the end: clipped; the verdict shows as unsupported
+]
+EXPECTED = [
+    ("Two years.", "supported"),
+    (" ", None),
+    ("Made on Mars.", "contradicted"),
+    (" B", "supported"),
+    ("lue.", "unsupported"),
+]
+
+
+def stored(span: Span) -> dict:
+    """A span as a run's results store it (JSON)."""
+    return {"start": span.start, "end": span.end, "text": TEXT[span.start : span.end],
+            "verdict": span.verdict, "chunk_ids": span.chunk_ids, "score": span.score}  # fmt: skip
+
+
+def test_objects_and_stored_dicts_are_cut_the_same_way():
+    live = views.grounded_segments(TEXT, Grounding(SPANS))
+    saved = views.grounded_segments(TEXT, {"spans": [stored(s) for s in SPANS]})
+    assert saved == live
+    assert [(s["text"], s["verdict"]) for s in saved] == EXPECTED
+    assert saved[0]["chunk_ids"] == [1, 2] and saved[0]["score"] == 0.9
+    for nothing in (None, {}, {"spans": "junk"}, {"spans": [{"start": "x"}, 7]}):
+        assert views.grounded_segments(TEXT, nothing) == [{"text": TEXT, "verdict": None}]
+
+
+def test_an_evaluation_run_highlights_its_answers_like_the_ask_page(staff):
+    from django_rag.models import Run
+
+    result = {"question": "How long?", "expected": [1], "retrieved": [1], "first_relevant_rank": 1,
+              "answer": TEXT, "grounding": {"score": 0.5, "spans": [stored(s) for s in SPANS]}}  # fmt: skip
+    run = Run.objects.create(mode="hybrid", status="completed", results=[result])
+    body = staff.get(url("evaluation_run", run.pk)).content.decode()
+    highlighted = body.split('<p class="grounded-answer">', 1)[1].split("</p>", 1)[0]
+    assert highlighted.count("<mark") == 4
+    assert (
+        '<mark class="grounding-supported" title="supported: chunks 1, 2">Two years.</mark>'
+        in highlighted
+    )
+    assert '<mark class="grounding-supported" title="supported"> B</mark>' in highlighted
+    assert '<mark class="grounding-unsupported" title="unsupported">lue.</mark>' in highlighted
+    assert "made-up" not in body
