@@ -96,3 +96,22 @@ def test_an_evaluation_run_highlights_its_answers_like_the_ask_page(staff):
     assert '<mark class="grounding-supported" title="supported"> B</mark>' in highlighted
     assert '<mark class="grounding-unsupported" title="unsupported">lue.</mark>' in highlighted
     assert "made-up" not in body
+
+
+# --- the search modes come from the library ------------------------------------------------------
+
+
+def test_the_forms_and_pages_offer_the_librarys_search_modes(staff, monkeypatch):
+    from django_rag.dashboard import forms
+    from django_rag.retrieval import service
+
+    for form in (forms.SearchForm(), forms.AskForm()):
+        assert [mode for mode, _ in form.fields["mode"].choices] == list(service.MODES)
+    assert dict(forms.SearchForm().fields["mode"].choices)["fulltext"] == "Full-text"
+    page = staff.get(url("evaluation")).content.decode()
+    assert all(f"<option >{mode}</option>" in page or f"<option selected>{mode}</option>"
+               in page for mode in service.MODES)  # fmt: skip
+    # One source: a mode the library adds is offered by both forms.
+    monkeypatch.setattr(service, "MODES", (*service.MODES, "graph_only"))
+    assert "graph_only" in dict(forms.SearchForm().fields["mode"].choices)
+    assert "graph_only" in dict(forms.AskForm().fields["mode"].choices)

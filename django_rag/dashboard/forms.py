@@ -6,7 +6,8 @@ from ..exceptions import InvalidInput
 from ..validation import clean_collection_name, clean_filename, clean_source_id
 
 FORMATS = [("text", "Plain text"), ("markdown", "Markdown")]
-MODES = [("semantic", "Semantic"), ("fulltext", "Full-text"), ("hybrid", "Hybrid")]
+# How a search mode is labelled where its name alone reads badly (others: capitalised).
+MODE_LABELS = {"fulltext": "Full-text"}
 UPLOAD_TYPES = (".txt", ".md", ".markdown", ".pdf")
 
 
@@ -107,6 +108,14 @@ class UploadForm(forms.Form):
         return data
 
 
+def mode_choices() -> list[tuple[str, str]]:
+    """The search modes as choices: the library's own list (``retrieval.service.MODES``), read
+    when a form is made, so the forms offer exactly the modes ``search()`` accepts."""
+    from ..retrieval.service import MODES
+
+    return [(mode, MODE_LABELS.get(mode, mode.capitalize())) for mode in MODES]
+
+
 def limit_query(field: forms.CharField) -> None:
     """Bound a query/question field by MAX_QUERY_CHARS (read per form: never at import)."""
     limit = get_setting("MAX_QUERY_CHARS")
@@ -154,7 +163,7 @@ class SearchForm(forms.Form):
         label="Query", required=False, help_text="A question or keywords, as a user would type."
     )
     mode = forms.ChoiceField(
-        choices=MODES,
+        choices=(),
         required=False,
         help_text="Semantic: meaning (embeddings). Full-text: the words (BM25). "
         "Hybrid: both, fused.",
@@ -173,7 +182,8 @@ class SearchForm(forms.Form):
         super().__init__(*args, **kwargs)
         search = get_setting("SEARCH")
         self.fields["collection"].choices = [(name, name) for name in collections]
-        mode = search["MODE"] if search["MODE"] in dict(MODES) else "hybrid"
+        self.fields["mode"].choices = modes = mode_choices()
+        mode = search["MODE"] if search["MODE"] in dict(modes) else "hybrid"
         self.fields["mode"].initial = mode
         self.fields["limit"].initial = search["LIMIT"]
         self.fields["limit"].widget.attrs["placeholder"] = str(search["LIMIT"])
@@ -235,9 +245,7 @@ class AskForm(forms.Form):
     collection = forms.ChoiceField(
         choices=[], required=False, help_text="Where to look for the context."
     )
-    mode = forms.ChoiceField(
-        choices=MODES, initial="hybrid", help_text="How the context is searched."
-    )
+    mode = forms.ChoiceField(choices=(), initial="hybrid", help_text="How the context is searched.")
     limit = forms.IntegerField(
         min_value=1, max_value=20, initial=5, help_text="Chunks given to the LLM (1 to 20)."
     )
@@ -260,6 +268,7 @@ class AskForm(forms.Form):
     def __init__(self, *args, collections=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["collection"].choices = [("", "All visible")] + [(n, n) for n in collections]
+        self.fields["mode"].choices = mode_choices()
         self.fields["steps"].choices = available_steps()
         limit_query(self.fields["question"])
 

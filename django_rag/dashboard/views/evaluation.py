@@ -12,7 +12,7 @@ from ...agent.steps import STEPS
 from ...evaluation.runs import resolve_retriever
 from ...exceptions import InvalidOption
 from ...models import Job, Run, TestCase
-from ...retrieval.service import normalize_mode
+from ...retrieval.service import MODES, normalize_mode
 from ..access import check_collection, dashboard_view, object_id, param, scope
 from .common import _confirm, _context, _jobs, _polling, _start, grounded_segments
 
@@ -78,7 +78,7 @@ def evaluation(request):
             jobs=jobs,
             polling=_polling(jobs),
             jobs_url=reverse("django_rag_dashboard:evaluation_jobs"),
-            modes=["semantic", "fulltext", "hybrid"],
+            modes=list(MODES),
             retrievers=EVALUATION_RETRIEVERS,
             grounders=EVALUATION_GROUNDERS,
             default_steps="rewrite,search,answer",

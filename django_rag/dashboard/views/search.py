@@ -6,6 +6,7 @@ from django.contrib import messages
 from django.shortcuts import render
 
 from ...exceptions import RagError
+from ...retrieval.service import MODES
 from ...retrieval.service import search as run
 from ..access import dashboard_view
 from ..forms import SearchForm
@@ -21,11 +22,7 @@ def search(request):
     if form.is_bound and form.is_valid() and form.cleaned_data["q"].strip():
         data = form.cleaned_data
         chosen = data["collection"] or (visible if request.rag_collections is not None else None)
-        modes = (
-            ["semantic", "fulltext", "hybrid"]
-            if data["compare"]
-            else [data["mode"] or form.fields["mode"].initial]
-        )
+        modes = list(MODES) if data["compare"] else [data["mode"] or form.fields["mode"].initial]
         options = {"limit": data["limit"] or form.fields["limit"].initial, "collection": chosen}
         if data["semantic_weight"] is not None:
             options["semantic_weight"] = data["semantic_weight"]
