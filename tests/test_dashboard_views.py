@@ -5,10 +5,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import get_resolver, reverse
 
 import django_rag.dashboard.views as views
 from django_rag.dashboard import urls
+from django_rag.ingestion.parsers import ParsedDocument, Parser
+from django_rag.models import Document
+from tests.test_parsers import make_pdf
 
 pytestmark = pytest.mark.django_db
 
@@ -115,3 +119,42 @@ def test_the_forms_and_pages_offer_the_librarys_search_modes(staff, monkeypatch)
     monkeypatch.setattr(service, "MODES", (*service.MODES, "graph_only"))
     assert "graph_only" in dict(forms.SearchForm().fields["mode"].choices)
     assert "graph_only" in dict(forms.AskForm().fields["mode"].choices)
+
+
+# --- the upload form accepts what the parser registry parses -------------------------------------
+
+
+class HtmlParser(Parser):
+    """A parser a project adds through DJANGO_RAG["PARSERS"] (the tags dropped, crudely)."""
+
+    def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
+        text = data.decode().replace("<p>", "").replace("</p>", "\n")
+        return ParsedDocument(text=text, content_type="text/html")
+
+
+def upload(client, name: str, data: bytes) -> str:
+    file = SimpleUploadedFile(name, data)
+    return client.post(
+        url("upload"), {"collection": "web", "file": file}, follow=True
+    ).content.decode()
+
+
+def test_a_parser_added_in_settings_is_accepted_by_the_upload_form(staff, settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing",
+                           "PARSERS": {".HTML": "tests.test_dashboard_views.HtmlParser"}}  # fmt: skip
+    page = upload(staff, "page.html", b"<p>Refunds take 14 days.</p>")
+    assert "Upload a" not in page
+    doc = Document.objects.get(original_filename="page.html")
+    assert doc.status == "completed" and "Refunds take 14 days." in doc.content
+    assert (
+        "A .txt, .md, .pdf or .html file of at most" in staff.get(url("documents")).content.decode()
+    )
+
+
+def test_a_parser_disabled_in_settings_is_refused_by_the_upload_form(staff, settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "PARSERS": {".pdf": None}}
+    page = upload(staff, "manual.PDF", make_pdf(["Press the red button."]))
+    assert "Upload a .txt or .md file." in page
+    assert not Document.objects.exists()
+    assert "Upload a" not in upload(staff, "notes.markdown", b"# Notes\n\nBlue.")
+    assert Document.objects.get().original_filename == "notes.markdown"

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from django import forms
 from django.core.validators import MaxLengthValidator
 
@@ -8,7 +10,6 @@ from ..validation import clean_collection_name, clean_filename, clean_source_id
 FORMATS = [("text", "Plain text"), ("markdown", "Markdown")]
 # How a search mode is labelled where its name alone reads badly (others: capitalised).
 MODE_LABELS = {"fulltext": "Full-text"}
-UPLOAD_TYPES = (".txt", ".md", ".markdown", ".pdf")
 
 
 COLLECTION_HELP = "Created when it does not exist."
@@ -16,6 +17,23 @@ SOURCE_HELP = (
     "Your own identifier for this document (a path, a URL, a record id): it names the document "
     "across versions. Empty: none."
 )
+
+
+def upload_types() -> tuple[dict, str]:
+    """The extensions an upload may have, as the ingestion path decides them: the parser
+    registry (the built-ins and ``DJANGO_RAG["PARSERS"]``), with one extension per parser in
+    words (".txt, .md or .pdf"; aliases such as .markdown are accepted, not listed)."""
+    from ..ingestion.parsers import parser_registry
+
+    registry = parser_registry()
+    named, seen = [], set()
+    for extension, parser in registry.items():
+        key = parser if isinstance(parser, str) else id(parser)
+        if key not in seen:
+            seen.add(key)
+            named.append(extension)
+    words = ", ".join(named[:-1]) + " or " + named[-1] if len(named) > 1 else "".join(named)
+    return registry, words
 
 
 def default_collection(form: forms.Form) -> None:
@@ -48,7 +66,7 @@ class IngestTextForm(forms.Form):
 
 class UploadForm(forms.Form):
     collection = forms.CharField(max_length=255, help_text=COLLECTION_HELP)
-    file = forms.FileField(help_text="A .txt, .md or .pdf file.")
+    file = forms.FileField()
     source_id = forms.CharField(
         max_length=512, required=False, help_text=SOURCE_HELP + " Default: the file name."
     )
@@ -61,15 +79,17 @@ class UploadForm(forms.Form):
         super().__init__(*args, **kwargs)
         default_collection(self)
         limit = get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"] // (1024 * 1024)
-        self.fields["file"].help_text = f"A .txt, .md or .pdf file of at most {limit} MB."
+        self.parsers, self.types = upload_types()
+        self.fields["file"].help_text = f"A {self.types} file of at most {limit} MB."
 
     def clean_file(self):
         upload = self.cleaned_data["file"]
         limit = get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"]
         if upload.size > limit:
             raise forms.ValidationError(f"The file is larger than {limit // (1024 * 1024)} MB.")
-        if not upload.name.lower().endswith(UPLOAD_TYPES):
-            raise forms.ValidationError("Upload a .txt, .md or .pdf file.")
+        # The rule get_parser() applies: the name's last suffix, in any case.
+        if Path(upload.name).suffix.lower() not in self.parsers:
+            raise forms.ValidationError(f"Upload a {self.types} file.")
         try:
             clean_filename(upload.name)
         except InvalidInput as exc:
