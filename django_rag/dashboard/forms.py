@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from django import forms
 from django.core.validators import MaxLengthValidator
 
@@ -6,8 +8,8 @@ from ..exceptions import InvalidInput
 from ..validation import clean_collection_name, clean_filename, clean_source_id
 
 FORMATS = [("text", "Plain text"), ("markdown", "Markdown")]
-MODES = [("semantic", "Semantic"), ("fulltext", "Full-text"), ("hybrid", "Hybrid")]
-UPLOAD_TYPES = (".txt", ".md", ".markdown", ".pdf")
+# How a search mode is labelled where its name alone reads badly (others: capitalised).
+MODE_LABELS = {"fulltext": "Full-text"}
 
 
 COLLECTION_HELP = "Created when it does not exist."
@@ -15,6 +17,23 @@ SOURCE_HELP = (
     "Your own identifier for this document (a path, a URL, a record id): it names the document "
     "across versions. Empty: none."
 )
+
+
+def upload_types() -> tuple[dict, str]:
+    """The extensions an upload may have, as the ingestion path decides them: the parser
+    registry (the built-ins and ``DJANGO_RAG["PARSERS"]``), with one extension per parser in
+    words (".txt, .md or .pdf"; aliases such as .markdown are accepted, not listed)."""
+    from ..ingestion.parsers import parser_registry
+
+    registry = parser_registry()
+    named, seen = [], set()
+    for extension, parser in registry.items():
+        key = parser if isinstance(parser, str) else id(parser)
+        if key not in seen:
+            seen.add(key)
+            named.append(extension)
+    words = ", ".join(named[:-1]) + " or " + named[-1] if len(named) > 1 else "".join(named)
+    return registry, words
 
 
 def default_collection(form: forms.Form) -> None:
@@ -47,7 +66,7 @@ class IngestTextForm(forms.Form):
 
 class UploadForm(forms.Form):
     collection = forms.CharField(max_length=255, help_text=COLLECTION_HELP)
-    file = forms.FileField(help_text="A .txt, .md or .pdf file.")
+    file = forms.FileField()
     source_id = forms.CharField(
         max_length=512, required=False, help_text=SOURCE_HELP + " Default: the file name."
     )
@@ -60,15 +79,17 @@ class UploadForm(forms.Form):
         super().__init__(*args, **kwargs)
         default_collection(self)
         limit = get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"] // (1024 * 1024)
-        self.fields["file"].help_text = f"A .txt, .md or .pdf file of at most {limit} MB."
+        self.parsers, self.types = upload_types()
+        self.fields["file"].help_text = f"A {self.types} file of at most {limit} MB."
 
     def clean_file(self):
         upload = self.cleaned_data["file"]
         limit = get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"]
         if upload.size > limit:
             raise forms.ValidationError(f"The file is larger than {limit // (1024 * 1024)} MB.")
-        if not upload.name.lower().endswith(UPLOAD_TYPES):
-            raise forms.ValidationError("Upload a .txt, .md or .pdf file.")
+        # The rule get_parser() applies: the name's last suffix, in any case.
+        if Path(upload.name).suffix.lower() not in self.parsers:
+            raise forms.ValidationError(f"Upload a {self.types} file.")
         try:
             clean_filename(upload.name)
         except InvalidInput as exc:
@@ -105,6 +126,14 @@ class UploadForm(forms.Form):
                     "or a character that cannot be stored): enter a source id.",
                 )
         return data
+
+
+def mode_choices() -> list[tuple[str, str]]:
+    """The search modes as choices: the library's own list (``retrieval.service.MODES``), read
+    when a form is made, so the forms offer exactly the modes ``search()`` accepts."""
+    from ..retrieval.service import MODES
+
+    return [(mode, MODE_LABELS.get(mode, mode.capitalize())) for mode in MODES]
 
 
 def limit_query(field: forms.CharField) -> None:
@@ -154,7 +183,7 @@ class SearchForm(forms.Form):
         label="Query", required=False, help_text="A question or keywords, as a user would type."
     )
     mode = forms.ChoiceField(
-        choices=MODES,
+        choices=(),
         required=False,
         help_text="Semantic: meaning (embeddings). Full-text: the words (BM25). "
         "Hybrid: both, fused.",
@@ -173,7 +202,8 @@ class SearchForm(forms.Form):
         super().__init__(*args, **kwargs)
         search = get_setting("SEARCH")
         self.fields["collection"].choices = [(name, name) for name in collections]
-        mode = search["MODE"] if search["MODE"] in dict(MODES) else "hybrid"
+        self.fields["mode"].choices = modes = mode_choices()
+        mode = search["MODE"] if search["MODE"] in dict(modes) else "hybrid"
         self.fields["mode"].initial = mode
         self.fields["limit"].initial = search["LIMIT"]
         self.fields["limit"].widget.attrs["placeholder"] = str(search["LIMIT"])
@@ -235,9 +265,7 @@ class AskForm(forms.Form):
     collection = forms.ChoiceField(
         choices=[], required=False, help_text="Where to look for the context."
     )
-    mode = forms.ChoiceField(
-        choices=MODES, initial="hybrid", help_text="How the context is searched."
-    )
+    mode = forms.ChoiceField(choices=(), initial="hybrid", help_text="How the context is searched.")
     limit = forms.IntegerField(
         min_value=1, max_value=20, initial=5, help_text="Chunks given to the LLM (1 to 20)."
     )
@@ -260,6 +288,7 @@ class AskForm(forms.Form):
     def __init__(self, *args, collections=(), **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["collection"].choices = [("", "All visible")] + [(n, n) for n in collections]
+        self.fields["mode"].choices = mode_choices()
         self.fields["steps"].choices = available_steps()
         limit_query(self.fields["question"])
 

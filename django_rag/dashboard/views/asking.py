@@ -1,0 +1,351 @@
+"""The Ask page: one ask(), the agent pipeline with the ticked steps, or the loop, with the
+work of every step; and the streamed single ask()."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from django.contrib import messages
+from django.shortcuts import render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from ...agent import Agent
+from ...conf import scrub_text
+from ...exceptions import RagError
+from ..access import check_collection, dashboard_view
+from ..forms import AskForm
+from .common import _context, _visible_collections, grounded_segments
+
+
+def _library_ask(question, **options):
+    """The library's ask(), looked up on the views package when called:
+    ``django_rag.dashboard.views.ask`` stays the one name to replace (tests wrap it there)."""
+    return sys.modules[__package__].ask(question, **options)
+
+
+NO_COLLECTION = (
+    "You may not see any collection, so there is nothing to answer from. Ask an administrator "
+    "for access (DJANGO_RAG['DASHBOARD']['COLLECTIONS'])."
+)
+
+
+def _ask_scope(request, data) -> list[str] | None:
+    if data["collection"]:
+        check_collection(request, data["collection"])
+        return [data["collection"]]
+    if request.rag_collections is not None:
+        return sorted(request.rag_collections)
+    return None
+
+
+def _agent_scope(request, data, visible: list[str]) -> list[str] | None:
+    """The collections the pipeline or loop may search: the chosen one, else every collection
+    the user may see that exists (None: every collection, for an unrestricted user)."""
+    if data["collection"]:
+        check_collection(request, data["collection"])
+        return [data["collection"]]
+    if request.rag_collections is not None:
+        return list(visible)
+    return None
+
+
+def _search_options(data) -> dict:
+    options = {"mode": data["mode"]}
+    if data.get("graph"):
+        options["graph"] = True
+    return options
+
+
+def _run_pipeline(request, data, visible: list[str]) -> dict:
+    """The agent with the ticked steps; returns the answer and the work of every step."""
+    scope_names = _agent_scope(request, data, visible)
+    steps = set(data["steps"])
+    agent = Agent(data["question"], limit=data["limit"], **_search_options(data))
+    ctx = agent.context
+    for name in ("gate", "rewrite"):
+        if name in steps:
+            getattr(agent, name)()
+    offered = None
+    if "select" in steps:
+        offered = scope_names if scope_names is not None else visible
+        agent.select(collections=offered)
+    for name in ("expand", "decompose"):
+        if name in steps:
+            getattr(agent, name)()
+    if "select" in steps and ctx.collections:
+        agent.search()  # the selected collections, all inside the scope offered
+    else:
+        agent.search(collections=scope_names)
+    searched = list(ctx.queries_tried)
+    retrievals = [
+        {"question": r.question, "collection": r.collection, "count": len(r.chunks)}
+        for r in ctx.results
+    ]
+    if "reason" in steps:
+        agent.reason()
+    if "rerank" in steps:
+        agent.rerank()
+    agent.answer(self_correct="self_correct" in steps)
+    # The grounding step exists only in versions of the agent that have it.
+    ground = "ground" in steps and hasattr(Agent, "ground")
+    if ground:
+        agent.ground()
+    answer = agent.result
+    kept = {c.chunk_id for c in ctx.chunks}
+    chunks = _chunk_rows(ctx.chunks, kept=kept)
+    chunks += _chunk_rows(ctx.rerank_dropped, kept=set())
+    work = {
+        "kind": "pipeline",
+        "steps": [name for name, _ in STEP_ORDER if name in steps or name in ("search", "answer")]
+        + (["ground"] if ground else []),
+        "gate": {
+            "ran": "gate" in steps,
+            "skip_retrieval": ctx.skip_retrieval,
+            "reasoning": ctx.gate_reasoning,
+        },
+        "rewritten_query": ctx.rewritten_query,
+        "expanded_query": ctx.expanded_query,
+        "sub_questions": ctx.sub_questions,
+        "select": {
+            "ran": "select" in steps,
+            "offered": offered,
+            "chosen": ctx.collections,
+            "reasoning": ctx.selection_reasoning,
+        },
+        "search": {
+            "scope": ctx.search_scope,
+            "queries": searched,
+            "retrievals": retrievals,
+            "iterations": ctx.search_iterations,
+        },
+        "reason": {
+            "ran": "reason" in steps,
+            "iterations": ctx.reason_iterations,
+            "queries": [q for q in ctx.queries_tried if q not in searched],
+        },
+        "rerank": {
+            "ran": "rerank" in steps,
+            "kept": [c for c in chunks if c["kept"] and c["result"].rerank_score is not None],
+            "dropped": _chunk_rows(ctx.rerank_dropped, kept=set()),
+        },
+        "corrections": ctx.corrections,
+        "warnings": list(ctx.warnings),
+        "error": _ask_error(ctx.error) if ctx.error is not None else None,
+        "failed_step": ctx.failed_step,
+        "chunks": chunks,
+        "usage": ctx.usage,
+        "grounding": getattr(answer, "grounding", None) or getattr(ctx, "grounding", None),
+    }
+    return {"answer": answer, "work": work}
+
+
+STEP_ORDER = [
+    ("gate", "Gate"),
+    ("rewrite", "Rewrite"),
+    ("select", "Select"),
+    ("expand", "Expand"),
+    ("decompose", "Decompose"),
+    ("search", "Search"),
+    ("reason", "Reason"),
+    ("rerank", "Rerank"),
+    ("answer", "Answer"),
+    ("self_correct", "Self-correct"),
+]
+
+
+def _chunk_rows(results, *, kept: set) -> list[dict]:
+    return [{"result": r, "kept": r.chunk_id in kept} for r in results]
+
+
+def _run_loop(request, data, visible: list[str]) -> dict:
+    from ...agent import Loop
+
+    scope_names = _agent_scope(request, data, visible)
+    result = Loop(
+        data["question"],
+        collection=scope_names,
+        limit=data["limit"],
+        max_iterations=data["max_iterations"],
+        **_search_options(data),
+    ).run()
+    used = {c.chunk_id for c in result.chunks}
+    work = {
+        "kind": "loop",
+        "tool_calls": result.tool_calls,
+        "iterations": result.iterations,
+        "stop_reason": result.stop_reason,
+        "give_up_reason": result.give_up_reason,
+        "collections": result.collections,
+        "warnings": list(result.warnings),
+        "error": _ask_error(result.error) if result.error is not None else None,
+        "chunks": _chunk_rows(result.chunks, kept=used),
+        "usage": result.usage,
+        "grounding": getattr(result, "grounding", None),
+    }
+    return {"answer": result, "work": work}
+
+
+def _run_ask(request, data, visible: list[str]) -> dict:
+    """The Ask form's result: one ask(), the pipeline with the ticked steps, or the loop."""
+    if data["kind"] == "pipeline":
+        return _run_pipeline(request, data, visible)
+    if data["kind"] == "loop":
+        return _run_loop(request, data, visible)
+    answer = _library_ask(
+        data["question"],
+        limit=data["limit"],
+        collection=_ask_scope(request, data),
+        **_search_options(data),
+    )
+    work = {
+        "kind": "ask",
+        "chunks": _chunk_rows(answer.chunks, kept={c.chunk_id for c in answer.chunks}),
+        "usage": answer.usage,
+        "grounding": getattr(answer, "grounding", None),
+    }
+    return {"answer": answer, "work": work}
+
+
+def _no_collection(request, visible: list[str]) -> bool:
+    """True when the user's scope holds no collection (nothing may be searched)."""
+    return request.rag_collections is not None and not visible
+
+
+@dashboard_view
+def ask_page(request):
+    from ..trace import capture_spans, timeline
+
+    visible = list(_visible_collections(request).values_list("name", flat=True))
+    form = AskForm(request.POST or None, collections=visible)
+    outcome: dict = {}
+    spans: list = []
+    if request.method == "POST" and form.is_valid():
+        if _no_collection(request, visible):
+            messages.error(request, NO_COLLECTION)
+        else:
+            try:
+                with capture_spans() as spans:
+                    outcome = _run_ask(request, form.cleaned_data, visible)
+            except Exception as exc:  # shown as a message: an LLM outage must not be a 500
+                messages.error(request, _ask_error(exc))
+    answer = outcome.get("answer")
+    work = outcome.get("work")
+    if work is not None:
+        work["timeline"] = timeline(spans)
+        work["graph"] = _graph_context(work["chunks"], spans, getattr(answer, "graph", None))
+        if work.get("error"):
+            messages.error(request, work["error"])
+        work["answer_segments"] = grounded_segments(
+            answer.text if answer is not None else "", work.get("grounding")
+        )
+    return render(
+        request,
+        "django_rag/dashboard/ask.html",
+        _context(
+            request,
+            form=form,
+            answer=answer,
+            work=work,
+            step_names=dict(STEP_ORDER),
+            document_url=_document_url(),
+        ),
+    )
+
+
+def _graph_context(chunks: list[dict], spans: list[dict], given: dict | None) -> dict | None:
+    """What the knowledge graph added: the searches it took part in, its chunks, and the
+    entities, relationships and summaries given to the LLM (``Answer.graph``)."""
+    searches = [
+        s["metadata"] for s in spans if s["event"] == "search" and "graph_enhanced" in s["metadata"]
+    ]
+    graphed = [row for row in chunks if row["result"].graph_score is not None]
+    if not searches and not graphed and not given:
+        return None
+    return {
+        "entities": list((given or {}).get("entities") or []),
+        "relationships": list((given or {}).get("relationships") or []),
+        "summaries": list((given or {}).get("summaries") or []),
+        "searches": len(searches),
+        "enhanced": sum(1 for m in searches if m.get("graph_enhanced")),
+        "match_scores": [m.get("graph_match_score") for m in searches],
+        "chunks": graphed,
+    }
+
+
+def _ask_error(exc: Exception) -> str:
+
+    return scrub_text(f"{type(exc).__name__}: {exc}")[:1000]
+
+
+def _document_url() -> str:
+    """The document page's URL with ``0`` as its id: the Ask page's script puts in the ids
+    the server sent (never a URL from the stream)."""
+    return reverse("django_rag_dashboard:document", args=[0])
+
+
+# Separates the streamed answer from its trailer; removed from the answer text.
+TRAILER = "\x1e"
+
+
+@require_POST
+@dashboard_view
+def ask_stream(request):
+    """A single ask(), streamed: the answer text as it arrives, then the trailer.
+
+    The trailer is the one record separator (``\\x1e``) of the body, after a newline, then
+    JSON: the list of citations (``number``, ``label``, integer ``document_id`` and
+    ``chunk_id``, ``url``) when the answer is complete, or ``{"error": "..."}`` when it failed
+    part way. The answer text never contains ``\\x1e`` (it is removed from every piece), so
+    an LLM cannot forge the trailer; a body without a trailer was cut off.
+    """
+    from django.http import HttpResponseBadRequest, StreamingHttpResponse
+
+    visible = list(_visible_collections(request).values_list("name", flat=True))
+    form = AskForm(request.POST, collections=visible)
+    if not form.is_valid():
+        return HttpResponseBadRequest("Check the question and options.")
+    data = form.cleaned_data
+    if _no_collection(request, visible):
+        return HttpResponseBadRequest(NO_COLLECTION)
+    try:
+        stream = _library_ask(
+            data["question"],
+            limit=data["limit"],
+            collection=_ask_scope(request, data),
+            stream=True,
+            **_search_options(data),
+        )
+    except RagError as exc:
+        return HttpResponseBadRequest(_ask_error(exc))
+
+    def body():
+        try:
+            for piece in stream:
+                piece = piece.replace(TRAILER, "")
+                if piece:
+                    yield piece
+        except Exception as exc:  # a cut stream, a deadline, an outage: an error, not an answer
+            yield "\n" + TRAILER + json.dumps({"error": _ask_error(exc)})
+            return
+        citations = [
+            {
+                "number": int(c.number),
+                "label": c.chunk.label,
+                "document_id": int(c.document_id),
+                "chunk_id": int(c.chunk_id),
+                "url": reverse("django_rag_dashboard:document", args=[int(c.document_id)])
+                + f"#chunk-{int(c.chunk_id)}",
+            }
+            for c in stream.answer.citations
+        ]
+        yield "\n" + TRAILER + json.dumps(citations)
+
+    response = StreamingHttpResponse(body(), content_type="text/plain; charset=utf-8")
+    response["X-Accel-Buffering"] = "no"
+    response["Cache-Control"] = "no-cache"
+    return response
+
+
+# --- background work: maintenance and evaluation ---------------------------------------------
