@@ -4,7 +4,7 @@ import pytest
 
 import django_rag as rag
 from django_rag.agent import Answer, AnswerStream
-from django_rag.agent.prompts import DATA_NOTICE
+from django_rag.answers.prompts import DATA_NOTICE
 from django_rag.exceptions import InvalidOption, LLMNotConfigured, LLMResponseError
 from django_rag.testing import ScriptedLLM
 from tests.conftest import stub_llm

@@ -8,7 +8,7 @@ from django.core import checks
 
 import django_rag as rag
 from django_rag.agent import Agent
-from django_rag.agent.grounding import (
+from django_rag.answers.grounding import (
     CrossEncoderGrounder,
     EmbeddingGrounder,
     Grounder,
