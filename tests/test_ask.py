@@ -8,7 +8,7 @@ from django_rag.answers.prompts import DATA_NOTICE
 from django_rag.exceptions import InvalidOption, LLMNotConfigured, LLMResponseError
 from django_rag.testing import ScriptedLLM
 from tests.conftest import stub_llm
-from tests.test_parsers import make_pdf
+from tests.helpers import make_pdf
 
 pytestmark = pytest.mark.django_db
 
