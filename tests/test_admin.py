@@ -92,7 +92,7 @@ def test_admin_actions_reembed_documents_and_rebuild_graph(admin_client):
 
     from django_rag.models import Job
     from django_rag.testing import HashingEmbedder, ScriptedLLM
-    from tests.test_graph import respond
+    from tests.helpers import respond
 
     doc = rag.ingest(
         "Acme Corp is in Berlin.", collection="adm", embedder=HashingEmbedder(model_name="old")

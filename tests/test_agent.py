@@ -6,45 +6,30 @@ import django_rag as rag
 from django_rag.agent import Agent, Context, Retrieval, steps
 from django_rag.agent.components import Rewriter
 from django_rag.exceptions import LLMError, LLMNotConfigured, UnknownCollection
-from django_rag.models import Collection
 from django_rag.retrieval.results import SearchResult
 from django_rag.testing import ScriptedLLM
+from tests.helpers import (
+    AGENT_DOCS,
+    ANSWER,
+    CORRECT,
+    DECOMPOSE,
+    EXPAND,
+    GATE,
+    JUDGE,
+    REQUERY,
+    RERANK,
+    REWRITE,
+    SELECT,
+    SUFFICIENT,
+    ingest_agent_corpus,
+)
 
 pytestmark = pytest.mark.django_db
-
-# Substrings that identify each default prompt (used as ScriptedLLM rules).
-GATE = "requires looking things up"
-REWRITE = "clean search query"
-EXPAND = "Broaden this search query"
-DECOMPOSE = "self-contained sub-questions"
-SELECT = "Choose the document collections"
-SUFFICIENT = "contain enough information to answer"
-REQUERY = "did not find enough"
-RERANK = "Rate how well each passage"
-JUDGE = "Review an answer against"
-CORRECT = "A reviewer checked"
-ANSWER = "You answer the user's question"
-
-DOCS = {
-    "products": {
-        "x100": "The X100 drill has a 750 watt motor and weighs 2.1 kilograms.",
-        "x200": "The X200 drill has a 1200 watt motor and a two year warranty.",
-        "saw": "The circular saw S5 cuts wood up to 65 millimetres deep.",
-    },
-    "hr": {
-        "leave": "Employees get 25 days of paid annual leave per year.",
-        "remote": "Staff may work remotely up to three days a week.",
-    },
-}
 
 
 @pytest.fixture
 def corpus():
-    for collection, docs in DOCS.items():
-        for source_id, text in docs.items():
-            rag.ingest(text, collection=collection, source_id=source_id)
-    Collection.objects.filter(name="products").update(description="Manuals of our power tools")
-    Collection.objects.filter(name="hr").update(description="Human resources policies")
+    ingest_agent_corpus()
 
 
 def variants(payload: str):
@@ -292,7 +277,7 @@ def test_rerank_failures_keep_the_chunks(failure, corpus):
 def test_rerank_with_a_scoring_function_and_top_k(corpus):
     ctx = steps.search(Context("drill", limit=3), collection="products")
     steps.rerank(ctx, reranker=lambda q, results: [len(r.text) for r in results], top_k=1)
-    longest = max(DOCS["products"].values(), key=len)
+    longest = max(AGENT_DOCS["products"].values(), key=len)
     assert [c.text for c in ctx.chunks] == [longest]
     # top_k drops the others, scores kept, best first.
     assert len(ctx.rerank_dropped) == 2

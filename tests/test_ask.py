@@ -4,11 +4,11 @@ import pytest
 
 import django_rag as rag
 from django_rag.agent import Answer, AnswerStream
-from django_rag.agent.prompts import DATA_NOTICE
+from django_rag.answers.prompts import DATA_NOTICE
 from django_rag.exceptions import InvalidOption, LLMNotConfigured, LLMResponseError
 from django_rag.testing import ScriptedLLM
 from tests.conftest import stub_llm
-from tests.test_parsers import make_pdf
+from tests.helpers import make_pdf
 
 pytestmark = pytest.mark.django_db
 

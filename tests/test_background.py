@@ -14,7 +14,7 @@ from django_rag.exceptions import ConfigurationError, InvalidOption
 from django_rag.models import Chunk, Document, Job
 from django_rag.testing import HashingEmbedder
 from tests.conftest import background_default
-from tests.test_parsers import make_pdf
+from tests.helpers import make_pdf
 
 pytestmark = pytest.mark.django_db
 

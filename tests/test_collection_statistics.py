@@ -32,6 +32,7 @@ from django_rag.models.fulltext import (
 from django_rag.retrieval import MemoryVectorStore
 from django_rag.retrieval.fulltext import index_chunks
 from django_rag.store import compact_statistics, recount_statistics, recount_term_bounds
+from tests.helpers import assert_statistics_exact
 
 pytestmark = pytest.mark.django_db
 
@@ -71,19 +72,6 @@ def scores(query, mode="fulltext", **options):
         for r in rag.search(query, mode=mode, limit=20, **options)
         if r.fulltext_score
     }
-
-
-def assert_statistics_exact(tight=False):
-    """Stored counts equal a recount; stored score bounds hold every chunk's (max tf at least
-    the recount's, min length at most), and equal a recount when ``tight``."""
-    counts = recount_statistics()
-    assert counts["stored"] == counts["recount"]
-    stored, recount = counts["bounds"]["stored"], counts["bounds"]["recount"]
-    assert set(stored) == set(recount)  # the terms some chunk holds, per collection
-    if tight:
-        assert stored == recount
-    for key, (tf, length) in recount.items():
-        assert stored[key][0] >= tf and stored[key][1] <= length, key
 
 
 def test_a_scoped_search_ranks_with_its_collections_statistics():
@@ -149,7 +137,7 @@ def test_a_scoped_search_ranks_with_its_collections_statistics():
     assert compact_statistics()
     assert term_frequencies(["quantum"], collection_ids=[ids["rare"]]) == {"quantum": 1}
     assert corpus_statistics(collection_ids=[ids["common"]]) == (6, 16)
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
 
 
 def test_source_and_metadata_filters_keep_the_collections_statistics():
@@ -188,7 +176,7 @@ def test_writes_in_another_collection_leave_scoped_scores_unchanged(
     for (q, mode), expected in before.items():
         assert scores(q, mode=mode, collection="a") == expected, (q, mode)
     assert scores("quantum cat") == unscoped  # b is empty again: pooled equals a alone
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
 
 
 def test_recount_equals_the_triggers_after_inserts_deletes_replace_and_updates():
@@ -204,7 +192,7 @@ def test_recount_equals_the_triggers_after_inserts_deletes_replace_and_updates()
     rag.ingest("quantum " * 5, collection="a", source_id="r2", replace=True)
     Document.objects.filter(source_id__in=["c1", "c2"]).delete()  # a queryset delete
     rag.delete(Document.objects.get(source_id="r3"))
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
     counts = recount_statistics()["stored"]
     ids = dict(Collection.objects.values_list("name", "pk"))
     assert set(counts["collections"]) == {ids["a"], ids["b"], ids["c"]}
@@ -215,10 +203,10 @@ def test_recount_equals_the_triggers_after_inserts_deletes_replace_and_updates()
     # another collection.
     index_chunks(document_id=Document.objects.get(source_id="long").pk, config="simple")
     Chunk.objects.filter(document__source_id="c3").update(collection_id=ids["a"])
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
     assert recount_statistics()["stored"]["collections"][ids["a"]]["terms"]["fish"] == 2
     compact_statistics()
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
     assert not TermDelta.objects.exists() and not CorpusDelta.objects.exists()
     base = {
         (pk, term): df
@@ -238,9 +226,9 @@ def test_recount_equals_the_triggers_after_inserts_deletes_replace_and_updates()
     counts = recount_statistics()["bounds"]
     assert counts["recount"][(ids["a"], "quantum")] == (1, 3)  # r1 alone
     assert counts["stored"][(ids["a"], "quantum")] == (5, 3)
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
     assert recount_term_bounds() > 0
-    assert_statistics_exact(tight=True)
+    assert_statistics_exact(bounds="tight")
     assert TermStatistic.objects.get(term="quantum", collection_id=ids["a"]).max_tf == 1
     assert recount_term_bounds() == 0
 
@@ -248,7 +236,7 @@ def test_recount_equals_the_triggers_after_inserts_deletes_replace_and_updates()
 def test_bounds_widen_on_updates_and_on_inserts_folded_with_deletes():
     ingest({"x": "yak", "y": "yak zebra zebra"}, "a")
     compact_statistics()
-    assert_statistics_exact(tight=True)
+    assert_statistics_exact(bounds="tight")
     a = Collection.objects.get(name="a")
     # Inserted and deleted before a compaction: yak's count is unchanged, its bound widens.
     rag.ingest("yak yak yak", collection="a", source_id="z")
@@ -256,7 +244,7 @@ def test_bounds_widen_on_updates_and_on_inserts_folded_with_deletes():
     compact_statistics()
     row = TermStatistic.objects.get(term="yak", collection=a)
     assert (row.document_frequency, row.max_tf, row.min_length) == (2, 3, 1)
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
     # An update that keeps the terms but holds one more often (and is shorter): the count is
     # unchanged, the bounds follow.
     with connection.cursor() as cursor:
@@ -265,13 +253,13 @@ def test_bounds_widen_on_updates_and_on_inserts_folded_with_deletes():
             "'zebra zebra zebra zebra yak'), fts_length = 5 WHERE text = 'yak zebra zebra'"
         )
     assert term_statistics(["zebra"], collection_ids=[a.pk]) == {"zebra": (1, 4, 3)}
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
     compact_statistics()
     assert term_statistics(["zebra"], collection_ids=[a.pk]) == {"zebra": (1, 4, 3)}
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
     recount_term_bounds()
     assert term_statistics(["zebra"], collection_ids=[a.pk]) == {"zebra": (1, 4, 5)}
-    assert_statistics_exact(tight=True)
+    assert_statistics_exact(bounds="tight")
 
 
 def _brute_force(query, limit, collection_ids=None):
@@ -388,7 +376,7 @@ def test_compaction_drops_the_rows_that_reach_zero():
     assert not TermStatistic.objects.filter(collection=b).exists()
     assert not CorpusStatistic.objects.filter(collection=b).exists()
     assert TermStatistic.objects.filter(term="quantum").count() == 1  # a's row stays
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
 
 
 @pytest.mark.parametrize("how", ["instance", "queryset"])
@@ -411,7 +399,7 @@ def test_deleting_a_collection_removes_its_statistics(how, compacted):
     assert corpus_statistics(collection_ids=[kept.pk]) == (4, 10)
     assert corpus_statistics() == (4, 10)
     assert term_frequencies(["quantum", "zebra"]) == {"quantum": 1}
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -439,11 +427,11 @@ def test_the_migration_recounts_per_collection_and_back():
     assert term_frequencies(["quantum"], collection_ids=[ids["a"]]) == {"quantum": 1}
     assert term_frequencies(["quantum"], collection_ids=[ids["b"]]) == {"quantum": 5}
     assert corpus_statistics(collection_ids=[ids["b"]]) == (6, 16)
-    assert_statistics_exact(tight=True)  # 0008 recounts the bounds
+    assert_statistics_exact(bounds="tight")  # 0008 recounts the bounds
     # The triggers write per collection again.
     rag.ingest("quantum yak", collection="a", source_id="new")
     assert term_frequencies(["quantum"], collection_ids=[ids["a"]]) == {"quantum": 2}
-    assert_statistics_exact()
+    assert_statistics_exact(bounds="terms")
 
 
 # --- the memory store ---------------------------------------------------------------------------

@@ -7,15 +7,11 @@ from django.urls import reverse
 
 import django_rag as rag
 from django_rag.models import Collection, Document
-from tests.test_parsers import make_pdf
+from tests.helpers import make_pdf, url
 
 pytestmark = pytest.mark.django_db
 
 PAGES = ["documents", "collections", "search", "ask", "graph", "evaluation", "maintenance", "info"]
-
-
-def url(name, *args):
-    return reverse(f"django_rag_dashboard:{name}", args=args)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from django_rag.dashboard import views
 from django_rag.dashboard.trace import capture_spans, timeline
 from django_rag.signals import span
 from django_rag.testing import ScriptedLLM
-from tests.test_agent import (
+from tests.helpers import (
     ANSWER,
     CORRECT,
     DECOMPOSE,
@@ -26,11 +26,16 @@ from tests.test_agent import (
     REWRITE,
     SELECT,
     SUFFICIENT,
-    corpus,  # noqa: F401 (a fixture)
+    ingest_agent_corpus,
+    url,
 )
-from tests.test_dashboard import url
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def corpus():
+    ingest_agent_corpus()
 
 
 def only_hr(user):
@@ -96,7 +101,7 @@ def pipeline_llm():
 STEPS = ["gate", "rewrite", "select", "expand", "decompose", "reason", "rerank", "self_correct"]
 
 
-def test_pipeline_mode_shows_every_step(staff, corpus):  # noqa: F811
+def test_pipeline_mode_shows_every_step(staff, corpus):
     with settings(pipeline_llm()):
         body = post(staff, kind="pipeline", steps=STEPS)
     assert "The X200 has a two year warranty [1]." in text_of(body, "answer")
@@ -133,7 +138,7 @@ def test_pipeline_mode_shows_every_step(staff, corpus):  # noqa: F811
     assert "agent.self_correct" in events
 
 
-def test_pipeline_shows_a_skipped_search_and_a_failed_step(staff, corpus):  # noqa: F811
+def test_pipeline_shows_a_skipped_search_and_a_failed_step(staff, corpus):
     with settings(ScriptedLLM(default="{}")):
         body = post(staff, kind="pipeline", steps=["gate"], mode="nonsense-mode")
     assert "Select a valid choice" in body  # a bad form is refused before anything runs
@@ -155,7 +160,7 @@ def test_pipeline_shows_a_skipped_search_and_a_failed_step(staff, corpus):  # no
     assert 'id="answer-card" hidden' in body  # no answer to show
 
 
-def test_loop_mode_shows_the_tool_trace_and_stop_reason(staff, corpus):  # noqa: F811
+def test_loop_mode_shows_the_tool_trace_and_stop_reason(staff, corpus):
     llm = ScriptedLLM(
         ("search", {"query": "X200 warranty", "limit": 2}),
         ("search", {"query": "<script>alert(1)</script>", "collection": "nope"}),
@@ -175,7 +180,7 @@ def test_loop_mode_shows_the_tool_trace_and_stop_reason(staff, corpus):  # noqa:
     assert llm.calls[0]["tools"] == ["search", "answer", "give_up"]
 
 
-def test_single_ask_without_javascript_shows_chunks_usage_and_timeline(staff, corpus):  # noqa: F811
+def test_single_ask_without_javascript_shows_chunks_usage_and_timeline(staff, corpus):
     with settings(ScriptedLLM(default="Two years [1].")):
         body = post(staff, kind="ask", steps=["rerank"])  # steps are ignored for a single ask
     assert text_of(body, "answer") == "Two years [1]."
@@ -239,7 +244,7 @@ def test_grounded_segments_cover_the_answer_once():
     assert views.grounded_segments(text, None) == [{"text": text, "verdict": None}]
 
 
-def test_grounding_highlights_render_in_the_answer(staff, corpus, monkeypatch):  # noqa: F811
+def test_grounding_highlights_render_in_the_answer(staff, corpus, monkeypatch):
     real_ask = views.ask
 
     def grounded_ask(*args, **kwargs):
@@ -282,7 +287,7 @@ def test_grounding_highlights_render_in_the_answer(staff, corpus, monkeypatch): 
     assert "Acme makes &lt;drills&gt;." in graph
 
 
-def test_the_ground_step_is_offered_and_run_when_the_agent_has_it(staff, corpus, monkeypatch):  # noqa: F811
+def test_the_ground_step_is_offered_and_run_when_the_agent_has_it(staff, corpus, monkeypatch):
     def ground(self):
         answer = self.context.answer
         self.context.grounding = Grounding(1.0, [Span(0, len(answer), answer, "supported", [1])])
@@ -298,7 +303,7 @@ def test_the_ground_step_is_offered_and_run_when_the_agent_has_it(staff, corpus,
 # --- scoping -------------------------------------------------------------------------------------
 
 
-def test_every_mode_stays_inside_the_users_collections(staff, corpus):  # noqa: F811
+def test_every_mode_stays_inside_the_users_collections(staff, corpus):
     scoped = {"DASHBOARD": {"COLLECTIONS": "tests.test_dashboard_ask.only_hr"}}
     # The pipeline: select is offered the user's collections only; naming another is ignored.
     llm = ScriptedLLM(
@@ -327,7 +332,7 @@ def test_every_mode_stays_inside_the_users_collections(staff, corpus):  # noqa: 
     assert "Select a valid choice" in body
 
 
-def test_a_user_with_no_collection_gets_a_message(staff, corpus):  # noqa: F811
+def test_a_user_with_no_collection_gets_a_message(staff, corpus):
     llm = ScriptedLLM(default="should not be called")
     with settings(llm, DASHBOARD={"COLLECTIONS": "tests.test_dashboard_ask.nothing"}):
         for kind in ["ask", "pipeline", "loop"]:

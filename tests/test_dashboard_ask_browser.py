@@ -8,8 +8,7 @@ from django.test import override_settings
 import django_rag as rag
 from django_rag.models import Collection
 from tests.conftest import stub_llm
-from tests.stub_openai import ToolCalls
-from tests.test_agent import (
+from tests.helpers import (
     DECOMPOSE,
     EXPAND,
     GATE,
@@ -19,6 +18,7 @@ from tests.test_agent import (
     SELECT,
     SUFFICIENT,
 )
+from tests.stub_openai import ToolCalls
 from tests.test_dashboard_browser import browser, shot, wait_for  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

@@ -16,7 +16,7 @@ from django.test import override_settings
 
 import django_rag as rag
 from tests.conftest import stub_llm
-from tests.test_parsers import make_pdf
+from tests.helpers import make_pdf
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 ARTIFACTS = Path(os.environ.get("DJANGO_RAG_ARTIFACTS", Path(__file__).parent / "artifacts"))

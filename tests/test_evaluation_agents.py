@@ -239,7 +239,8 @@ def scripted_llm(prompt):
 
 
 def test_dashboard_runs_an_agent_evaluation_and_shows_each_case(staff, cases):
-    from tests.test_dashboard import SCOPED, llm_settings, url
+    from tests.helpers import url
+    from tests.test_dashboard import SCOPED, llm_settings
 
     page = staff.get(url("evaluation")).content.decode()
     for needle in (

@@ -24,37 +24,7 @@ from django_rag.graph import (
 from django_rag.graph import communities as communities_module
 from django_rag.models import Community, Entity, EntityMention, GraphChunk, Relationship
 from django_rag.testing import ScriptedLLM
-
-KNOWN = {
-    "Acme Corp": "organization",
-    "Jane Doe": "person",
-    "Berlin": "location",
-    "X200 drill": "product",
-    "Globex": "organization",
-    "Paris": "location",
-}
-EDGES = [
-    ("Jane Doe", "acme_corp", "works for"),
-    ("Acme Corp", "Berlin", "LOCATED_IN"),
-    ("Acme Corp", "X200 drill", "makes"),
-    ("Globex", "Paris", "located in"),
-]
-
-
-def respond(prompt: str) -> str:
-    """A scripted extraction LLM: finds the known names in the passage (and summarises)."""
-    if "<passage>" not in prompt:
-        return "A short summary."
-    passage = prompt.split("<passage>")[1].split("</passage>")[0].lower()
-    present = {n for n in KNOWN if n.lower() in passage or n.lower().replace(" ", "_") in passage}
-    entities = [{"name": n, "type": KNOWN[n], "description": f"about {n}"} for n in sorted(present)]
-    relationships = [
-        {"source": a, "target": b, "type": t, "strength": 8}
-        for a, b, t in EDGES
-        if normalize_name(a) in {normalize_name(p) for p in present}
-        and normalize_name(b) in {normalize_name(p) for p in present}
-    ]
-    return json.dumps({"entities": entities, "relationships": relationships})
+from tests.helpers import DOCS, KNOWN, respond, tiny_bert
 
 
 def graph_settings(llm=None, **graph):
@@ -65,13 +35,6 @@ def graph_settings(llm=None, **graph):
             "GRAPH": {"ENABLED": True, **graph},
         }
     )
-
-
-DOCS = {
-    "jane": "Jane Doe works for Acme Corp as an engineer.",
-    "acme": "Acme Corp is based in Berlin and makes the X200 drill.",
-    "globex": "Globex has its headquarters in Paris.",
-}
 
 
 @pytest.fixture
@@ -442,10 +405,8 @@ def tiny_ner(tmp_path) -> str:
     torch = pytest.importorskip("torch")
     from transformers import BertForTokenClassification
 
-    from tests.test_rerankers import _tiny_bert
-
     labels = ["O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"]
-    model, _ = _tiny_bert(
+    model, _ = tiny_bert(
         tmp_path,
         BertForTokenClassification,
         num_labels=len(labels),

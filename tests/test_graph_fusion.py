@@ -15,7 +15,7 @@ from django_rag.fusion import rrf_merge
 from django_rag.models import Entity
 from django_rag.signals import operation_finished
 from django_rag.testing import ScriptedLLM
-from tests.test_graph import DOCS, respond
+from tests.helpers import DOCS, respond
 
 
 def items(*ids):

@@ -8,7 +8,7 @@ from django.core import checks
 
 import django_rag as rag
 from django_rag.agent import Agent
-from django_rag.agent.grounding import (
+from django_rag.answers.grounding import (
     CrossEncoderGrounder,
     EmbeddingGrounder,
     Grounder,
@@ -23,7 +23,7 @@ from django_rag.exceptions import ConfigurationError
 from django_rag.results import GroundedSpan, Grounding, SearchResult
 from django_rag.testing import HashingEmbedder, ScriptedLLM
 from tests.conftest import stub_llm
-from tests.test_rerankers import _tiny_bert
+from tests.helpers import tiny_bert
 
 REFUNDS = "Refunds are paid within 14 days of the return reaching our warehouse."
 SHIPPING = "Shipping is free for orders over 50 euros; other orders pay a flat 4 euro fee."
@@ -317,7 +317,7 @@ def nli_path(tmp_path_factory):
     from transformers import BertForSequenceClassification
 
     path = tmp_path_factory.mktemp("nli")
-    _tiny_bert(
+    tiny_bert(
         path,
         BertForSequenceClassification,
         num_labels=3,
@@ -332,7 +332,7 @@ def relevance_path(tmp_path_factory):
     from transformers import BertForSequenceClassification
 
     path = tmp_path_factory.mktemp("relevance")
-    _tiny_bert(path, BertForSequenceClassification, num_labels=1)
+    tiny_bert(path, BertForSequenceClassification, num_labels=1)
     return str(path)
 
 
@@ -489,7 +489,7 @@ def test_evaluation_scores_faithfulness_with_the_local_grounder(corpus, nli_path
 @pytest.mark.django_db
 def test_the_ask_page_runs_the_real_ground_step(staff):
     """The dashboard's pipeline mode with the ground step: this module's grounder, no stand-in."""
-    from tests.test_agent import ANSWER
+    from tests.helpers import ANSWER
     from tests.test_dashboard_ask import post, settings
 
     rag.ingest("The X200 drill has a two year warranty.", collection="products", source_id="x200")

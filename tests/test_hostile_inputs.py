@@ -35,7 +35,7 @@ from django_rag.exceptions import (
 from django_rag.models import Chunk, Collection, Document, Job, Run, TestCase
 from django_rag.testing import HashingEmbedder, ScriptedLLM
 from django_rag.validation import check_vectors
-from tests.test_dashboard import url
+from tests.helpers import url
 
 pytestmark = pytest.mark.django_db
 

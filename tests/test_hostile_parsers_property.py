@@ -17,14 +17,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_rag.agent.answer import parse_citations
-from django_rag.agent.grounding import (
+from django_rag.answers.grounding import (
     LLMGrounder,
     _claim_text,
     _numbers,
     parse_verdict,
     split_sentences,
 )
+from django_rag.answers.service import parse_citations
 from django_rag.conf import redact, scrub_text
 from django_rag.exceptions import LLMResponseError
 from django_rag.graph.extractors import CapitalizedEntityExtractor

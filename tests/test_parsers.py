@@ -10,20 +10,7 @@ from django_rag.exceptions import (
     UnsupportedFileType,
 )
 from django_rag.ingestion.parsers import ParsedDocument, Parser, get_parser, parse_bytes, parse_file
-
-
-def make_pdf(pages: list[str], **save_options) -> bytes:
-    document = pymupdf.open()
-    for text in pages:
-        page = document.new_page()
-        if text:
-            page.insert_textbox(pymupdf.Rect(50, 50, 550, 800), text, fontsize=11)
-        else:
-            page.draw_rect(pymupdf.Rect(100, 100, 300, 300), color=(0, 0, 0), fill=(0.5, 0.5, 0.5))
-    document.set_metadata({"title": "Generated Test PDF"})
-    data = document.tobytes(**save_options)
-    document.close()
-    return data
+from tests.helpers import make_pdf
 
 
 def test_pdf_pages_map_to_character_ranges():

@@ -15,6 +15,7 @@ from django_rag.rerankers import (
 )
 from django_rag.retrieval.results import SearchResult
 from django_rag.testing import ScriptedLLM
+from tests.helpers import tiny_bert
 
 
 def results(*texts):
@@ -137,52 +138,13 @@ def test_search_rewriter_merges_several_queries_by_rrf():
 
 # --- local models --------------------------------------------------------------------------------------
 
-WORDS = "the a drill motor watt saw wood cut apple banana fruit warranty year power tool".split()
-
-
-def _tiny_bert(path, model_class, **config):
-    torch = pytest.importorskip("torch")
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, PreTrainedTokenizerFast
-
-    torch.manual_seed(0)
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[unused0]", "[unused1]", *WORDS]
-    wordpiece = Tokenizer(
-        models.WordPiece(vocab={w: i for i, w in enumerate(vocab)}, unk_token="[UNK]")
-    )
-    wordpiece.normalizer = normalizers.BertNormalizer(lowercase=True)
-    wordpiece.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    wordpiece.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=wordpiece,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    )
-    assert tokenizer("drill motor")["input_ids"] == [2, 9, 10, 3]
-    bert_config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=48,
-        max_position_embeddings=128,
-        **config,
-    )
-    model = model_class(bert_config)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return model, tokenizer
-
 
 @pytest.fixture(scope="module")
 def cross_encoder_path(tmp_path_factory):
     from transformers import BertForSequenceClassification
 
     path = tmp_path_factory.mktemp("cross-encoder")
-    _tiny_bert(path, BertForSequenceClassification, num_labels=1)
+    tiny_bert(path, BertForSequenceClassification, num_labels=1)
     return str(path)
 
 
@@ -221,7 +183,7 @@ def _colbert_checkpoint(path, with_projection):
             self.bert = BertModel(config)
             self.linear = torch.nn.Linear(config.hidden_size, 16, bias=False)
 
-    model, _ = _tiny_bert(path, TinyColBERT if with_projection else BertModel)
+    model, _ = tiny_bert(path, TinyColBERT if with_projection else BertModel)
     # Make the encoder (nearly) the identity on token embeddings: no position or segment
     # signal, attention and feed-forward outputs zeroed. A query token then matches the same
     # token in a passage with similarity 1, so the MaxSim ranking is predictable.

@@ -21,7 +21,6 @@ from django_rag import sync
 from django_rag.models import Document, Job
 from django_rag.validation import clean_text
 from tests.syncapp.models import Article, Author, Note, Tag
-from tests.test_celery_worker import broker  # noqa: F401 (the fixture)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ROOT = Path(__file__).resolve().parent.parent
@@ -238,7 +237,7 @@ def test_unregistered_model_in_rag_sync_is_a_clear_error():
 
 @pytest.mark.slow
 def test_models_stay_indexed_with_a_real_celery_worker(request, tmp_path):
-    from tests.test_celery_worker import Worker
+    from tests.helpers import Worker
 
     worker = Worker(request.getfixturevalue("broker"), tmp_path)
     worker.start()

@@ -103,7 +103,7 @@ def exercise_everything():
 
 def exercise_graph():
     from django_rag.graph import build_graph, detect_communities, summarize_communities
-    from tests.test_graph import respond
+    from tests.helpers import respond
 
     graph_llm = ScriptedLLM(default=respond)
     with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": graph_llm}):

@@ -21,7 +21,7 @@ from django_rag.exceptions import DocumentTooLarge
 from django_rag.ingestion.isolation import parse_isolated
 from django_rag.ingestion.parsers import ParsedDocument, Parser
 from django_rag.models import Document, Job, Upload
-from tests.test_parsers import make_pdf
+from tests.helpers import make_pdf
 from tests.test_parsers_hostile import cmap_bomb_pdf
 
 ROOT = Path(__file__).resolve().parent.parent

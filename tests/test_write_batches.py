@@ -14,6 +14,7 @@ from django_rag.ingestion.service import ingest_files
 from django_rag.models import Chunk, CorpusDelta, Document, TermDelta
 from django_rag.store import documents, recount_statistics
 from django_rag.testing import HashingEmbedder
+from tests.helpers import assert_statistics_exact
 
 WORDS = "refund parcel harbour station ledger invoice courier warranty voucher tariff".split()
 
@@ -23,11 +24,6 @@ def text(seed: int, sentences: int = 3) -> str:
     return "\n\n".join(
         " ".join(rng.choice(WORDS) for _ in range(10)) + f" item{seed}." for _ in range(sentences)
     )
-
-
-def assert_statistics_exact():
-    counts = recount_statistics()
-    assert counts["stored"] == counts["recount"]
 
 
 def chunk_rows(collection: str):

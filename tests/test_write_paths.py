@@ -18,12 +18,10 @@ from django.urls import reverse
 
 import django_rag as rag
 from django_rag.models import Chunk, Document, Entity, EntityMention, Relationship
-from django_rag.store import recount_statistics
 from django_rag.store.vector_stores import PgVectorStore
 from tests.conftest import background_default
+from tests.helpers import Worker, assert_statistics_exact, make_pdf, wait_for
 from tests.settings import LOCAL_GRAPH
-from tests.test_celery_worker import Worker, wait_for
-from tests.test_parsers import make_pdf
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 
@@ -176,11 +174,6 @@ def snapshot(document):
         "mentions": mentions,
         "relationships": relationships,
     }
-
-
-def assert_statistics_exact():
-    counts = recount_statistics()
-    assert counts["stored"] == counts["recount"]
 
 
 CASES = [

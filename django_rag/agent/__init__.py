@@ -22,8 +22,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..answers.grounding import (
+    CrossEncoderGrounder,
+    EmbeddingGrounder,
+    Grounder,
+    LLMGrounder,
+    get_grounder,
+    ground_answer,
+)
+from ..answers.service import Answer, AnswerStream, Citation, ask, parse_citations
 from . import steps
-from .answer import Answer, AnswerStream, Citation, ask, parse_citations
 from .components import (
     Answerer,
     Component,
@@ -37,14 +45,6 @@ from .components import (
     get_rewriter,
 )
 from .context import Context, Retrieval
-from .grounding import (
-    CrossEncoderGrounder,
-    EmbeddingGrounder,
-    Grounder,
-    LLMGrounder,
-    get_grounder,
-    ground_answer,
-)
 from .loop import Loop, LoopResult, Tool, ToolError, ToolStep, run_loop
 
 

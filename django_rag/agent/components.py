@@ -27,6 +27,7 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+from ..answers.service import answer_messages
 from ..exceptions import ConfigurationError, LLMResponseError
 from ..llm import Completion, as_bool, get_llm, parse_json
 from ..llm.component import Component
@@ -41,7 +42,6 @@ from ..retrieval.rewriters import (  # noqa: F401 (re-exported: the agent's step
 )
 from ..retrieval.service import search
 from . import prompts
-from .answer import answer_messages
 
 
 class Gatekeeper(Component):

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..answers.service import Answer, Citation
 from ..conf import deadline_setting
 from ..exceptions import InvalidInput, InvalidOption, UnknownCollection
 from ..llm import Usage
@@ -16,7 +17,6 @@ from ..results import Grounding, SearchResult
 from ..retrieval.service import check_search_options as check_options
 from ..retrieval.service import normalize_collections
 from ..validation import clean_query
-from .answer import Answer, Citation
 
 # What the agent sets itself on every search: never a search option of the caller's.
 _OWN_OPTIONS = frozenset({"query", "limit", "threshold", "collection"})

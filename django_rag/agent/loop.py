@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..answers.grounding import get_grounder, ground_answer
+from ..answers.service import answer_messages, parse_citations
 from ..conf import deadline_setting, scrub_text
 from ..exceptions import (
     AgentTimeout,
@@ -49,9 +51,7 @@ from ..retrieval.service import normalize_mode, search
 from ..signals import span
 from ..validation import clean_query
 from . import prompts
-from .answer import answer_messages, parse_citations
 from .context import check_search_options
-from .grounding import get_grounder, ground_answer
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..answers.grounding import get_grounder, ground_text
+from ..answers.service import make_answer, parse_citations
 from ..conf import get_setting, scrub_text
 from ..exceptions import InvalidInput, LLMError, LLMResponseError
 from ..graph.global_search import global_answer as answer_globally
@@ -29,7 +31,6 @@ from ..results import SearchResult
 from ..signals import span
 from ..validation import clean_query
 from . import prompts
-from .answer import make_answer, parse_citations
 from .components import (
     Answerer,
     Decomposer,
@@ -42,7 +43,6 @@ from .components import (
     component_name,
 )
 from .context import Context, Retrieval, check_search_options
-from .grounding import get_grounder, ground_text
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..agent.prompts import DATA_NOTICE, sources_block
+from ..answers.prompts import DATA_NOTICE, sources_block
 from ..llm.prompting import quote
 from ..results import SearchResult
 

@@ -11,9 +11,9 @@ from django.db.models import Prefetch, Q
 from django.utils import timezone
 
 from ..agent import Agent, Context, Loop, LoopResult
-from ..agent.answer import answer_messages
-from ..agent.grounding import get_grounder, ground_text
 from ..agent.steps import STEPS
+from ..answers.grounding import get_grounder, ground_text
+from ..answers.service import answer_messages
 from ..conf import scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
 from ..exceptions import InvalidInput, InvalidOption, LLMError, UnknownCollection

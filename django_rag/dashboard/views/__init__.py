@@ -4,7 +4,7 @@ One module per page or group of pages; ``common`` holds what they share. Every v
 public names the single ``views`` module had) is importable from here, as ``urls.py`` does.
 """
 
-from ...agent import ask  # the Ask pages call it through this name (see asking._library_ask)
+from ...answers import ask  # the Ask pages call it through this name (see asking._library_ask)
 from .asking import (
     NO_COLLECTION,
     STEP_ORDER,

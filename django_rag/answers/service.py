@@ -1,0 +1,220 @@
+"""Answers with citations: ``ask()`` and the answer generation the agent shares with it."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from ..exceptions import InvalidInput, InvalidOption, LLMResponseError
+from ..graph.global_search import global_answer
+from ..graph.search import graph_context
+from ..llm import LLM, Completion, collect_usage, get_llm
+from ..results import Answer, Citation, SearchResult
+from ..retrieval.service import check_search_options, run_search
+from ..signals import span
+from ..validation import clean_query
+from . import prompts
+from .grounding import Grounder, get_grounder, ground_answer
+
+PromptFunction = Callable[[str, list[SearchResult]], "str | tuple[str, str]"]
+
+_CITATION = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
+
+
+def parse_citations(text: str, chunks: Sequence[SearchResult]) -> list[Citation]:
+    """The sources ``text`` cites as ``[n]`` / ``[n, m]``, in order of first mention.
+
+    Numbers outside 1..len(chunks) are ignored (a model may invent them).
+    """
+    seen: dict[int, Citation] = {}
+    for match in _CITATION.finditer(text):
+        for part in re.split(r"[,;]", match.group(1)):
+            number = int(part)
+            if 1 <= number <= len(chunks) and number not in seen:
+                seen[number] = Citation(number, chunks[number - 1])
+    return list(seen.values())
+
+
+def answer_messages(
+    question: str,
+    chunks: Sequence[SearchResult],
+    *,
+    prompt: PromptFunction | None = None,
+    skip_retrieval: bool = False,
+    graph: dict | None = None,
+) -> tuple[str | None, str]:
+    """(system, user) for an answer. A custom ``prompt(question, chunks)`` returns the user
+    message (no system message) or a ``(system, user)`` pair."""
+    if prompt is None:
+        return prompts.answer_messages(question, chunks, skip_retrieval=skip_retrieval, graph=graph)
+    result = prompt(question, list(chunks))
+    if isinstance(result, str):
+        return None, result
+    if isinstance(result, tuple) and len(result) == 2:
+        return result[0], result[1]
+    raise InvalidOption(
+        "a prompt function must return a string (the prompt) or a (system, user) tuple, got "
+        f"{type(result).__name__}"
+    )
+
+
+def make_answer(question: str, completion: Completion, chunks: list[SearchResult]) -> Answer:
+    text = completion.text.strip()
+    if not text:
+        raise LLMResponseError("The LLM returned an empty answer.", model=completion.model)
+    return Answer(
+        question=question,
+        text=text,
+        chunks=chunks,
+        citations=parse_citations(text, chunks),
+        usage=completion.usage,
+        model=completion.model,
+    )
+
+
+class AnswerStream:
+    """What ``ask(..., stream=True)`` returns: iterate to get the answer text as it is written.
+
+    When the iteration ends, :attr:`answer` holds the same :class:`Answer` that ``ask()``
+    would have returned. Retrieval runs (and its errors are raised) when ``ask()`` is called.
+    """
+
+    def __init__(self, events: Iterator[Any]):
+        self._events = events
+        self.answer: Answer | None = None
+        # Run up to the end of retrieval now, so bad input fails at the call site.
+        next(self._events)
+
+    def __iter__(self) -> Iterator[str]:
+        try:
+            while True:
+                yield next(self._events)
+        except StopIteration as stop:
+            self.answer = stop.value
+
+    @property
+    def chunks(self) -> list[SearchResult]:
+        return self.answer.chunks if self.answer else []
+
+
+_RETRIEVED = object()
+
+
+def ask(
+    question: str,
+    *,
+    llm: Any = None,
+    mode: str | None = None,
+    limit: int = 5,
+    collection: str | Sequence[str] | None = None,
+    source_id: str | None = None,
+    threshold: float | None = None,
+    prompt: PromptFunction | None = None,
+    stream: bool = False,
+    global_search: bool = False,
+    ground: Any = False,
+    **search_options: Any,
+) -> Answer | AnswerStream:
+    """Answer ``question`` from the best ``limit`` chunks, citing them by number.
+
+    Retrieval is :func:`django_rag.search` with ``mode``, ``collection``, ``source_id``,
+    ``threshold`` and any other search option (``reranker``, ``rewriter``, ``metadata``, ...);
+    an option :func:`~django_rag.search` does not take raises
+    :class:`~django_rag.exceptions.InvalidOption` naming it and the accepted ones.
+    The chunks reach the LLM as numbered, delimited sources; the answer cites them as ``[n]``
+    and :attr:`Answer.citations` resolves each to its chunk, document, file and pages.
+    ``prompt(question, chunks)`` replaces the default prompt. ``stream=True`` returns an
+    :class:`AnswerStream`. Raises :class:`~django_rag.exceptions.LLMNotConfigured` when no LLM
+    is given or configured, before anything is searched.
+
+    ``graph=True`` adds the graph path to retrieval and the matched entities, their
+    relationships and community summaries to the prompt (``Answer.graph``).
+    ``global_search=True`` answers a corpus-wide question from community summaries instead
+    (map over the summaries, then reduce; no chunks, no citations).
+
+    ``ground=True`` (the ``GROUNDER`` setting) or a grounder (alias, spec, function or
+    :class:`~django_rag.answers.grounding.Grounder`) checks the answer against its chunks and
+    sets :attr:`Answer.grounding`; a failing grounder leaves a warning, never an exception.
+    """
+    if not isinstance(question, str) or not question.strip():
+        raise InvalidInput("ask() needs a non-empty question string.")
+    question = clean_query(question)  # bounded and valid before any LLM or search sees it
+    if prompt is not None and not callable(prompt):
+        raise InvalidOption("prompt must be a function (question, chunks) -> str")
+    check_search_options(search_options, "ask()")  # a typo fails here, before any LLM call
+    model = get_llm(llm, feature="ask()")
+    grounder = None
+    if ground is not False and ground is not None:
+        grounder = get_grounder(ground, llm=model)  # a bad spec fails before any search
+    if global_search:
+        answer = global_answer(question, llm=model, collection=collection)
+        if grounder is not None:
+            ground_answer(answer, grounder)
+        return answer
+    events = _ask(
+        question,
+        model,
+        prompt,
+        stream,
+        grounder,
+        dict(
+            mode=mode,
+            limit=limit,
+            collection=collection,
+            source_id=source_id,
+            threshold=threshold,
+            **search_options,
+        ),
+    )
+    if stream:
+        return AnswerStream(events)
+    next(events)
+    try:
+        while True:
+            next(events)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _ask(
+    question: str,
+    llm: LLM,
+    prompt: PromptFunction | None,
+    stream: bool,
+    grounder: Grounder | None,
+    search_options: dict,
+):
+    """Yields a marker once retrieval is done, then (streaming) text pieces; returns the Answer."""
+
+    with span("ask", question=question, model=llm.model_name, stream=stream) as s:
+        with collect_usage() as retrieval_usage:
+            chunks, match = run_search(question, **search_options)
+            graph = None
+            if match is not None:
+                graph = graph_context(match)
+        yield _RETRIEVED
+        system, user = answer_messages(question, chunks, prompt=prompt, graph=graph)
+        if stream:
+            text_stream = llm.stream(user, system=system)
+            yield from text_stream
+            completion = text_stream.completion
+        else:
+            completion = llm.complete(user, system=system)
+        answer = make_answer(question, completion, chunks)
+        answer.usage = retrieval_usage + completion.usage
+        answer.graph = graph
+        if grounder is not None:
+            with collect_usage() as grounding_usage:
+                ground_answer(answer, grounder)
+            answer.usage = answer.usage + grounding_usage
+            s.set(grounding_score=answer.grounding.score)
+        s.set(
+            context_count=len(chunks),
+            citation_count=len(answer.citations),
+            answer=answer.text,
+            prompt_tokens=answer.usage.prompt_tokens,
+            completion_tokens=answer.usage.completion_tokens,
+            cost=answer.usage.cost,
+        )
+        return answer

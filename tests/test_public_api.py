@@ -1,0 +1,139 @@
+"""The public API of ``django_rag``: lazy at run time, typed for type checkers, and the answer
+layer's old import paths still working."""
+
+import ast
+import importlib
+import inspect
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import django_rag as rag
+from django_rag import agent, answers
+from django_rag.agent import prompts as agent_prompts
+from django_rag.answers import grounding, service
+from django_rag.answers import prompts as answer_prompts
+
+
+def type_checking_imports() -> dict[str, str]:
+    """``name -> module`` of the imports under ``if TYPE_CHECKING:`` in django_rag/__init__.py,
+    read from its source (what a type checker reads), each checked to be a re-export
+    (``import X as X``)."""
+    tree = ast.parse(inspect.getsource(rag))
+    blocks = [
+        node
+        for node in tree.body
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+    ]
+    assert len(blocks) == 1, "django_rag/__init__.py needs one `if TYPE_CHECKING:` block"
+    names: dict[str, str] = {}
+    for node in blocks[0].body:
+        assert isinstance(node, ast.ImportFrom), ast.dump(node)
+        for alias in node.names:
+            # "import X as X" is what marks a re-export for mypy and pyright.
+            assert alias.asname == alias.name, f"write `import {alias.name} as {alias.name}`"
+            assert alias.name not in names, f"{alias.name} imported twice"
+            names[alias.name] = node.module
+    return names
+
+
+def test_type_checking_imports_name_every_export_from_its_lazy_module():
+    assert type_checking_imports() == rag._EXPORTS
+    assert rag.__all__ == sorted(rag._EXPORTS)
+
+
+@pytest.mark.parametrize("name", rag.__all__)
+def test_every_public_name_resolves_to_the_object_the_type_checking_block_names(name):
+    module = type_checking_imports()[name]
+    assert getattr(rag, name) is getattr(importlib.import_module(module), name)
+
+
+def test_public_names_are_imported_lazily():
+    # A fresh interpreter without Django set up: importing django_rag imports none of them.
+    code = (
+        "import sys, django_rag\n"
+        "eager = sorted(n for n in django_rag.__all__ if n in vars(django_rag))\n"
+        "loaded = sorted(m for m in sys.modules if m.startswith('django_rag.'))\n"
+        "print(eager, loaded)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "[] []"
+
+
+def test_an_unknown_name_raises_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'serch'"):
+        rag.serch  # noqa: B018
+
+
+# --- the answer layer ---------------------------------------------------------------------------
+
+
+def test_ask_and_grounding_live_in_the_answer_layer():
+    assert rag.ask is answers.ask is service.ask
+    assert rag.Grounder is answers.Grounder is grounding.Grounder
+    assert inspect.getmodule(service.ask) is service
+    assert inspect.getmodule(grounding.ground_answer) is grounding
+    assert inspect.getmodule(answer_prompts.answer_messages) is answer_prompts
+
+
+def test_the_agent_still_exports_what_it_exported():
+    for name in [
+        "Answer",
+        "AnswerStream",
+        "Citation",
+        "ask",
+        "parse_citations",
+        "Grounder",
+        "LLMGrounder",
+        "CrossEncoderGrounder",
+        "EmbeddingGrounder",
+        "get_grounder",
+        "ground_answer",
+    ]:
+        assert getattr(agent, name) is getattr(answers, name), name
+        assert name in agent.__all__
+
+
+@pytest.mark.parametrize(
+    "old, new", [("django_rag.agent.answer", service), ("django_rag.agent.grounding", grounding)]
+)
+def test_deprecated_module_paths_are_the_moved_modules(old, new, monkeypatch):
+    # Imported afresh, the old path warns once and gives the moved module itself, so private
+    # names and monkeypatches through the old path keep working.
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    monkeypatch.delattr(agent, old.rsplit(".", 1)[1], raising=False)
+    with pytest.warns(DeprecationWarning, match=f"{old} is deprecated"):
+        module = importlib.import_module(old)
+    assert module is new
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert importlib.import_module(old) is new  # cached: no second warning
+    monkeypatch.setattr(f"{old}.get_grounder", "patched")
+    assert new.get_grounder == "patched"
+
+
+def test_agent_prompts_reexport_the_answer_prompts():
+    for name in [
+        "ANSWER_SYSTEM",
+        "DATA_NOTICE",
+        "GENERAL_SYSTEM",
+        "NO_RESULTS_SYSTEM",
+        "answer_messages",
+        "correction_messages",
+        "graph_block",
+        "groundedness_prompt",
+        "sources_block",
+    ]:
+        assert getattr(agent_prompts, name) is getattr(answer_prompts, name), name
+
+
+def test_grounder_aliases_name_the_answer_layer():
+    assert isinstance(grounding.get_grounder("llm", llm=lambda prompt: ""), grounding.LLMGrounder)
+    for path in grounding.ALIASES.values():
+        assert path.startswith("django_rag.answers.grounding."), path
