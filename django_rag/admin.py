@@ -255,6 +255,10 @@ class ChunkAdmin(admin.ModelAdmin):
         "created_at",
     ]
 
+    def get_queryset(self, request):
+        # The labels read the document's title, never its text (which may be megabytes).
+        return super().get_queryset(request).defer("document__content")
+
     def has_add_permission(self, request):
         return False
 

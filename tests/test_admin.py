@@ -177,3 +177,13 @@ def test_admin_content_is_read_only_and_library_rows_cannot_be_added(admin_clien
     assert not Document.objects.filter(pk=doc.pk).exists()
     counts = recount_statistics()
     assert counts["stored"] == counts["recount"]
+
+
+def test_chunk_labels_read_as_document_title_and_index(admin_client):
+    doc = rag.ingest("First part.\n\nSecond part.", collection="adm", title="Staff handbook")
+    chunk = doc.chunks.order_by("chunk_index").first()
+    assert str(chunk) == f"Staff handbook #{chunk.chunk_index}"
+    page = admin_client.get(reverse("admin:django_rag_chunk_changelist"))
+    assert f"Staff handbook #{chunk.chunk_index}".encode() in page.content
+    untitled = rag.ingest("Nothing names this document at all here.", collection="adm")
+    assert str(untitled.chunks.get()).startswith("Nothing names this document")

@@ -171,4 +171,6 @@ class Chunk(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.document_id}#{self.chunk_index}"
+        # "Handbook #3": the document's own label (title, file name, source id or first words)
+        # and the chunk's index as the dashboard's document page shows it.
+        return f"{self.document} #{self.chunk_index}"
