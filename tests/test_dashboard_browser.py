@@ -424,3 +424,40 @@ def test_an_upload_returns_at_once_and_its_progress_is_seen_to_complete(browser,
         shot(driver, "jobs")
         row.find_element(By.CSS_SELECTOR, "table.kv a").click()  # the document id, linked
         wait_for(driver, lambda d: "Prime the pump" in d.page_source)
+
+
+def test_pages_fit_a_400px_screen(browser):
+    """At 400 px no page is wider than the window: wide tables scroll inside their own box
+    (the page never scrolls sideways)."""
+    long = "a_very_long_unbroken_source_identifier_" * 4
+    rag.ingest(
+        "The X200 warranty lasts two years. " * 40,
+        collection="wide_collection_name_for_layout",
+        title="A document with a rather long title " * 3,
+        source_id=long,
+        metadata={"department": "customer support and warranty"},
+    )
+    driver = browser
+    driver.set_window_size(400, 900)
+    width = driver.execute_script("return window.innerWidth")
+    assert width <= 420, f"the window is {width} px wide"
+    doc = rag.models.Document.objects.get()
+    for page in [
+        "",
+        "documents/",
+        f"documents/{doc.pk}/",
+        "collections/",
+        "search/?q=warranty&mode=fulltext",
+        "ask/",
+        "jobs/",
+        "maintenance/",
+        "evaluation/",
+        "info/",
+    ]:
+        driver.get(driver.base + page)
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        if overflow > 0:
+            shot(driver, "narrow-" + (page.strip("/").split("/")[0] or "home"))
+        assert overflow <= 0, f"{page or 'home'} is {overflow} px wider than a 400 px window"
