@@ -1,6 +1,7 @@
 """The Ask page shows the work: pipeline steps, the loop's tool calls, chunks and their scores,
 grounding highlights, usage and the request's telemetry timeline; scoping holds in every mode."""
 
+import html
 import json
 import re
 import threading
@@ -374,3 +375,41 @@ def test_capture_spans_keeps_only_its_own_context():
     assert [r["depth"] for r in rows] == [0, 1, 0]
     assert all(0 <= r["left"] <= 100 and 0 < r["width"] <= 100 for r in rows)
     assert timeline([]) == {"total": 0.0, "rows": []}
+
+
+def submit_button(body: str) -> str:
+    match = re.search(r'<button type="submit"[^>]*>Ask</button>', body)
+    assert match, "no Ask button on the page"
+    return match.group(0)
+
+
+def test_ask_and_info_say_when_no_llm_is_configured(staff):
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing"}):
+        ask_page = staff.get(url("ask")).content.decode()
+        info_page = staff.get(url("info")).content.decode()
+    notice = html.unescape(text_of(ask_page, "llm-status", end="div"))
+    assert "No LLM is configured" in notice and "DJANGO_RAG['LLM']" in notice
+    assert "openai/gpt-4o-mini" in notice  # what to set
+    assert "disabled" in submit_button(ask_page)
+    assert "not configured" in text_of(info_page, "llm-status", end="p")
+
+
+def test_ask_and_info_say_when_the_llm_cannot_be_built(staff):
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": "no_such_pkg.llms.Chat"}):
+        ask_page = staff.get(url("ask")).content.decode()
+        info_page = staff.get(url("info")).content.decode()
+    assert "cannot be built" in text_of(ask_page, "llm-status", end="div")
+    assert "disabled" in submit_button(ask_page)
+    assert "not configured" in text_of(info_page, "llm-status", end="p")
+
+
+def test_info_names_the_configured_llm_with_its_secret_redacted(staff):
+    secret = "sk-dashboard-secret-0123456789"
+    llm = {"model": "openai/gpt-4o-mini", "api_key": secret}
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": llm}):
+        ask_page = staff.get(url("ask")).content.decode()
+        info_page = staff.get(url("info")).content.decode()
+    assert 'id="llm-status"' not in ask_page
+    assert "disabled" not in submit_button(ask_page)
+    assert text_of(info_page, "llm-status", end="p") == "LLM: LiteLLM openai/gpt-4o-mini"
+    assert secret not in info_page and secret not in ask_page

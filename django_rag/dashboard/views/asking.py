@@ -16,7 +16,7 @@ from ...conf import scrub_text
 from ...exceptions import RagError
 from ..access import check_collection, dashboard_view
 from ..forms import AskForm
-from .common import _context, _visible_collections, grounded_segments
+from .common import LLM_HINT, _context, _visible_collections, grounded_segments, llm_status
 
 
 def _library_ask(question, **options):
@@ -250,6 +250,8 @@ def ask_page(request):
             work=work,
             step_names=dict(STEP_ORDER),
             document_url=_document_url(),
+            llm=llm_status(),
+            llm_hint=LLM_HINT,
         ),
     )
 

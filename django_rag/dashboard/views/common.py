@@ -15,6 +15,13 @@ from ...models import Chunk, Collection, Document, Job
 from ...results import VERDICTS
 from ..access import scope
 
+#: What the Ask and Info pages say when no LLM can answer.
+LLM_HINT = (
+    "Set DJANGO_RAG['LLM'] in settings.py to a litellm model such as 'openai/gpt-4o-mini' "
+    "(with its API key in the environment, e.g. OPENAI_API_KEY), a callable taking the prompt "
+    "and returning text, or an LLM instance; then restart the server."
+)
+
 
 def _visible_collections(request):
     return scope(Collection.objects.order_by("name"), request, field="name")
@@ -28,6 +35,24 @@ def _context(request, **extra):
         "collections": list(_visible_collections(request).values_list("name", flat=True)),
         **extra,
     }
+
+
+def llm_status() -> dict:
+    """Whether ``DJANGO_RAG["LLM"]`` is set and can be built, before anyone asks:
+    ``configured``, ``label`` (its class and model, secrets redacted) and ``problem`` (why it
+    cannot answer, with what to set; None when it can)."""
+    from ...conf import get_setting, scrub_text
+    from ...llm import get_llm
+
+    if get_setting("LLM") is None:
+        return {"configured": False, "label": None, "problem": "No LLM is configured."}
+    try:
+        llm = get_llm(feature="The Ask page")
+    except Exception as exc:  # a wrong spec or a missing backend: say so on the page
+        problem = f"DJANGO_RAG['LLM'] cannot be built: {type(exc).__name__}: {exc}"
+        return {"configured": False, "label": None, "problem": scrub_text(problem)[:500]}
+    label = scrub_text(f"{type(llm).__name__} {llm.model_name}")
+    return {"configured": True, "label": label, "problem": None}
 
 
 def _cancel_url(request) -> str:

@@ -8,7 +8,7 @@ from django.shortcuts import render
 
 from ...maintenance import info as collect
 from ..access import dashboard_view
-from .common import _context
+from .common import LLM_HINT, _context, llm_status
 
 
 @dashboard_view
@@ -23,6 +23,10 @@ def info(request):
         request,
         "django_rag/dashboard/info.html",
         _context(
-            request, info=data, settings_json=json.dumps(data["settings"], indent=2, default=str)
+            request,
+            info=data,
+            settings_json=json.dumps(data["settings"], indent=2, default=str),
+            llm=llm_status(),
+            llm_hint=LLM_HINT,
         ),
     )
