@@ -213,7 +213,19 @@ def embedded_database(
     server = _running_server(module, path, cleanup_mode=None if keep_running else "stop")
     settings = database_from_url(server.get_uri(name))
     settings["TEST"] = {"NAME": f"test_{name}"}
+    _STARTED[(settings["HOST"], settings["PORT"])] = path
     return settings
+
+
+# (HOST, PORT) of the DATABASES entries embedded_database() returned in this process -> the
+# data directory: who cannot reach such a database is told how to start its server again.
+_STARTED: dict[tuple[str, str], Path] = {}
+
+
+def embedded_data_directory(settings_dict: dict) -> Path | None:
+    """The data directory of the embedded server behind this ``DATABASES`` entry, when
+    :func:`embedded_database` made it in this process; else None."""
+    return _STARTED.get((settings_dict.get("HOST") or "", str(settings_dict.get("PORT") or "")))
 
 
 # --- the state of a data directory, and recovering from a crash ---------------------------------

@@ -9,7 +9,8 @@ from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpResponseBadRequest
+from django.db import OperationalError
+from django.http import Http404, HttpResponse, HttpResponseBadRequest
 
 from ..conf import get_setting, import_string
 from ..exceptions import ConfigurationError, RagError
@@ -151,11 +152,22 @@ def dashboard_view(view: Callable[..., Any]) -> Callable[..., Any]:
     """Login required, then the dashboard permission; sets ``request.rag_collections``.
 
     A library error (:class:`~django_rag.exceptions.RagError`) that escapes the view is bad
-    input: it becomes a 400 response with its message, never a 500.
+    input: it becomes a 400 response with its message, never a 500. A database that cannot be
+    reached (an ``OperationalError`` while connecting, even to read the session) is a 503 page
+    saying so, with the command that starts the embedded server when the project uses one.
     """
 
     @functools.wraps(view)
     def wrapped(request, *args, **kwargs):
+        try:
+            return checked(request, *args, **kwargs)
+        except OperationalError as exc:
+            wrapper = _connecting(exc)
+            if wrapper is None:  # the server answered, then a query failed: not this page
+                raise
+            return database_unreachable(wrapper, exc)
+
+    def checked(request, *args, **kwargs):
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path(), login_url())
         if not has_permission(request.user):
@@ -167,3 +179,45 @@ def dashboard_view(view: Callable[..., Any]) -> Callable[..., Any]:
             return error_response(exc)
 
     return wrapped
+
+
+def _connecting(exc: BaseException):
+    """The database wrapper (``django.db.connections[alias]``) whose connection attempt raised
+    ``exc``, or None when ``exc`` came from anything but opening a connection."""
+    import traceback
+
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        if frame.f_code.co_name == "get_new_connection":
+            wrapper = frame.f_locals.get("self")
+            if hasattr(wrapper, "settings_dict"):
+                return wrapper
+    return None
+
+
+def database_unreachable(wrapper, exc: BaseException) -> HttpResponse:
+    """The 503 page of a database that cannot be reached: what to do, and with ``DEBUG`` the
+    error and the embedded server's data directory (never shown to anyone otherwise: the page
+    is served before the login is known)."""
+    from django.conf import settings
+    from django.template.loader import render_to_string
+
+    from ..conf import scrub_text
+    from ..embedded import embedded_data_directory
+
+    data_dir = embedded_data_directory(wrapper.settings_dict)
+    detail = scrub_text(
+        str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    )
+    logger.error("Dashboard: the database %r cannot be reached: %s", wrapper.alias, detail)
+    body = render_to_string(
+        "django_rag/dashboard/unavailable.html",
+        {
+            "alias": wrapper.alias,
+            "embedded": data_dir is not None,
+            "data_dir": data_dir if settings.DEBUG else None,
+            "detail": detail if settings.DEBUG else None,
+        },
+    )
+    response = HttpResponse(body, status=503)
+    response["Retry-After"] = "30"
+    return response
