@@ -31,6 +31,7 @@ from ..answers.grounding import (
     ground_answer,
 )
 from ..answers.service import Answer, AnswerStream, Citation, ask, parse_citations
+from ..retrieval.aliases import accepts_aliases
 from . import steps
 from .components import (
     Answerer,
@@ -70,6 +71,7 @@ class Agent:
     :class:`~django_rag.llm.AgentTimeout`.
     """
 
+    @accepts_aliases("Agent")
     def __init__(
         self,
         question: str,

@@ -47,6 +47,7 @@ from ..llm.parsing import value_too_large
 from ..models import Collection
 from ..models.databases import search_db
 from ..results import Answer, SearchResult
+from ..retrieval.aliases import accepts_aliases
 from ..retrieval.service import normalize_mode, search
 from ..signals import span
 from ..validation import clean_query
@@ -300,6 +301,7 @@ class Loop:
     (``error``, ``stop_reason="error"``).
     """
 
+    @accepts_aliases("Loop")
     def __init__(
         self,
         question: str,

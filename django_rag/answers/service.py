@@ -11,6 +11,7 @@ from ..graph.global_search import global_answer
 from ..graph.search import graph_context
 from ..llm import LLM, Completion, collect_usage, get_llm
 from ..results import Answer, Citation, SearchResult
+from ..retrieval.aliases import accepts_aliases
 from ..retrieval.service import check_search_options, run_search
 from ..signals import span
 from ..validation import clean_query
@@ -101,6 +102,7 @@ class AnswerStream:
 _RETRIEVED = object()
 
 
+@accepts_aliases("ask()")
 def ask(
     question: str,
     *,

@@ -27,6 +27,7 @@ from ..validation import (
     clean_query,
     clean_source_id,
 )
+from .aliases import accepts_aliases
 from .fusion import FUSIONS, rrf_merge
 from .rewriters import get_rewriter
 from .stores import PgVectorStore, collection_scope, get_vector_store, scoped_chunks
@@ -96,6 +97,7 @@ def _number(name: str, value: Any, *, minimum: float = 0.0) -> Any:
     return clean_number(name, value, minimum=minimum)
 
 
+@accepts_aliases("search()")
 def search(
     query: str,
     *,
