@@ -411,10 +411,20 @@ def contains(haystack: Any, needle: Any) -> bool:
     return haystack == needle
 
 
+#: Store aliases of ``VECTOR_STORE``. ``"memory"`` names this layer's store; the retrieval
+#: layer registers its subclass (which adds ``ingest``) over it when it loads (at app start),
+#: so no alias here points up the layers.
 ALIASES = {
     "pgvector": "django_rag.store.vector_stores.PgVectorStore",
-    "memory": "django_rag.retrieval.stores.MemoryVectorStore",
+    "memory": "django_rag.store.vector_stores.MemoryVectorStore",
 }
+
+
+def register_alias(name: str, path: str) -> None:
+    """Make ``name`` a ``VECTOR_STORE`` alias of the class at dotted ``path`` (the built
+    default is rebuilt on next use)."""
+    ALIASES[name] = path
+    _default.clear()
 
 
 _default: list[VectorStore] = []
