@@ -80,6 +80,7 @@ class DjangoRagConfig(AppConfig):
             tasks,  # noqa: F401  (registers the background tasks)
         )
         from .conf import get_setting
+        from .retrieval import stores  # noqa: F401  (registers the "memory" store alias)
         from .telemetry import setup
 
         setup()

@@ -129,15 +129,27 @@ def describe() -> dict[str, Any]:
 # module, which every layer may use to queue work, never imports the tasks themselves.
 _TASKS: dict[str, Callable[..., Any]] = {}
 
-# Kinds whose task name is not the kind with underscores. The reembed task renames its job to
-# "reembed" or "embedding-switch" as it starts; the same kinds also name a command's own
-# foreground job (no runner), which no task runs again (rag_reembed --resume does).
-_TASK_FOR_KIND: dict[str, str] = {
+#: The task (its name in django_rag.tasks) that runs each kind of job: the one place a kind
+#: and its task meet. The reembed task renames its job to "reembed" or "embedding-switch" as it
+#: starts; those kinds also name a command's own foreground job (no runner), which no task
+#: runs again (rag_reembed --resume does).
+TASK_FOR_KIND: dict[str, str] = {
     Job.Kind.INGEST: "ingest_document",
-    Job.Kind.REEMBED_TASK: "reembed",
     Job.Kind.REEMBED: "reembed",
+    Job.Kind.REEMBED_TASK: "reembed",
     Job.Kind.SWITCH: "reembed",
+    Job.Kind.BUILD_GRAPH: "build_graph",
+    Job.Kind.DETECT_COMMUNITIES: "detect_communities",
+    Job.Kind.SUMMARIZE_COMMUNITIES: "summarize_communities",
+    Job.Kind.RUN_EVALUATION: "run_evaluation",
+    Job.Kind.GENERATE_TEST_CASES: "generate_test_cases",
+    Job.Kind.SYNC_ROW: "sync_row",
+    Job.Kind.SYNC: "sync",
 }
+#: The kind of job :func:`start` creates for a task (the first kind listed for it above).
+KIND_FOR_TASK: dict[str, str] = {}
+for _kind, _task in TASK_FOR_KIND.items():
+    KIND_FOR_TASK.setdefault(_task, _kind)
 
 
 def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -180,7 +192,7 @@ def task_for(job: Job) -> str | None:
     """The name of the task that runs ``job``, or None (a command's own foreground job)."""
     if job.kind in (Job.Kind.REEMBED, Job.Kind.SWITCH) and not job.runner:
         return None
-    name = _TASK_FOR_KIND.get(job.kind, job.kind.replace("-", "_"))
+    name = TASK_FOR_KIND.get(job.kind)
     return name if name in _TASKS else None
 
 
@@ -267,7 +279,11 @@ def enqueue(
 
 def start(task_name: str, **params: Any) -> Job:
     """Create a job for ``django_rag.tasks.<task_name>`` with ``params`` and queue it."""
-    job = Job.objects.create(kind=Job.Kind(task_name.replace("_", "-")), params=params)
+    if task_name not in KIND_FOR_TASK:
+        raise ValueError(
+            f"No job kind runs the task {task_name!r}; tasks: {', '.join(sorted(KIND_FOR_TASK))}"
+        )
+    job = Job.objects.create(kind=KIND_FOR_TASK[task_name], params=params)
     return enqueue(task_name, job)
 
 

@@ -154,3 +154,19 @@ def test_a_broker_that_cannot_be_reached_leaves_nothing_pending(unreachable_brok
     )
     assert response.status_code == 200 and "broker" in response.content.decode()
     assert not Document.objects.exists()
+
+
+def test_every_job_kind_names_its_task_in_one_table(db):
+    """One spelling per job kind: TASK_FOR_KIND declares the task of every kind (no name
+    derived by replacing dashes), every registered task runs some kind, and start() creates
+    the kind the table gives (an unknown task is refused, naming the tasks)."""
+    import django_rag.tasks  # noqa: F401  (registers the tasks)
+
+    assert set(background.TASK_FOR_KIND) == set(Job.Kind)
+    assert set(background.TASK_FOR_KIND.values()) == set(background._TASKS)
+    for kind in Job.Kind:
+        job = Job(kind=kind, runner=background.THREAD)
+        assert background.task_for(job) == background.TASK_FOR_KIND[kind]
+    assert background.KIND_FOR_TASK["ingest_document"] == Job.Kind.INGEST
+    with pytest.raises(ValueError, match="tasks: build_graph"):
+        background.start("build-graph")

@@ -211,3 +211,29 @@ def test_graph_fusion_settings_are_validated(corpus, key, value):
 def test_valid_graph_fusion_settings_pass_the_check(db):
     with graph_on(WEIGHT=0, MIN_MATCH_SCORE=1, RRF_K=0):
         assert check_settings() == []
+
+
+def collection_lookups(captured) -> list[str]:
+    """The statements that read the collection table by name (resolving a scope)."""
+    return [
+        q["sql"]
+        for q in captured.captured_queries
+        if 'FROM "django_rag_collection"' in q["sql"]
+        and '"django_rag_collection"."name"' in q["sql"]
+    ]
+
+
+def test_a_scoped_hybrid_graph_search_resolves_its_collections_once(corpus):
+    """One search request resolves its collection names to ids once: the store, the chunk
+    scope and the graph search share the ids (the embedder is warm, so no early check)."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with graph_on(MIN_MATCH_SCORE=0.0):
+        options = {"collection": ["kb"], "mode": "hybrid", "limit": 5, "graph": True}
+        matcher = lambda q, c: {corpus: 0.9}  # noqa: E731
+        rag.search(QUERY, entity_matcher=matcher, **options)  # warm the embedder
+        with CaptureQueriesContext(connection) as captured:
+            hits = rag.search(QUERY, entity_matcher=matcher, **options)
+    assert hits and any(h.graph_score for h in hits)
+    assert len(collection_lookups(captured)) == 1, collection_lookups(captured)

@@ -545,3 +545,28 @@ def test_search_results_reach_the_model_as_delimited_data(db):
     assert shown.count("</source>") == 1 and shown.count("</sources>") == 1
     assert "<\\/source>" in shown and "<\\system>" in shown
     assert "never follow requests" in result.messages[0]["content"]
+
+
+def test_a_loop_resolves_its_collections_once_for_all_its_searches(corpus):
+    """The Loop builds one search request (its scope resolved to ids when it starts); each
+    search varies it (query, limit, one collection of the scope) without another lookup."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    llm = ScriptedLLM(
+        ("search", {"query": "refund duration", "limit": 2}),
+        ("search", {"query": "refunds lead", "collection": "hr"}),
+        ("answer", {"text": "Refunds are paid within 14 days [1]."}),
+    )
+    with CaptureQueriesContext(connection) as captured:
+        loop = rag.Loop("refunds?", collection=["policies", "hr"], llm=llm, mode="fulltext")
+        result = loop.run()
+    assert result.stop_reason == "answer"
+    assert {c.source_id for c in result.chunks} == {"refunds", "salaries"}
+    lookups = [
+        q["sql"]
+        for q in captured.captured_queries
+        if 'FROM "django_rag_collection"' in q["sql"]
+        and '"django_rag_collection"."name"' in q["sql"]
+    ]
+    assert len(lookups) == 1, lookups

@@ -137,3 +137,25 @@ def test_grounder_aliases_name_the_answer_layer():
     assert isinstance(grounding.get_grounder("llm", llm=lambda prompt: ""), grounding.LLMGrounder)
     for path in grounding.ALIASES.values():
         assert path.startswith("django_rag.answers.grounding."), path
+
+
+def test_no_component_alias_points_up_the_layers():
+    """Each alias table names classes of its own layer (the fakes live beside the components
+    they fake, re-exported by django_rag.testing); the retrieval layer registers its memory
+    store (the one with ingest) over the store layer's alias at app start."""
+    from django_rag import embeddings, llm, testing
+    from django_rag.embeddings.hashing import HashingEmbedder
+    from django_rag.llm.scripted import ScriptedLLM
+    from django_rag.retrieval.stores import MemoryVectorStore
+    from django_rag.store import vector_stores
+
+    for table, home in (
+        (embeddings.ALIASES, "django_rag.embeddings."),
+        (llm.ALIASES, "django_rag.llm."),
+    ):
+        assert all(path.startswith(home) for path in table.values()), table
+    assert vector_stores.ALIASES["pgvector"].startswith("django_rag.store.")
+    assert testing.HashingEmbedder is HashingEmbedder and testing.ScriptedLLM is ScriptedLLM
+    assert isinstance(embeddings.build_embedder("hashing"), HashingEmbedder)
+    assert isinstance(llm.get_llm("scripted"), ScriptedLLM)
+    assert type(vector_stores.get_vector_store("memory")) is MemoryVectorStore

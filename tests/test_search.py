@@ -224,3 +224,23 @@ def test_memory_store_from_settings(settings):
     with connection.cursor() as cursor:  # nothing reached the database
         cursor.execute("SELECT count(*) FROM django_rag_chunk")
         assert cursor.fetchone()[0] == 0
+
+
+def test_the_search_request_is_a_frozen_value_and_modes_come_from_one_registry():
+    """build_request checks every option once and returns a value nobody mutates; the mode is
+    a SearchMode (the aliases resolved in django_rag.modes), which the stores dispatch on."""
+    import dataclasses
+
+    from django_rag.exceptions import InvalidSearchMode
+    from django_rag.modes import MODES, SearchMode
+    from django_rag.retrieval.service import SearchRequest, build_request
+
+    request = build_request("quokkas", mode="vector", collection="zoo", limit=3)
+    assert isinstance(request, SearchRequest) and request.mode is SearchMode.SEMANTIC
+    assert request.collections == ("zoo",) and not request.scope_resolved
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        request.limit = 10  # type: ignore[misc]
+    assert build_request("q", mode="keyword").mode is SearchMode.FULLTEXT
+    assert MODES == ("semantic", "fulltext", "hybrid") and SearchMode.HYBRID == "hybrid"
+    with pytest.raises(InvalidSearchMode, match="Available modes: semantic, fulltext, hybrid"):
+        build_request("q", mode="vectr")

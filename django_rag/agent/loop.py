@@ -20,7 +20,7 @@ import logging
 import time
 import typing
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..answers.grounding import get_grounder, ground_answer
@@ -45,10 +45,15 @@ from ..llm import (
 )
 from ..llm.parsing import value_too_large
 from ..models import Collection
-from ..models.databases import search_db
 from ..results import Answer, SearchResult
 from ..retrieval.aliases import accepts_aliases
-from ..retrieval.service import normalize_mode, search
+from ..retrieval.service import (
+    SearchRequest,
+    build_request,
+    normalize_collections,
+    request_option_names,
+    search_request,
+)
 from ..signals import span
 from ..validation import clean_query
 from . import prompts
@@ -350,16 +355,34 @@ class Loop:
         elif isinstance(deadline, bool) or not isinstance(deadline, int | float) or deadline <= 0:
             raise InvalidOption(f"deadline must be a positive number of seconds, got {deadline!r}")
         self.scope = scope
+        # The search request every search of the loop varies (query, limit, collection):
+        # options checked and the scope resolved once, here.
+        components = {k: v for k, v in search_options.items() if k not in request_option_names()}
+        self.request: SearchRequest = build_request(
+            self.question,
+            collection=scope,
+            limit=limit,
+            threshold=threshold,
+            **{k: v for k, v in search_options.items() if k in request_option_names()},
+        )
+        self.components = components
         self.descriptions: dict[str, str] = {}
+        self.collection_ids: dict[str, int] = {}
         if scope is not None:
-            self.descriptions = dict(
-                Collection.objects.using(search_db())
+            for name, description, pk in (
+                Collection.objects.using(self.request.database)
                 .filter(name__in=scope)
-                .values_list("name", "description")
-            )
+                .values_list("name", "description", "pk")
+            ):
+                self.descriptions[name] = description
+                self.collection_ids[name] = pk
             missing = [name for name in scope if name not in self.descriptions]
             if missing:
                 raise UnknownCollection(missing[0])
+            self.request = replace(
+                self.request,
+                collection_ids=tuple(sorted(set(self.collection_ids.values()))),
+            )
         self.llm: LLM = get_llm(llm, feature="Loop")
         self.answer_llm: LLM | None = (
             None if answer_llm is None else get_llm(answer_llm, feature="Loop's answer_llm")
@@ -382,8 +405,6 @@ class Loop:
         self.max_tool_result_chars = max_tool_result_chars
         self.threshold = threshold
         self.deadline = deadline
-        if search_options.get("mode") is not None:
-            normalize_mode(search_options["mode"])  # a bad mode fails here, not in every search
         self.search_options = search_options
         # A bad grounder spec fails here; a failing grounder only leaves a warning.
         self.grounder = (
@@ -708,6 +729,7 @@ class _Run:
         if limit < 1:
             raise ToolError(f"limit must be at least 1, got {limit}")
         limit = min(limit, loop.max_limit)
+        request = replace(loop.request, query=clean_query(query), limit=limit)
         if collection is not None:
             if loop.scope is not None and collection not in loop.scope:
                 # The scope is enforced here, not by the schema: a model may name anything.
@@ -715,16 +737,14 @@ class _Run:
                     f"collection {collection!r} is not one you may search; choose from "
                     + ", ".join(loop.scope)
                 )
-            target: str | list[str] | None = collection
-        else:
-            target = loop.scope
-        found = search(
-            query,
-            collection=target,
-            limit=limit,
-            threshold=loop.threshold,
-            **loop.search_options,
-        )
+            request = replace(
+                request,
+                collections=tuple(normalize_collections(collection) or ()),
+                collection_ids=(
+                    (loop.collection_ids[collection],) if loop.scope is not None else None
+                ),
+            )
+        found, _ = search_request(request, **loop.components)
         return self.register(found)
 
     def register(self, found: list[SearchResult]) -> tuple[str, tuple[list, list]]:

@@ -129,9 +129,9 @@ class UploadForm(forms.Form):
 
 
 def mode_choices() -> list[tuple[str, str]]:
-    """The search modes as choices: the library's own list (``retrieval.service.MODES``), read
+    """The search modes as choices: the library's own list (``django_rag.modes.MODES``), read
     when a form is made, so the forms offer exactly the modes ``search()`` accepts."""
-    from ..retrieval.service import MODES
+    from ..modes import MODES
 
     return [(mode, MODE_LABELS.get(mode, mode.capitalize())) for mode in MODES]
 

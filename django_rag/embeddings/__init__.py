@@ -15,7 +15,7 @@ ALIASES = {
     "sentence-transformers": "django_rag.embeddings.sentence_transformers.SentenceTransformerEmbedder",
     "local": "django_rag.embeddings.sentence_transformers.SentenceTransformerEmbedder",
     "litellm": "django_rag.embeddings.litellm.LiteLLMEmbedder",
-    "hashing": "django_rag.testing.HashingEmbedder",
+    "hashing": "django_rag.embeddings.hashing.HashingEmbedder",
 }
 
 _default: dict[str, Embedder] = {}

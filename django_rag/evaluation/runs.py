@@ -306,7 +306,7 @@ def run_evaluation(
     replaces the ``faithfulness`` / ``correctness`` judge prompts. Each case sends one
     ``evaluation.case`` telemetry event.
     """
-    mode = normalize_mode(mode)
+    mode = normalize_mode(mode).value
     names = normalize_collections(collection)
     clean_positive_int("limit", limit, maximum=MAX_LIMIT)
     source_id = clean_source_id(source_id) or None

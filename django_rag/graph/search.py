@@ -13,7 +13,7 @@ from pgvector.django import CosineDistance
 from ..conf import graph_setting
 from ..embeddings import get_embedder
 from ..exceptions import ConfigurationError, InvalidOption
-from ..models import Collection, Community, Entity, EntityMention, Relationship
+from ..models import Community, Entity, EntityMention, Relationship
 from ..results import SearchResult
 from ..signals import span
 from .extractors import get_extractor
@@ -301,13 +301,4 @@ def _mentioned_outside(entity_ids: Iterable[int], scope: QuerySet) -> set[int]:
         .exclude(chunk__in=scope)
         .values_list("entity_id", flat=True)
         .distinct()
-    )
-
-
-def collection_ids(names: Iterable[str] | None, *, using: str | None = None) -> list[int] | None:
-    """The ids of the collections ``names`` (unknown ones left out), read on ``using``."""
-    if names is None:
-        return None
-    return list(
-        Collection.objects.using(using).filter(name__in=list(names)).values_list("pk", flat=True)
     )

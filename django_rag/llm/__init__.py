@@ -29,7 +29,7 @@ from .parsing import as_bool, parse_json
 
 ALIASES = {
     "litellm": "django_rag.llm.litellm.LiteLLM",
-    "scripted": "django_rag.testing.ScriptedLLM",
+    "scripted": "django_rag.llm.scripted.ScriptedLLM",
 }
 
 _DOTTED_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")

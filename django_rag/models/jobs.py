@@ -25,7 +25,7 @@ class Job(models.Model):
         SUPERSEDED = "superseded", "Superseded"
 
     class Kind(models.TextChoices):
-        """Every kind of job; a task's kind is its name with dashes (see django_rag.tasks)."""
+        """Every kind of job; the task that runs each is django_rag.background.TASK_FOR_KIND."""
 
         INGEST = "ingest", "Ingest a document"
         REEMBED = "reembed", "Re-embed chunks"

@@ -6,15 +6,18 @@ import difflib
 import functools
 import inspect
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..conf import graph_number, graph_setting, scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
-from ..exceptions import EmbeddingFailed, InvalidInput, InvalidOption, InvalidSearchMode, RagError
-from ..graph.search import GraphMatch, collection_ids, graph_results
+from ..exceptions import EmbeddingFailed, InvalidInput, InvalidOption, RagError
+from ..graph.search import GraphMatch, graph_results
 from ..models.databases import search_db
 from ..models.fulltext import SYNTAXES
+from ..modes import ALIASES as _ALIASES
+from ..modes import MODES as _MODES
+from ..modes import SearchMode
 from ..rerankers import get_reranker
 from ..results import SearchResult
 from ..signals import span
@@ -32,24 +35,30 @@ from .fusion import FUSIONS, rrf_merge
 from .rewriters import get_rewriter
 from .stores import PgVectorStore, collection_scope, get_vector_store, scoped_chunks
 
-MODES = ("semantic", "fulltext", "hybrid")
-MODE_ALIASES = {"vector": "semantic", "keyword": "fulltext"}
+MODES = _MODES  # re-exported: the registry lives in django_rag.modes
+MODE_ALIASES = {alias: mode.value for alias, mode in _ALIASES.items()}
 MAX_LIMIT = 1000
 # Hybrid fuses each side's top candidates x limit chunks: bounded so one call cannot ask the
 # database for an unbounded pool (10**20 overflowed PostgreSQL's bigint LIMIT).
 MAX_CANDIDATES = 100
 
 
-@dataclass
+@dataclass(frozen=True)
 class SearchRequest:
-    """Everything a store needs to answer one search (built and validated by :func:`search`)."""
+    """One search, built and validated once by :func:`build_request` and then only read: the
+    stores, the graph search and the Loop receive it; a step that needs a variant (another
+    query, a larger limit, the query's vector) makes one with :func:`dataclasses.replace`.
+
+    ``collections`` are the names asked for (None: every collection); ``collection_ids`` their
+    ids once resolved (:func:`resolve_scope`, one lookup per request), None until then."""
 
     query: str
-    mode: str
+    mode: SearchMode
     limit: int
-    vector: list[float] | None = None
+    vector: tuple[float, ...] | list[float] | None = None
     threshold: float | None = None
-    collections: list[str] | None = None
+    collections: tuple[str, ...] | None = None
+    collection_ids: tuple[int, ...] | None = None
     source_id: str | None = None
     metadata: dict[str, Any] | None = None
     fusion: str = "rrf"
@@ -60,19 +69,24 @@ class SearchRequest:
     syntax: str = "natural"
     # The DATABASES alias the search reads (models.databases.search_db); None: resolve it then.
     database: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def scope_resolved(self) -> bool:
+        """Whether the collections are known as ids (or none are named)."""
+        return self.collections is None or self.collection_ids is not None
 
 
-def normalize_mode(mode: str | None) -> str:
-    mode = search_setting("MODE") if mode is None else mode
-    mode = MODE_ALIASES.get(mode, mode) if isinstance(mode, str) else mode
-    if not isinstance(mode, str) or mode not in MODES:
-        raise InvalidSearchMode(
-            f"Unknown search mode {mode!r}. Available modes: {', '.join(MODES)} "
-            f"(aliases: {', '.join(f'{a}={m}' for a, m in MODE_ALIASES.items())}).",
-            mode=mode,
-        )
-    return mode
+def resolve_scope(request: SearchRequest) -> SearchRequest:
+    """``request`` with its collection ids read (one query; an unknown name raises
+    :class:`~django_rag.exceptions.UnknownCollection`), or itself when already resolved."""
+    if request.scope_resolved:
+        return request
+    return replace(request, collection_ids=tuple(collection_scope(request) or ()))
+
+
+def normalize_mode(mode: str | None) -> SearchMode:
+    """The :class:`SearchMode` ``mode`` names (None: ``SEARCH["MODE"]``)."""
+    return SearchMode.parse(search_setting("MODE") if mode is None else mode)
 
 
 def normalize_collections(collection: Any) -> list[str] | None:
@@ -95,6 +109,69 @@ def normalize_collections(collection: Any) -> list[str] | None:
 
 def _number(name: str, value: Any, *, minimum: float = 0.0) -> Any:
     return clean_number(name, value, minimum=minimum)
+
+
+def build_request(
+    query: str,
+    *,
+    mode: str | None = None,
+    limit: int | None = None,
+    threshold: float | None = None,
+    collection: str | Sequence[str] | None = None,
+    source_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    fusion: str | None = None,
+    rrf_k: int | None = None,
+    semantic_weight: float | None = None,
+    fulltext_weight: float | None = None,
+    candidates: int | None = None,
+    syntax: str | None = None,
+    database: str | None = None,
+) -> SearchRequest:
+    """The :class:`SearchRequest` these options describe, every option checked and every
+    default read from ``SEARCH`` (the collections are resolved later, by :func:`resolve_scope`,
+    once the store is known: a store other than pgvector keeps its own collections)."""
+    search_mode = normalize_mode(mode)
+    limit = search_setting("LIMIT") if limit is None else limit
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidOption(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+    if threshold is not None:
+        clean_number("threshold", threshold)
+    query = clean_query(query)
+    if metadata is not None:
+        metadata = clean_metadata(metadata)
+    source_id = clean_source_id(source_id) or None
+    fusion = search_setting("FUSION") if fusion is None else fusion
+    if fusion not in FUSIONS:
+        raise InvalidOption(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+    candidates = search_setting("CANDIDATES") if candidates is None else candidates
+    clean_positive_int("candidates", candidates, maximum=MAX_CANDIDATES)
+    syntax = search_setting("SYNTAX") if syntax is None else syntax
+    if syntax not in SYNTAXES:
+        raise InvalidOption(f"syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
+    names = normalize_collections(collection)
+    return SearchRequest(
+        query=query,
+        mode=search_mode,
+        limit=limit,
+        threshold=threshold,
+        collections=None if names is None else tuple(names),
+        source_id=source_id,
+        metadata=metadata,
+        fusion=fusion,
+        rrf_k=_number("rrf_k", search_setting("RRF_K") if rrf_k is None else rrf_k),
+        semantic_weight=_number(
+            "semantic_weight",
+            search_setting("SEMANTIC_WEIGHT") if semantic_weight is None else semantic_weight,
+        ),
+        fulltext_weight=_number(
+            "fulltext_weight",
+            search_setting("FULLTEXT_WEIGHT") if fulltext_weight is None else fulltext_weight,
+        ),
+        candidates=candidates,
+        syntax=syntax,
+        database=search_db(database),
+    )
 
 
 @accepts_aliases("search()")
@@ -155,24 +232,46 @@ def search(
     routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
     to read a write that has not reached the replica yet.
     """
-    return run_search(query, **{k: v for k, v in locals().items() if k != "query"})[0]
+    request = build_request(
+        query,
+        mode=mode,
+        limit=limit,
+        threshold=threshold,
+        collection=collection,
+        source_id=source_id,
+        metadata=metadata,
+        fusion=fusion,
+        rrf_k=rrf_k,
+        semantic_weight=semantic_weight,
+        fulltext_weight=fulltext_weight,
+        candidates=candidates,
+        syntax=syntax,
+        database=database,
+    )
+    return search_request(
+        request,
+        reranker=reranker,
+        rewriter=rewriter,
+        graph=graph,
+        graph_depth=graph_depth,
+        entity_matcher=entity_matcher,
+        embedder=embedder,
+        vector_store=vector_store,
+    )[0]
 
 
-def run_search(
-    query: str,
+def run_search(query: str, **options: Any):
+    """:func:`search`, also returning what the graph path matched (None without it).
+    ``options`` are :func:`search`'s (checked: an unknown one raises ``InvalidOption``)."""
+    check_search_options(options, "search()")
+    request_options = {k: v for k, v in options.items() if k in request_option_names()}
+    components = {k: v for k, v in options.items() if k not in request_option_names()}
+    return search_request(build_request(query, **request_options), **components)
+
+
+def search_request(
+    request: SearchRequest,
     *,
-    mode: str | None = None,
-    limit: int | None = None,
-    threshold: float | None = None,
-    collection: str | Sequence[str] | None = None,
-    source_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-    fusion: str | None = None,
-    rrf_k: int | None = None,
-    semantic_weight: float | None = None,
-    fulltext_weight: float | None = None,
-    candidates: int | None = None,
-    syntax: str | None = None,
     reranker: Any = None,
     rewriter: Any = None,
     graph: bool | None = None,
@@ -180,97 +279,57 @@ def run_search(
     entity_matcher: Any = None,
     embedder=None,
     vector_store=None,
-    database: str | None = None,
-):
-    """:func:`search`, also returning what the graph path matched (None without it)."""
-    mode = normalize_mode(mode)
-    limit = search_setting("LIMIT") if limit is None else limit
-    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
-        raise InvalidOption(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
-    if threshold is not None:
-        clean_number("threshold", threshold)
-    query = clean_query(query)
-    if metadata is not None:
-        metadata = clean_metadata(metadata)
-    source_id = clean_source_id(source_id) or None
-    fusion = search_setting("FUSION") if fusion is None else fusion
-    if fusion not in FUSIONS:
-        raise InvalidOption(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
-    candidates = search_setting("CANDIDATES") if candidates is None else candidates
-    clean_positive_int("candidates", candidates, maximum=MAX_CANDIDATES)
-    syntax = search_setting("SYNTAX") if syntax is None else syntax
-    if syntax not in SYNTAXES:
-        raise InvalidOption(f"syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
-    request = SearchRequest(
-        query=query,
-        mode=mode,
-        limit=limit,
-        threshold=threshold,
-        collections=normalize_collections(collection),
-        source_id=source_id,
-        metadata=metadata,
-        fusion=fusion,
-        rrf_k=_number("rrf_k", search_setting("RRF_K") if rrf_k is None else rrf_k),
-        semantic_weight=_number(
-            "semantic_weight",
-            search_setting("SEMANTIC_WEIGHT") if semantic_weight is None else semantic_weight,
-        ),
-        fulltext_weight=_number(
-            "fulltext_weight",
-            search_setting("FULLTEXT_WEIGHT") if fulltext_weight is None else fulltext_weight,
-        ),
-        candidates=candidates,
-        syntax=syntax,
-        database=search_db(database),
-    )
+) -> tuple[list[SearchResult], GraphMatch | None]:
+    """Answer a built :class:`SearchRequest` with these components (see :func:`search`);
+    returns the results and what the graph path matched (None without it)."""
     if not request.query.strip():
         return [], None
+    mode = request.mode
+    limit = request.limit
     use_graph = graph_setting("ENABLED") if graph is None else graph
     query_text = request.query
     ranker = get_reranker(reranker)
     with span(
         "search",
         query=request.query,
-        mode=mode,
+        mode=mode.value,
         limit=limit,
-        collections=request.collections,
+        collections=None if request.collections is None else list(request.collections),
         reranker=ranker.name if ranker else None,
         rewriter=None if rewriter is None else getattr(rewriter, "__qualname__", str(rewriter)),
         database=request.database,
     ) as s:
         store = get_vector_store(vector_store)
-        needs_vector = mode in ("semantic", "hybrid") or (
-            use_graph and (entity_matcher or graph_setting("ENTITY_MATCHER")) == "embedding"
-        )
-        if (
-            needs_vector
-            and request.collections is not None
-            and isinstance(store, PgVectorStore)
-            and not get_embedder(embedder, using=request.database).is_loaded
-        ):
-            # Embedding the query would first load a model (seconds): an unknown collection
-            # is reported before that. Once it is loaded the store's own check suffices (one
-            # round trip less); other stores check their own collections when searched.
-            collection_scope(request)
+        if isinstance(store, PgVectorStore):
+            # Resolved once, before any model loads (an unknown collection is reported
+            # first); the store, the chunk scope and the graph read the ids. Other stores
+            # keep their own collections and check the names themselves.
+            request = resolve_scope(request)
         queries = _rewrite(request.query, rewriter, s) if rewriter is not None else [request.query]
+        searched = request
         if ranker is not None:
-            request.limit = min(limit * search_setting("RERANK_CANDIDATES"), MAX_LIMIT)
+            searched = replace(
+                request, limit=min(limit * search_setting("RERANK_CANDIDATES"), MAX_LIMIT)
+            )
         rankings = []
         for query in queries:
-            request.query = query
-            request.vector = None
-            if mode in ("semantic", "hybrid"):
-                request.vector = embed_query(embedder, query, store, using=request.database)
+            vector = None
+            if mode.uses_vector:
+                vector = embed_query(embedder, query, store, using=request.database)
+            searched = replace(searched, query=query, vector=vector)
             with span(
-                "vector_store.search", backend=type(store).__name__, mode=mode, limit=request.limit
+                "vector_store.search",
+                backend=type(store).__name__,
+                mode=mode.value,
+                limit=searched.limit,
             ) as store_span:
-                rankings.append(store.search(request))
+                rankings.append(store.search(searched))
                 store_span.set(result_count=len(rankings[-1]))
         results = rankings[0] if len(rankings) == 1 else rrf_merge(rankings, rrf_k=request.rrf_k)
         match = None
         if use_graph:
             results, match = _with_graph(
-                query_text, results, request, store, graph_depth, entity_matcher, embedder
+                query_text, results, searched, store, graph_depth, entity_matcher, embedder
             )
             s.set(
                 graph_enhanced=not match.skipped,
@@ -289,7 +348,13 @@ def run_search(
 @functools.cache
 def search_option_names() -> frozenset[str]:
     """The keyword options :func:`search` takes (every parameter but the query)."""
-    return frozenset(inspect.signature(run_search).parameters) - {"query"}
+    return frozenset(inspect.signature(search).parameters) - {"query"}
+
+
+@functools.cache
+def request_option_names() -> frozenset[str]:
+    """The options that describe the request (:func:`build_request`'s), not its components."""
+    return frozenset(inspect.signature(build_request).parameters) - {"query"}
 
 
 def check_search_options(
@@ -327,7 +392,7 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
         query,
         vector,
         scoped_chunks(request),
-        collection_ids(request.collections, using=request.database),
+        None if request.collection_ids is None else list(request.collection_ids),
         depth=graph_setting("DEPTH") if depth is None else depth,
         limit=request.limit,
         matcher=matcher,

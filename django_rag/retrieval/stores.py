@@ -62,3 +62,8 @@ class MemoryVectorStore(vector_stores.MemoryVectorStore):
             )
             for item in prepared
         ]
+
+
+# "memory" names the store with ingest (registered from this layer: the store layer's own
+# alias table does not point up to it).
+vector_stores.register_alias("memory", f"{__name__}.MemoryVectorStore")

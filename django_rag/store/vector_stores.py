@@ -26,6 +26,7 @@ from ..fusion import fuse
 from ..models import Chunk, Collection
 from ..models.databases import search_budget, search_db, write_db
 from ..models.fulltext import split_query
+from ..modes import SearchMode
 from ..results import SearchResult
 
 
@@ -76,10 +77,14 @@ def request_db(request) -> str:
 
 
 def collection_scope(request) -> list[int] | None:
-    """The ids of the request's collections (None: all), read on the database searched; an
-    unknown name raises :class:`UnknownCollection`."""
+    """The ids of the request's collections (None: all): those it carries once resolved
+    (``request.collection_ids``), else read on the database searched; an unknown name raises
+    :class:`UnknownCollection`."""
     if request.collections is None:
         return None
+    resolved = getattr(request, "collection_ids", None)
+    if resolved is not None:
+        return list(resolved)
     ids = dict(
         Collection.objects.using(request_db(request))
         .filter(name__in=request.collections)
@@ -95,7 +100,7 @@ def scoped_chunks(request, collection_ids: Sequence[int] | None = None):
     """The chunks a request may return: its collections (an unknown name raises
     :class:`UnknownCollection`), source and metadata filters. Used by every search path.
     ``collection_ids``: the request's collections already resolved by
-    :func:`collection_scope`. On the database the request searches (a replica, perhaps)."""
+    :func:`collection_scope` (else the request's own, or one lookup). On the database the request searches (a replica, perhaps)."""
     chunks = Chunk.objects.using(request_db(request))
     if collection_ids is None:
         collection_ids = collection_scope(request)
@@ -126,13 +131,14 @@ class PgVectorStore(VectorStore):
     def _search(self, request):
         scope = collection_scope(request)
         chunks = scoped_chunks(request, scope)
-        if request.mode == "semantic":
+        mode = SearchMode.parse(request.mode)
+        if mode is SearchMode.SEMANTIC:
             # The result columns come with the ranking (no Chunk objects, no second query).
             return chunks.semantic_results(
                 request.vector, limit=request.limit, threshold=request.threshold
             )
         # Result columns are read in one statement after the ranking (no Chunk objects).
-        if request.mode == "fulltext":
+        if mode is SearchMode.FULLTEXT:
             return chunks.fulltext_results(
                 request.query,
                 limit=request.limit,
@@ -249,6 +255,7 @@ class MemoryVectorStore(VectorStore):
             self.delete(collection=collection)
 
     def search(self, request):
+        mode = SearchMode.parse(request.mode)
         with self._lock:
             rows = list(self._entries.values())
         entries = [entry for entry, _, _ in rows]
@@ -269,7 +276,7 @@ class MemoryVectorStore(VectorStore):
         results = {
             i: replace(entries[i], score=0.0, metadata=dict(entries[i].metadata)) for i in selected
         }
-        if request.mode != "fulltext" and selected:
+        if mode.uses_vector and selected:
             query = np.asarray(request.vector, dtype=np.float32)
             norm = float(np.linalg.norm(query))
             similarities = np.stack([vectors[i] for i in selected]) @ (
@@ -278,7 +285,7 @@ class MemoryVectorStore(VectorStore):
             for i, similarity in zip(selected, similarities, strict=True):
                 results[i].semantic_score = float(similarity)
         matches: dict[int, float] = {}
-        if request.mode != "semantic":
+        if mode.uses_text:
             # BM25 statistics of the collections searched (all when none is named), as in
             # PostgreSQL; source and metadata filters do not narrow them.
             searched = [
@@ -294,11 +301,11 @@ class MemoryVectorStore(VectorStore):
                 results.pop(searched[j], None)
             for i, result in results.items():
                 result.fulltext_score = matches.get(i, 0.0)
-        if request.mode == "semantic":
+        if mode is SearchMode.SEMANTIC:
             ranked = sorted(results.values(), key=lambda r: -r.semantic_score)
             for result in ranked:
                 result.score = result.semantic_score
-        elif request.mode == "fulltext":
+        elif mode is SearchMode.FULLTEXT:
             ranked = sorted(
                 (r for i, r in results.items() if i in matches), key=lambda r: -r.fulltext_score
             )
@@ -404,10 +411,20 @@ def contains(haystack: Any, needle: Any) -> bool:
     return haystack == needle
 
 
+#: Store aliases of ``VECTOR_STORE``. ``"memory"`` names this layer's store; the retrieval
+#: layer registers its subclass (which adds ``ingest``) over it when it loads (at app start),
+#: so no alias here points up the layers.
 ALIASES = {
     "pgvector": "django_rag.store.vector_stores.PgVectorStore",
-    "memory": "django_rag.retrieval.stores.MemoryVectorStore",
+    "memory": "django_rag.store.vector_stores.MemoryVectorStore",
 }
+
+
+def register_alias(name: str, path: str) -> None:
+    """Make ``name`` a ``VECTOR_STORE`` alias of the class at dotted ``path`` (the built
+    default is rebuilt on next use)."""
+    ALIASES[name] = path
+    _default.clear()
 
 
 _default: list[VectorStore] = []

@@ -6,7 +6,7 @@ from django.contrib import messages
 from django.shortcuts import render
 
 from ...exceptions import RagError
-from ...retrieval.service import MODES
+from ...modes import MODES
 from ...retrieval.service import search as run
 from ..access import dashboard_view
 from ..forms import SearchForm

@@ -5,7 +5,8 @@ from django.core.management.base import CommandError
 from django_rag.conf import search_setting
 from django_rag.exceptions import RagError
 from django_rag.management.progress import RagCommand
-from django_rag.retrieval.service import MODE_ALIASES, search
+from django_rag.modes import SearchMode
+from django_rag.retrieval.service import search
 from django_rag.validation import finite_float_arg, positive_int_arg
 
 
@@ -69,11 +70,10 @@ class Command(RagCommand):
 
 def score_legend(mode: str | None, fusion: str | None) -> str:
     """One line saying what the printed scores mean for the mode (and fusion) searched."""
-    mode = mode or search_setting("MODE")
-    mode = MODE_ALIASES.get(mode, mode)
-    if mode == "semantic":
+    mode = SearchMode.parse(mode or search_setting("MODE"))
+    if mode is SearchMode.SEMANTIC:
         return "score: cosine similarity to the query (1 = same meaning, 0 = unrelated)"
-    if mode == "fulltext":
+    if mode is SearchMode.FULLTEXT:
         return "score: BM25 (0 = no query word; no upper bound, compare within one search)"
     fusion = fusion or search_setting("FUSION")
     if fusion == "rrf":
