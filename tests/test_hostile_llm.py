@@ -779,15 +779,14 @@ def test_deeply_nested_tool_arguments_never_raise_from_run():
 
 def test_loop_and_agent_reject_unknown_options_up_front(corpus):
     llm = ScriptedLLM()
-    with pytest.raises(InvalidOption, match="'collections'.*collection=") as info:
-        rag.Loop("q", llm=llm, collections=["policies"])
-    assert "Loop" in str(info.value)
-    with pytest.raises(InvalidOption, match="'chunk_cap'"):
+    # (Arcana's `collections=` is an accepted alias of `collection=`: tests/test_option_aliases.py)
+    with pytest.raises(InvalidOption, match="'chunk_cap'") as info:
         rag.Loop("q", llm=llm, chunk_cap=3)
+    assert "Loop" in str(info.value)
     with pytest.raises(InvalidOption, match="'metadta'.*did you mean 'metadata'"):
         rag.Agent("q", llm=llm, metadta={"a": 1})
-    with pytest.raises(InvalidOption, match="'collections'"):
-        rag.Agent("q", llm=llm, collections=["policies"])
+    with pytest.raises(InvalidOption, match="'chunk_cap'"):
+        rag.Agent("q", llm=llm, chunk_cap=3)
     agent = rag.Agent("q", llm=llm).search(chunk_cap=3)  # a step's option: in ctx.error
     assert isinstance(agent.error, InvalidOption) and "chunk_cap" in str(agent.error)
     # A custom searcher may take options of its own.
