@@ -16,6 +16,11 @@ class SearchMode(enum.StrEnum):
     HYBRID = "hybrid"  # both, fused
 
     @property
+    def label(self) -> str:
+        """How the mode is named to a person (forms, tables)."""
+        return label(self.value)
+
+    @property
     def uses_vector(self) -> bool:
         """Whether a search in this mode needs the query's embedding."""
         return self is not SearchMode.FULLTEXT
@@ -46,3 +51,8 @@ class SearchMode(enum.StrEnum):
 MODES: tuple[str, ...] = tuple(mode.value for mode in SearchMode)
 #: Other names accepted for a mode (the one place they are declared).
 ALIASES: dict[str, SearchMode] = {"vector": SearchMode.SEMANTIC, "keyword": SearchMode.FULLTEXT}
+
+
+def label(mode: str) -> str:
+    """How a mode is named to a person: "Full-text", else the name capitalised."""
+    return "Full-text" if mode == SearchMode.FULLTEXT else mode.capitalize()

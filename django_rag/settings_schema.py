@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .exceptions import ConfigurationError, UnknownSetting
+from .modes import ALIASES, MODES
 
 NUMBER = (int, float)
 INTEGER = (int,)
@@ -200,7 +201,13 @@ SCHEMA: tuple[Setting, ...] = (
         None,
         "Search defaults; keys given are merged over these.",
         keys=(
-            _s("MODE", "semantic", "Default search mode: semantic, fulltext or hybrid.", (str,)),
+            _s(
+                "MODE",
+                "semantic",
+                "Default search mode (one of the modes or their aliases).",
+                (str,),
+                choices=(*MODES, *ALIASES),
+            ),
             _s("LIMIT", 10, "Results per search.", INTEGER),
             _s(
                 "EXACT_SEARCH_MAX_ROWS",

@@ -83,6 +83,7 @@ def test_a_section_that_is_not_a_dict_is_refused(settings):
         ({"SEARCH": {"LIMIT": "10"}}, "SEARCH.LIMIT"),
         ({"SEARCH": {"LIMIT": True}}, "SEARCH.LIMIT"),
         ({"SEARCH": {"FUSION": "mean"}}, "SEARCH.FUSION"),
+        ({"SEARCH": {"MODE": "hybird"}}, "SEARCH.MODE"),
         ({"MAX_QUERY_CHARS": "10000"}, "MAX_QUERY_CHARS"),
         ({"SEARCH": {"DATABASE": 5}}, "SEARCH.DATABASE"),  # E005 only, not also E010
     ],
@@ -151,10 +152,16 @@ def test_defaults_come_from_the_schema():
 
 
 def test_the_schema_choices_are_the_values_the_library_accepts():
+    from django_rag.modes import SearchMode
     from django_rag.retrieval.service import FUSIONS, SYNTAXES
 
     assert set(settings_schema.lookup("SEARCH.FUSION").choices) == set(FUSIONS)
     assert set(settings_schema.lookup("SEARCH.SYNTAX").choices) == set(SYNTAXES)
+    for mode in settings_schema.lookup("SEARCH.MODE").choices:
+        SearchMode.parse(mode)  # each accepted value is a mode search() accepts
+    assert {SearchMode.parse(m) for m in settings_schema.lookup("SEARCH.MODE").choices} == set(
+        SearchMode
+    )
     assert conf.FULLTEXT_BACKENDS == ("auto", "sql", "pg_textsearch")
     assert set(settings_schema.lookup("BACKGROUND").choices) == {*conf.BACKGROUND_MODES, "sync"}
 

@@ -8,8 +8,6 @@ from ..exceptions import InvalidInput
 from ..validation import clean_collection_name, clean_filename, clean_source_id
 
 FORMATS = [("text", "Plain text"), ("markdown", "Markdown")]
-# How a search mode is labelled where its name alone reads badly (others: capitalised).
-MODE_LABELS = {"fulltext": "Full-text"}
 
 
 COLLECTION_HELP = "Created when it does not exist."
@@ -131,9 +129,9 @@ class UploadForm(forms.Form):
 def mode_choices() -> list[tuple[str, str]]:
     """The search modes as choices: the library's own list (``django_rag.modes.MODES``), read
     when a form is made, so the forms offer exactly the modes ``search()`` accepts."""
-    from ..modes import MODES
+    from ..modes import MODES, label
 
-    return [(mode, MODE_LABELS.get(mode, mode.capitalize())) for mode in MODES]
+    return [(mode, label(mode)) for mode in MODES]
 
 
 def limit_query(field: forms.CharField) -> None:
