@@ -18,16 +18,12 @@ from django.db import connection
 from django.test import override_settings
 
 import django_rag as rag
-from django_rag.exceptions import ConfigurationError
+from django_rag.exceptions import ConfigurationError, MissingDependency
+from django_rag.mcp.tools import McpConfig, call_tool
 from django_rag.models import Chunk, Document
+from tests.conftest import stub_llm
 
-pytest.importorskip("mcp", reason="the mcp extra (pip install 'django-rag[mcp]') is not installed")
-
-from mcp import Client  # noqa: E402
-from mcp.client.stdio import StdioServerParameters  # noqa: E402
-
-from django_rag.mcp.tools import McpConfig, call_tool  # noqa: E402
-from tests.conftest import stub_llm  # noqa: E402
+NO_SDK = "the mcp extra (pip install 'django-rag[mcp]') is not installed"
 
 ROOT = Path(__file__).resolve().parent.parent
 REFUNDS = "Refunds are paid within 14 days of the return reaching our warehouse."
@@ -54,6 +50,7 @@ def run_client(target, calls, **options):
     """Connect the SDK's client to ``target``, list the tools, make ``calls`` ((name,
     arguments) pairs) and return (tool names, results)."""
     import anyio
+    from mcp import Client
 
     async def main():
         async with Client(target, read_timeout_seconds=120, **options) as client:
@@ -72,6 +69,9 @@ def error_of(result) -> dict:
 
 @pytest.mark.django_db(transaction=True)
 def test_stdio_search_scope_hostile_arguments_and_ask_through_the_stub_llm(stub_llm_server):
+    pytest.importorskip("mcp", reason=NO_SDK)
+    from mcp.client.stdio import StdioServerParameters
+
     chunk = corpus()
     stub_llm_server.chat = ["Refunds are paid within 14 days [1]."]
     params = StdioServerParameters(
@@ -168,6 +168,7 @@ def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 120) ->
 
 @pytest.mark.django_db(transaction=True)
 def test_streamable_http_search_and_dns_rebinding_protection():
+    pytest.importorskip("mcp", reason=NO_SDK)
     chunk = corpus()
     port = free_port()
     process = subprocess.Popen(
@@ -334,3 +335,12 @@ def test_an_unexpected_failure_is_logged_not_shown(monkeypatch, caplog):
     assert is_error and result["error"]["code"] == "internal_error"
     assert "hunter2" not in json.dumps(result)
     assert "hunter2" in caplog.text  # the server's log has it for the operator
+
+
+def test_without_the_sdk_the_command_says_which_extra_to_install(monkeypatch):
+    from django_rag.mcp.server import build_server
+
+    for name in ("mcp", "mcp.server", "mcp_types", "anyio"):
+        monkeypatch.setitem(sys.modules, name, None)
+    with pytest.raises(MissingDependency, match=r"django-rag\[mcp\]"):
+        build_server(config(COLLECTIONS="*"))
