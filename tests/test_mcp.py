@@ -344,3 +344,41 @@ def test_without_the_sdk_the_command_says_which_extra_to_install(monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
     with pytest.raises(MissingDependency, match=r"django-rag\[mcp\]"):
         build_server(config(COLLECTIONS="*"))
+
+
+@pytest.mark.django_db
+def test_ask_without_an_llm_is_a_typed_error_and_search_still_works():
+    corpus()
+    cfg = config(COLLECTIONS=["handbook"])
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing"}):
+        result, is_error = call_tool("ask", {"question": "How long do refunds take?"}, cfg)
+        assert is_error and result["error"]["code"] == "llm_not_configured"
+        found, is_error = call_tool("search", {"query": "refunds"}, cfg)
+        assert not is_error and found["results"][0]["collection"] == "handbook"
+
+
+@pytest.mark.django_db
+def test_ask_in_process_with_the_scripted_llm_cites_only_allowed_chunks():
+    from django_rag.testing import ScriptedLLM
+
+    chunk = corpus()
+    llm = ScriptedLLM("Within 14 days [1].")
+    cfg = config(COLLECTIONS=["handbook"])
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": llm}):
+        result, is_error = call_tool("ask", {"question": "refunds payroll", "limit": 5}, cfg)
+    assert not is_error, result
+    assert [c["chunk_id"] for c in result["citations"]] == [chunk.pk]
+    assert [s["collection"] for s in result["sources"]] == ["handbook"]
+    assert "confidential" not in llm.calls[0]["prompt"]
+
+
+@pytest.mark.django_db
+def test_ingest_text_sent_twice_is_stored_once():
+    cfg = config(
+        COLLECTIONS=["notes"], TOOLS=["search", "ingest_text"], INGEST_COLLECTIONS=["notes"]
+    )
+    first, _ = call_tool("ingest_text", {"text": "Parking is behind building B."}, cfg)
+    again, is_error = call_tool("ingest_text", {"text": "Parking is behind building B."}, cfg)
+    assert not is_error and again["document_id"] == first["document_id"]
+    assert again["deduplicated"] is True and first["deduplicated"] is False
+    assert Document.objects.filter(collection__name="notes").count() == 1
