@@ -232,6 +232,7 @@ def test_bad_mcp_settings_fail_before_anything_is_served(mcp, message):
         config(**mcp)
 
 
+@pytest.mark.django_db
 def test_the_command_refuses_a_remote_host_and_an_unconfigured_scope():
     with pytest.raises(CommandError, match="not a loopback address"):
         call_command("rag_mcp", "--transport", "http", "--host", "0.0.0.0")
@@ -382,3 +383,26 @@ def test_ingest_text_sent_twice_is_stored_once():
     assert not is_error and again["document_id"] == first["document_id"]
     assert again["deduplicated"] is True and first["deduplicated"] is False
     assert Document.objects.filter(collection__name="notes").count() == 1
+
+
+@pytest.mark.django_db
+def test_the_command_runs_the_system_checks_and_reports_them_on_stderr():
+    """The checks run before serving (their report on stderr; on stdio, stdout is the
+    protocol's and stays empty)."""
+    from io import StringIO
+
+    from django.core import checks
+
+    def warn(app_configs, **kwargs):
+        return [checks.Warning("a warning for rag_mcp", id="tests.W999")]
+
+    checks.register(warn)
+    out, err = StringIO(), StringIO()
+    try:
+        with override_settings(DJANGO_RAG={"EMBEDDER": "hashing"}):
+            with pytest.raises(CommandError, match=r"MCP.COLLECTIONS"):
+                call_command("rag_mcp", "--transport", "http", stdout=out, stderr=err)
+    finally:
+        checks.registry.registry.registered_checks.discard(warn)
+    assert out.getvalue() == ""
+    assert "tests.W999" in err.getvalue()

@@ -11,7 +11,8 @@ class Command(RagCommand):
         "assistant or an IDE that starts this command) or streamable HTTP. What the tools may "
         "read and write is set in DJANGO_RAG['MCP'] (docs/mcp.md)."
     )
-    # stdout is the protocol's channel on stdio: the checks' report would corrupt it.
+    # stdout is the protocol's channel on stdio: handle() runs the checks with anything they
+    # would print on stdout sent to stderr.
     requires_system_checks = []
 
     def add_arguments(self, parser):
@@ -44,6 +45,11 @@ class Command(RagCommand):
                 raise CommandError(f"--port must be from 1 to 65535, got {port}")
             if not path.startswith("/"):
                 raise CommandError(f"--path must start with '/', got {path!r}")
+        stdout, self.stdout = self.stdout, self.stderr
+        try:
+            self.check(databases=["default"])
+        finally:
+            self.stdout = stdout
         try:
             server = build_server()
         except RagError as exc:
