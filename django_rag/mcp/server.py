@@ -31,12 +31,12 @@ def build_server(config: McpConfig | None = None):
     """The MCP server offering the tools ``MCP.TOOLS`` names, scoped by the ``MCP`` settings
     (read and checked now: a bad setting raises :class:`~django_rag.exceptions.ConfigurationError`
     before anything is served)."""
+    config = config or McpConfig.from_settings()
     anyio, types, Server = _sdk()
     from django import db
 
     from .. import __version__
 
-    config = config or McpConfig.from_settings()
     limiter = anyio.CapacityLimiter(config.max_concurrent_calls)
 
     async def list_tools(ctx: Any, params: Any) -> Any:
