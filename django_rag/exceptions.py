@@ -374,3 +374,20 @@ class AgentTimeout(RagError, TimeoutError):
     did not run. Set as ``ctx.error`` with ``failed_step`` naming the first skipped step."""
 
     code = "agent_timeout"
+
+
+class CollectionNotAllowed(RagError, PermissionError):
+    """A caller outside the trusted code (an MCP client) named a collection its configuration
+    does not let it read or write. The message is the same whether the collection exists or
+    not, so it tells the caller nothing about collections it may not see."""
+
+    code = "collection_not_allowed"
+
+    def __init__(self, name: str, setting: str):
+        super().__init__(
+            f"Collection {name!r} is not one this server may use. Ask for one of the collections "
+            f"it lists; the project decides which in DJANGO_RAG[{setting!r}].",
+            name=name,
+            setting=setting,
+        )
+        self.name = name

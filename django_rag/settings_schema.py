@@ -445,6 +445,39 @@ SCHEMA: tuple[Setting, ...] = (
         (bool,),
     ),
     _s(
+        "MCP",
+        None,
+        "The MCP server (manage.py rag_mcp): what it may read and write, and its caps.",
+        keys=(
+            _s(
+                "COLLECTIONS",
+                [],
+                "Collections its tools may read: a list of names, or '*' for all ([]: none).",
+                (list, tuple, str),
+            ),
+            _s(
+                "TOOLS",
+                ["search", "ask"],
+                "Tools it offers, from 'search', 'ask' and 'ingest_text'.",
+                (list, tuple),
+            ),
+            _s(
+                "INGEST_COLLECTIONS",
+                [],
+                "Collections the ingest_text tool may write to ([]: the tool is off).",
+                (list, tuple),
+            ),
+            _s("MAX_RESULTS", 20, "Most chunks one search or ask call may ask for.", INTEGER),
+            _s("MAX_INGEST_CHARS", 100_000, "Longest text ingest_text accepts.", INTEGER),
+            _s(
+                "MAX_CONCURRENT_CALLS",
+                4,
+                "Tool calls run at once (more wait their turn).",
+                INTEGER,
+            ),
+        ),
+    ),
+    _s(
         "TELEMETRY",
         None,
         "Telemetry: raw text in metadata, logging, Prometheus, OpenTelemetry.",
