@@ -55,3 +55,75 @@ def test_hnsw_ef_search_out_of_range_is_refused_before_any_query(value):
     assert "hnsw_ef_search must be an integer from 1 to 1000" in str(caught.value)
     assert caught.value.code == "invalid_option"
     assert captured.captured_queries == []
+
+
+# --- the document read API ----------------------------------------------------------------
+
+
+def test_list_documents_newest_first_filtered_and_paged():
+    from django_rag.models import Document
+
+    a1 = rag.ingest("Alpha one.", collection="alpha", source_id="a1", metadata={"lang": "en"})
+    a2 = rag.ingest("Alpha two.", collection="alpha", source_id="a2", metadata={"lang": "fr"})
+    b1 = rag.ingest("Beta one.", collection="beta", source_id="b1")
+    Document.objects.filter(pk=a2.pk).update(status="failed")
+
+    listed = rag.list_documents()
+    assert [d.pk for d in listed] == [b1.pk, a2.pk, a1.pk]
+    with CaptureQueriesContext(connection) as captured:
+        assert [d.collection.name for d in listed] == ["beta", "alpha", "alpha"]
+    assert captured.captured_queries == []  # the collection came with the page
+    assert [d.pk for d in rag.list_documents(collection="alpha")] == [a2.pk, a1.pk]
+    assert [d.pk for d in rag.list_documents(collection=["beta", "alpha"], limit=2)] == [
+        b1.pk,
+        a2.pk,
+    ]
+    assert [d.pk for d in rag.list_documents(limit=2, offset=2)] == [a1.pk]
+    assert rag.list_documents(limit=0) == []
+    assert [d.pk for d in rag.list_documents(status="failed")] == [a2.pk]
+    assert [d.pk for d in rag.list_documents(status=["completed"], collection="alpha")] == [a1.pk]
+    assert [d.pk for d in rag.list_documents(source_id="b1")] == [b1.pk]
+    assert [d.pk for d in rag.list_documents(metadata={"lang": "en"})] == [a1.pk]
+    assert rag.list_documents(collection="nope") == []  # unknown: matches nothing
+    assert listed[-1].content == "Alpha one."  # deferred, loaded on access
+
+    assert rag.count_documents() == 3
+    assert rag.count_documents(collection="alpha") == 2
+    assert rag.count_documents(collection="alpha", status="completed") == 1
+    assert rag.count_documents(collection="nope") == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"limit": -1}, "limit must be an integer from 0 to 1000"),
+        ({"limit": 1001}, "limit must be an integer from 0 to 1000"),
+        ({"limit": "10"}, "limit must be an integer from 0 to 1000"),
+        ({"offset": -5}, "offset must be an integer >= 0"),
+        ({"offset": 1.5}, "offset must be an integer >= 0"),
+        ({"status": "done"}, "status must be one of pending, processing, completed, failed"),
+        ({"collection": 3}, "collection must be a name or a list of names"),
+        ({"collection": [""]}, "collection names must be non-empty strings"),
+    ],
+)
+def test_list_documents_refuses_bad_options_with_a_typed_error(options, message):
+    with pytest.raises(InvalidOption, match=message):
+        rag.list_documents(**options)
+    if set(options) - {"limit", "offset"}:
+        with pytest.raises(InvalidOption, match=message):
+            rag.count_documents(**options)
+
+
+def test_get_document_returns_it_or_raises_document_not_found():
+    from django_rag.exceptions import DocumentNotFound
+
+    doc = rag.ingest("Gamma.", collection="gamma")
+    with CaptureQueriesContext(connection) as captured:
+        got = rag.get_document(doc.pk)
+        assert got.collection.name == "gamma" and got.content == "Gamma."
+    assert len(captured.captured_queries) == 1
+    assert rag.get_document(str(doc.pk)).pk == doc.pk
+    for bad in (doc.pk + 1000, "abc", None, -1, 0, True, 2**70, "12abc"):
+        with pytest.raises(DocumentNotFound) as caught:
+            rag.get_document(bad)
+        assert caught.value.code == "document_not_found"
