@@ -134,6 +134,12 @@ SCHEMA: tuple[Setting, ...] = (
     ),
     _s("DEFAULT_COLLECTION", "default", "Collection used when ingest gets none.", (str,)),
     _s(
+        "STRICT_COLLECTIONS",
+        False,
+        "Ingest never creates a collection: an unknown one raises UnknownCollection.",
+        (bool,),
+    ),
+    _s(
         "MAX_DOCUMENT_CHARS",
         10_000_000,
         "Longest document text ingest accepts, in characters.",

@@ -127,3 +127,88 @@ def test_get_document_returns_it_or_raises_document_not_found():
         with pytest.raises(DocumentNotFound) as caught:
             rag.get_document(bad)
         assert caught.value.code == "document_not_found"
+
+
+# --- collection={name, description} and strict ingest ----------------------------------------
+
+
+def test_ingest_with_a_collection_mapping_creates_it_with_its_description():
+    from django_rag.models import Collection
+
+    doc = rag.ingest(
+        "Refunds take ten days.", collection={"name": "policies", "description": "HR policies"}
+    )
+    assert doc.collection.name == "policies"
+    assert Collection.objects.get(name="policies").description == "HR policies"
+    # A stored description is kept; only an empty one is filled.
+    rag.ingest("Leave is 25 days.", collection={"name": "policies", "description": "Other"})
+    assert Collection.objects.get(name="policies").description == "HR policies"
+    Collection.objects.create(name="blank")
+    rag.ingest("Blank at first.", collection={"name": "blank", "description": "Filled"})
+    assert Collection.objects.get(name="blank").description == "Filled"
+    rag.ingest("No description.", collection={"name": "bare"})
+    assert Collection.objects.get(name="bare").description == ""
+    many = rag.ingest_many(["One.", "Two."], collection={"name": "batch", "description": "B"})
+    assert {d.collection.name for d in many} == {"batch"}
+    assert Collection.objects.get(name="batch").description == "B"
+    upload = rag.ingest_bytes(
+        b"Uploaded text.", filename="a.txt", collection={"name": "files", "description": "F"}
+    )
+    assert upload.collection.name == "files"
+    assert Collection.objects.get(name="files").description == "F"
+
+
+@pytest.mark.parametrize(
+    ("collection", "message"),
+    [
+        ({"name": "x", "descr": "typo"}, "takes the keys name, description, got 'descr'"),
+        ({"description": "no name"}, 'needs a "name"'),
+        ({"name": "x", "description": 3}, "description must be a string"),
+        ({"name": ""}, "collection must be a non-empty name"),
+    ],
+)
+def test_a_bad_collection_mapping_is_refused_before_anything_is_written(collection, message):
+    from django_rag.models import Collection, Document
+
+    with pytest.raises(InvalidOption, match=message):
+        rag.ingest("Text.", collection=collection)
+    assert not Document.objects.exists() and not Collection.objects.exists()
+
+
+def test_an_invalid_document_does_not_write_the_description():
+    from django_rag.exceptions import EmptyDocument
+    from django_rag.models import Collection
+
+    with pytest.raises(EmptyDocument):
+        rag.ingest("   ", collection={"name": "never", "description": "D"})
+    assert not Collection.objects.filter(name="never").exists()
+
+
+def test_strict_ingest_refuses_an_unknown_collection_before_writing(settings):
+    from django_rag.exceptions import UnknownCollection
+    from django_rag.models import Collection, Document
+
+    with pytest.raises(UnknownCollection) as caught:
+        rag.ingest("Text.", collection="missing", strict_collections=True)
+    assert caught.value.code == "unknown_collection"
+    assert "Strict ingest" in str(caught.value) and "create it first" in str(caught.value)
+    for call in (
+        lambda: rag.ingest_many(["A."], collection="missing", strict_collections=True),
+        lambda: rag.ingest_bytes(
+            b"A.", filename="a.txt", collection="missing", strict_collections=True
+        ),
+        lambda: rag.ingest(
+            "A.", collection={"name": "missing", "description": "D"}, strict_collections=True
+        ),
+    ):
+        with pytest.raises(UnknownCollection):
+            call()
+    assert not Collection.objects.exists() and not Document.objects.exists()
+
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "STRICT_COLLECTIONS": True}
+    with pytest.raises(UnknownCollection):
+        rag.ingest("Text.", collection="missing")
+    assert rag.ingest("Text.", collection="missing", strict_collections=False).pk
+    assert rag.ingest("More text.", collection="missing").collection.name == "missing"
+    with pytest.raises(InvalidOption, match="strict_collections must be True or False"):
+        rag.ingest("Text.", collection="missing", strict_collections="yes")

@@ -19,7 +19,7 @@ import hashlib
 import logging
 import mimetypes
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +64,7 @@ from ..validation import (
     clean_title,
 )
 from .chunkers import TextChunk, get_chunker
+from .collections import apply_description, resolve_ingest_collection
 from .isolation import parse_isolated
 from .parsers import Page, ParsedDocument, check_input_size, get_parser, parse_bytes, parse_file
 from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older imports use this path)
@@ -288,7 +289,7 @@ def _superseded(pending: _Pending, exc: DocumentSuperseded) -> Document:
 def ingest(
     text: str,
     *,
-    collection: str | None = None,
+    collection: str | Mapping[str, str] | None = None,
     title: str = "",
     metadata: dict | None = None,
     source_id: str | None = None,
@@ -301,8 +302,15 @@ def ingest(
     background: bool = False,
     graph: bool | None = None,
     on_chunk_error: str = "raise",
+    strict_collections: bool | None = None,
 ):
     """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
+
+    ``collection`` is a name or ``{"name": ..., "description": ...}``: the description is
+    stored on the collection (created with it; an existing collection's empty description is
+    filled, a non-empty one kept). ``strict_collections=True`` (default
+    ``STRICT_COLLECTIONS``) never creates a collection: an unknown one raises
+    :class:`~django_rag.exceptions.UnknownCollection` before anything is written.
 
     ``replace=True`` (requires ``source_id``) supersedes the previous document with the same
     (collection, source_id) in the same transaction. Ingesting text identical to a stored
@@ -335,6 +343,7 @@ def ingest(
         background=background,
         graph=graph,
         on_chunk_error=on_chunk_error,
+        strict_collections=strict_collections,
     )
 
 
@@ -379,6 +388,7 @@ def _ingest_upload(
     chunk_overlap: int | None = None,
     graph: bool | None = None,
     on_chunk_error: str = "raise",
+    strict_collections: bool | None = None,
 ) -> Document:
     """Validate an upload's options, store its bytes with a pending document and queue the job
     that parses, chunks and embeds it."""
@@ -401,7 +411,8 @@ def _ingest_upload(
             "(collection, source_id)."
         )
     metadata = clean_metadata(metadata)
-    name = clean_collection_name(collection)
+    name, description = resolve_ingest_collection(collection, strict_collections)
+    apply_description(name, description)
     basename = Path(filename).name
     with span("ingest", collection=name, source_id=source_id, filename=basename) as s:
         document = Document(
@@ -444,12 +455,17 @@ def _ingest_parsed(
     background: bool = False,
     graph: bool | None = None,
     on_chunk_error: str = "raise",
+    strict_collections: bool | None = None,
     **document_options,
 ):
     if on_chunk_error not in ON_CHUNK_ERROR:
         raise InvalidOption(
             f"on_chunk_error must be one of {', '.join(ON_CHUNK_ERROR)}, got {on_chunk_error!r}"
         )
+    name, description = resolve_ingest_collection(
+        document_options.get("collection"), strict_collections
+    )
+    document_options["collection"] = name
     with span(
         "ingest",
         text=parsed.text,
@@ -459,6 +475,7 @@ def _ingest_parsed(
         chars=len(parsed.text) if isinstance(parsed.text, str) else None,
     ) as s:
         pending = _validate(parsed, **document_options)
+        apply_description(name, description)  # once the document is valid
         if not isinstance(pending, _Pending):
             s.set(document_id=pending.pk, chunk_count=pending.chunk_count, deduplicated=True)
             return pending
@@ -545,6 +562,7 @@ def ingest_many(
     group_size: int = 64,
     graph: bool | None = None,
     on_error: str = "skip",
+    strict_collections: bool | None = None,
 ) -> list:
     """Ingest many texts, embedding the chunks of several documents per batch.
 
@@ -575,6 +593,7 @@ def ingest_many(
         raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
     if on_error not in ON_ERROR:
         raise InvalidOption(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+    collection, description = resolve_ingest_collection(collection, strict_collections)
     with span("ingest_many", collection=collection, group_size=group_size) as s:
         results = _ingest_many(
             documents,
@@ -589,6 +608,7 @@ def ingest_many(
             graph=_use_graph(graph),
             on_error=on_error,
         )
+        apply_description(collection, description)  # once the shared options passed
         failed = sum(isinstance(document, Exception) for document in results)
         if failed:
             logger.warning("ingest_many: %d of %d document(s) skipped", failed, len(results))
