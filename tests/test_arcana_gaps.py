@@ -212,3 +212,37 @@ def test_strict_ingest_refuses_an_unknown_collection_before_writing(settings):
     assert rag.ingest("More text.", collection="missing").collection.name == "missing"
     with pytest.raises(InvalidOption, match="strict_collections must be True or False"):
         rag.ingest("Text.", collection="missing", strict_collections="yes")
+
+
+# --- the step-pipeline Agent resolves its scope once --------------------------------------------
+
+
+def _collection_lookups(captured):
+    return [
+        q["sql"]
+        for q in captured.captured_queries
+        if 'FROM "django_rag_collection"' in q["sql"] and "django_rag_chunk" not in q["sql"]
+    ]
+
+
+def test_the_agent_resolves_its_collections_once_per_run():
+    rag.ingest("Plan A includes phone support.", collection="plans")
+    rag.ingest("Phone support is open on weekdays.", collection="faq")
+    rag.ingest("Phone support in the archive.", collection="archive")
+    with CaptureQueriesContext(connection) as captured:
+        agent = rag.Agent(
+            "phone support", collection=["plans", "faq"], mode="hybrid", llm="unused"
+        )
+        agent.search()
+        agent.search(collections=["faq", "plans"])  # the same names: no lookup again
+    ctx = agent.context
+    assert ctx.error is None, ctx.error
+    assert {r.collection for r in ctx.results} == {"plans", "faq"}
+    assert {c.collection for c in ctx.chunks} == {"plans", "faq"}
+    assert len(_collection_lookups(captured)) == 1  # was 1 + one per search
+    with CaptureQueriesContext(connection) as captured:
+        agent.search(collections=["archive"])  # a name not read yet: one lookup
+    assert len(_collection_lookups(captured)) == 1
+    assert {c.collection for c in agent.context.chunks} == {"archive"}
+    agent.search(collections=["nope"])
+    assert type(agent.context.error).__name__ == "UnknownCollection"
