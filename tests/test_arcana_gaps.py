@@ -230,9 +230,7 @@ def test_the_agent_resolves_its_collections_once_per_run():
     rag.ingest("Phone support is open on weekdays.", collection="faq")
     rag.ingest("Phone support in the archive.", collection="archive")
     with CaptureQueriesContext(connection) as captured:
-        agent = rag.Agent(
-            "phone support", collection=["plans", "faq"], mode="hybrid", llm="unused"
-        )
+        agent = rag.Agent("phone support", collection=["plans", "faq"], mode="hybrid", llm="unused")
         agent.search()
         agent.search(collections=["faq", "plans"])  # the same names: no lookup again
     ctx = agent.context
