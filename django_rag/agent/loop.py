@@ -14,7 +14,7 @@ numbered source for the rest of the conversation; the chunks are deduplicated, c
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +23,7 @@ from ..conf import deadline_setting
 from ..exceptions import InvalidInput, InvalidOption, UnknownCollection
 from ..llm import LLM, collect_usage, deadline, get_llm, tool_schema
 from ..models import Collection
+from ..results import SearchResult
 from ..retrieval.aliases import accepts_aliases
 from ..retrieval.service import SearchRequest, build_request, request_option_names
 from ..signals import span
@@ -32,6 +33,7 @@ from .context import check_search_options
 from .loop_run import Run
 from .loop_tools import (
     BUILTIN_TOOLS,
+    KEEP_SOURCES,
     STOP_REASONS,
     LoopResult,
     Tool,
@@ -54,11 +56,22 @@ class Loop:
       naming any other collection gets an error result; nothing outside is searched.
     - ``llm``: the controller (it must call tools; backends without native tool calling use a
       prompted JSON protocol); ``answer_llm``: when given, it writes the final answer from the
-      sources found (the controller only searches), with :func:`~django_rag.ask`'s prompt.
+      sources found and what the tools returned (the searches and custom tools' results of
+      the conversation, not the controller's draft).
     - ``tools``: custom tools (functions, :class:`Tool` objects or dicts, see :class:`Tool`).
-    - ``max_iterations``: the most controller turns; when they run out, the answer is
-      written from what was found. ``limit``: the default ``search`` limit; ``max_limit`` the
-      largest the model may ask for; ``max_chunks`` the most sources kept in all.
+    - ``max_iterations``: the most controller turns (default 10, as Arcana); when they run
+      out, the answer is written from what was found. ``limit``: the default ``search``
+      limit; ``max_limit`` the largest the model may ask for; ``max_chunks`` the most sources
+      held (default 30, as Arcana).
+    - ``system_prompt``: the controller's system message instead of the built-in one (a
+      string, or a function ``loop -> str`` called when the run starts).
+    - ``synthesizer``: a function ``(question, sources, messages) -> str`` that writes the
+      answer when the turns run out (default: the ``answer_llm``, else the controller, from
+      the sources and what the tools found); ``fallback_synthesis=False`` writes none (the
+      result has no text). Its failure is recorded on the result, never raised.
+    - ``keep_sources``: which sources are kept once ``max_chunks`` are held: ``"first"``
+      (default: later ones are dropped) or ``"best"`` (a stronger new one sets the weakest
+      held source aside: it keeps its number, but the answer is written without it).
     - ``ground``: ``True`` (the ``GROUNDER`` setting) or a grounder checks the final answer
       against the sources found (``result.grounding``; a failure is a warning).
     - ``max_tool_calls``: the most tool calls run from one reply (default 10); the calls
@@ -83,15 +96,19 @@ class Loop:
         llm: Any = None,
         answer_llm: Any = None,
         tools: Sequence[Any] = (),
-        max_iterations: int = 5,
+        max_iterations: int = 10,
         limit: int = 5,
         max_limit: int = 20,
-        max_chunks: int = 20,
+        max_chunks: int = 30,
         threshold: float | None = None,
         deadline: float | None = None,
         ground: Any = False,
         max_tool_calls: int = 10,
         max_tool_result_chars: int = 100_000,
+        system_prompt: str | Callable[[Loop], str] | None = None,
+        synthesizer: Callable[[str, list[SearchResult], list[dict[str, Any]]], str] | None = None,
+        fallback_synthesis: bool = True,
+        keep_sources: str = "first",
         **search_options: Any,
     ):
         if not isinstance(question, str) or not question.strip():
@@ -110,6 +127,25 @@ class Loop:
                 raise InvalidOption(f"{name} must be a positive integer, got {value!r}")
         if limit > max_limit:
             raise InvalidOption(f"limit ({limit}) cannot exceed max_limit ({max_limit})")
+        if system_prompt is not None and not callable(system_prompt):
+            if not isinstance(system_prompt, str) or not system_prompt.strip():
+                raise InvalidOption(
+                    "system_prompt must be a non-empty string or a function loop -> str, got "
+                    f"{system_prompt!r}"
+                )
+        if synthesizer is not None and not callable(synthesizer):
+            raise InvalidOption(
+                "synthesizer must be a function (question, sources, messages) -> str, got "
+                f"{type(synthesizer).__name__}"
+            )
+        if not isinstance(fallback_synthesis, bool):
+            raise InvalidOption(
+                f"fallback_synthesis must be True or False, got {fallback_synthesis!r}"
+            )
+        if keep_sources not in KEEP_SOURCES:
+            raise InvalidOption(
+                f"keep_sources must be one of {', '.join(KEEP_SOURCES)}, got {keep_sources!r}"
+            )
         if isinstance(collection, str):
             scope: list[str] | None = [collection]
         elif collection is None:
@@ -165,6 +201,10 @@ class Loop:
                 f"tool name {clash[0]!r} is taken (built-ins: {', '.join(BUILTIN_TOOLS)}; "
                 "custom tool names must be unique)"
             )
+        self.system_prompt = system_prompt
+        self.synthesizer = synthesizer
+        self.fallback_synthesis = fallback_synthesis
+        self.keep_sources = keep_sources
         self.max_iterations = max_iterations
         self.limit = limit
         self.max_limit = max_limit
@@ -232,6 +272,14 @@ class Loop:
         return [search_schema, answer_schema, give_up_schema] + [t.schema() for t in self.tools]
 
     def _system(self) -> str:
+        if self.system_prompt is not None:
+            text = self.system_prompt(self) if callable(self.system_prompt) else self.system_prompt
+            if not isinstance(text, str) or not text.strip():
+                raise InvalidOption(
+                    "the system_prompt function must return a non-empty string, got "
+                    f"{type(text).__name__}"
+                )
+            return text
         described = None
         if self.scope is not None:
             described = [(name, self.descriptions.get(name, "")) for name in self.scope]
@@ -286,6 +334,7 @@ def run_loop(question: str, **options: Any) -> LoopResult:
 
 __all__ = [
     "BUILTIN_TOOLS",
+    "KEEP_SOURCES",
     "STOP_REASONS",
     "Loop",
     "LoopResult",

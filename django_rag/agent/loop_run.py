@@ -9,9 +9,9 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..answers.service import answer_messages, parse_citations
+from ..answers.service import parse_citations
 from ..conf import scrub_text
-from ..exceptions import AgentTimeout, LLMError, LLMTimeout
+from ..exceptions import AgentTimeout, InvalidOption, LLMError, LLMTimeout
 from ..llm import ToolCall, tool_message
 from ..llm.parsing import value_too_large
 from ..results import SearchResult
@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_rag.agent.loop")
 
+#: The longest custom tool result the answer's writer is shown (each; the controller saw it
+#: all, up to ``max_tool_result_chars``).
+MAX_FINDING_CHARS = 10_000
+
 
 class Run:
     """The state of one run of a :class:`Loop`."""
@@ -37,6 +41,8 @@ class Run:
         )
         self.chunks: list[SearchResult] = []
         self.numbers: dict[Any, int] = {}
+        # The numbers of the sources held (at most max_chunks); the others were set aside.
+        self.held: list[int] = []
         self.tools = {tool.name: tool for tool in loop.tools}
         self.schemas = loop._schemas()
         self.parameters = {s["function"]["name"]: s["function"]["parameters"] for s in self.schemas}
@@ -64,7 +70,8 @@ class Run:
         while not self.done:
             if result.iterations >= loop.max_iterations:
                 result.stop_reason = "max_iterations"
-                self.synthesise()
+                if loop.fallback_synthesis:
+                    self.synthesise()
                 return
             if self.deadline_passed():
                 return
@@ -264,19 +271,30 @@ class Run:
         return self.register(found)
 
     def register(self, found: list[SearchResult]) -> tuple[str, tuple[list, list]]:
-        """Number the chunks (a chunk seen before keeps its number), up to ``max_chunks``."""
-        numbered, ids, new, dropped = [], [], [], 0
+        """Number the chunks (a chunk seen before keeps its number), holding at most
+        ``max_chunks``: past it a new chunk is dropped, or with ``keep_sources="best"`` it
+        sets aside the weakest held source when it scores higher."""
+        loop = self.loop_
+        numbered, ids, new, dropped, set_aside = [], [], [], 0, []
         for chunk in found:
             number = self.numbers.get(chunk.chunk_id)
             if number is not None:
                 numbered.append((number, chunk, True))
                 ids.append(chunk.chunk_id)
                 continue
-            if len(self.chunks) >= self.loop_.max_chunks:
-                dropped += 1
-                continue
+            if len(self.held) >= loop.max_chunks:
+                weakest = min(self.held, key=lambda n: (_strength(self.chunks[n - 1]), -n))
+                if loop.keep_sources != "best" or _strength(chunk) <= _strength(
+                    self.chunks[weakest - 1]
+                ):
+                    dropped += 1
+                    continue
+                self.held.remove(weakest)
+                set_aside.append(weakest)
+                self.result.set_aside.append(weakest)
             self.chunks.append(chunk)
             number = self.numbers[chunk.chunk_id] = len(self.chunks)
+            self.held.append(number)
             numbered.append((number, chunk, False))
             ids.append(chunk.chunk_id)
             new.append(chunk.chunk_id)
@@ -284,9 +302,15 @@ class Run:
             return "No results.", (ids, new)
         text = prompts.loop_sources(numbered) if numbered else ""
         notes = [f"{len(new)} new source(s), {len(ids) - len(new)} found earlier."]
+        if set_aside:
+            listed = ", ".join(f"[{n}]" for n in sorted(set_aside))
+            notes.append(
+                f"Source(s) {listed} set aside for stronger ones (at most {loop.max_chunks} "
+                "are kept): do not rely on them."
+            )
         if dropped:
             notes.append(
-                f"{dropped} more result(s) dropped: the limit of {self.loop_.max_chunks} "
+                f"{dropped} more result(s) dropped: the limit of {loop.max_chunks} "
                 "sources is reached. Answer from the sources you have."
             )
         return (text + "\n" if text else "") + " ".join(notes), (ids, new)
@@ -298,11 +322,52 @@ class Run:
 
     # --- the end
 
-    def synthesise(self) -> None:
-        """Write the answer from the sources found (max_iterations, or an ``answer_llm``)."""
+    def held_sources(self) -> list[tuple[int, SearchResult]]:
+        """``(number, chunk)`` of the sources held, in number order."""
+        return [(number, self.chunks[number - 1]) for number in sorted(self.held)]
+
+    def findings(self) -> list[str]:
+        """What the tools returned in this conversation, for whoever writes the answer: each
+        search (its query and the sources it returned) and each custom tool's result. The
+        controller's draft answer is left out: the answer is written from the evidence."""
+        lines = []
+        for step in self.result.tool_calls:
+            if step.name in ("answer", "give_up"):
+                continue
+            if step.name == "search":
+                numbers = [self.numbers[i] for i in step.chunk_ids if i in self.numbers]
+                where = step.arguments.get("collection")
+                if step.error:
+                    outcome = f"failed ({step.error})"
+                else:
+                    outcome = ", ".join(f"[{n}]" for n in numbers) or "nothing found"
+                searched = json.dumps(step.arguments.get("query", ""))
+                if where:
+                    searched += f" in {json.dumps(where)}"
+                lines.append(f"search {searched}: {outcome}")
+                continue
+            if step.chunk_ids:
+                continue  # a tool that returned search results: they are numbered sources
+            text = step.result
+            if len(text) > MAX_FINDING_CHARS:
+                text = text[:MAX_FINDING_CHARS] + f" [cut: {len(step.result):,} characters]"
+            lines.append(
+                f"{step.name}({json.dumps(step.arguments, default=str)[:1000]}) returned: {text}"
+            )
+        return lines
+
+    def synthesise(self, *, rewrite: bool = False) -> None:
+        """Write the answer from the sources held and what the tools found: when the turns
+        ran out (the ``synthesizer``, else the ``answer_llm`` or the controller), or, with
+        ``rewrite``, the ``answer_llm``'s version of the controller's answer (kept when the
+        writer fails or writes nothing)."""
         loop = self.loop_
+        sources = self.held_sources()
+        if loop.synthesizer is not None and not rewrite:
+            self.synthesise_with(loop.synthesizer, [chunk for _, chunk in sources])
+            return
         llm = loop.answer_llm or loop.llm
-        system, user = answer_messages(loop.question, self.chunks)
+        system, user = prompts.loop_answer_messages(loop.question, sources, self.findings())
         try:
             completion = llm.complete(user, system=system)
         except LLMError as exc:
@@ -313,13 +378,43 @@ class Run:
                 scrub_text(exc)[:500],
             )
             return
+        if rewrite and not completion.text.strip():
+            self.result.warnings.append("the answer_llm wrote nothing: the draft answer is kept")
+            return
         self.result.text = completion.text.strip()
         self.result.model = completion.model or llm.model_name
+
+    def synthesise_with(self, synthesizer: Any, sources: list[SearchResult]) -> None:
+        """The ``synthesizer`` hook's answer; its failure (an exception, or no text) is
+        recorded on the result, never raised."""
+        try:
+            text = synthesizer(self.loop_.question, sources, list(self.result.messages))
+            if not isinstance(text, str) or not text.strip():
+                raise InvalidOption(
+                    f"the synthesizer must return a non-empty string, got {text!r}"[:300]
+                )
+        except Exception as exc:
+            self.result.error = exc
+            logger.warning(
+                "django_rag loop's synthesizer failed: %s: %s",
+                type(exc).__name__,
+                scrub_text(exc)[:500],
+            )
+            return
+        self.result.text = text.strip()
+        self.result.model = getattr(synthesizer, "__qualname__", type(synthesizer).__name__)
 
     def finish(self) -> None:
         result = self.result
         if result.stop_reason == "answer" and self.loop_.answer_llm is not None:
-            self.synthesise()
+            self.synthesise(rewrite=True)
         result.chunks = list(self.chunks)
         if result.stop_reason != "give_up":
             result.citations = parse_citations(result.text, result.chunks)
+
+
+def _strength(chunk: SearchResult) -> float:
+    """How strong a source is for ``keep_sources="best"``: its rerank score when it has one,
+    else its score."""
+    value = chunk.rerank_score if chunk.rerank_score is not None else chunk.score
+    return float(value or 0.0)

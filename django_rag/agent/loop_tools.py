@@ -21,6 +21,9 @@ BUILTIN_TOOLS = ("search", "answer", "give_up")
 #: Why a loop stopped (:attr:`LoopResult.stop_reason`).
 STOP_REASONS = ("answer", "give_up", "max_iterations", "deadline", "error")
 
+#: Which sources a loop keeps once ``max_chunks`` are held (:class:`Loop`'s ``keep_sources``).
+KEEP_SOURCES = ("first", "best")
+
 
 class ToolError(Exception):
     """Raise from a custom tool to send the model an error result (the loop goes on)."""
@@ -204,6 +207,8 @@ class LoopResult(Answer):
     give_up_reason: str | None = None
     collections: list[str] | None = None
     warnings: list[str] = field(default_factory=list)
+    # keep_sources="best": the numbers of the sources set aside for stronger ones.
+    set_aside: list[int] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -223,5 +228,6 @@ class LoopResult(Answer):
             give_up_reason=self.give_up_reason,
             collections=self.collections,
             warnings=list(self.warnings),
+            set_aside=list(self.set_aside),
         )
         return data
