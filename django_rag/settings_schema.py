@@ -374,6 +374,19 @@ SCHEMA: tuple[Setting, ...] = (
             _s("MIN_SIZE", 2, "Smallest community kept.", INTEGER),
             _s("SEED", 42, "Leiden random seed.", INTEGER, nullable=True),
             _s(
+                "COMMUNITY_DETECTOR",
+                "leiden",
+                "Community detector: 'leiden', a dotted path, a class, an instance or a "
+                "function (entity_ids, edges) -> levels.",
+            ),
+            _s(
+                "COMMUNITY_SUMMARIZER",
+                None,
+                "Community summarizer: None (the LLM), a dotted path, a class, an instance or "
+                "a function (entities, relationships) -> str.",
+                nullable=True,
+            ),
+            _s(
                 "SUMMARY_THRESHOLD",
                 10,
                 "Changes to a community before its summary is refreshed.",

@@ -244,3 +244,148 @@ def test_the_agent_resolves_its_collections_once_per_run():
     assert {c.collection for c in agent.context.chunks} == {"archive"}
     agent.search(collections=["nope"])
     assert type(agent.context.error).__name__ == "UnknownCollection"
+
+
+# --- graph extensibility: per-call extractors on ingest ---------------------------------------
+
+
+def _pairs(text):
+    """A function extractor: capitalised words are entities, each next pair is related."""
+    names = [w.strip(".,") for w in text.split() if w[:1].isupper()]
+    entities = [{"name": n, "type": "THING"} for n in names]
+    relationships = [
+        {"source": a, "target": b, "type": "NEXT_TO"}
+        for a, b in zip(names, names[1:], strict=False)
+    ]
+    return entities, relationships
+
+
+def test_ingest_extracts_with_a_per_call_extractor(events):
+    from django_rag.models import Entity, Relationship
+
+    doc = rag.ingest("Alice met Bob in Paris.", collection="kb", extractor=_pairs)
+    entities = Entity.objects.filter(collection=doc.collection)
+    assert sorted(entities.values_list("name", flat=True)) == ["Alice", "Bob", "Paris"]
+    assert set(entities.values_list("type", flat=True)) == {"thing"}  # types are lowercased
+    assert Relationship.objects.filter(type="NEXT_TO").count() == 2
+    builds = [m for kind, e, m in events if e == "graph.build" and kind == "start"]
+    assert builds and builds[-1]["extractor"] == "CallableGraphExtractor"
+    # Per-call entity + relationship extractors, by alias, and on ingest_many too.
+    from django_rag.graph.extractors import CapitalizedEntityExtractor
+
+    text = "We saw Carol and Dave in Rome."
+    many = rag.ingest_many(
+        [text],
+        collection="kb2",
+        entity_extractor="capitalized",
+        relationship_extractor="cooccurrence",
+    )
+    stored = Entity.objects.filter(collection=many[0].collection)
+    expected = {e.name for e in CapitalizedEntityExtractor().extract(text)}
+    assert len(expected) >= 2 and set(stored.values_list("name", flat=True)) == expected
+    assert Relationship.objects.filter(source__collection=many[0].collection).exists()
+
+
+def test_a_per_call_extractor_with_graph_false_or_background_is_refused():
+    from django_rag.models import Document
+
+    with pytest.raises(InvalidOption, match="leave graph out or pass graph=True"):
+        rag.ingest("Alice met Bob.", collection="kb", graph=False, extractor=_pairs)
+    with pytest.raises(InvalidOption, match="a worker cannot receive per-call components"):
+        rag.ingest("Alice met Bob.", collection="kb", background=True, extractor=_pairs)
+    assert not Document.objects.exists()
+
+
+# --- graph extensibility: pluggable community detector and summarizer --------------------------
+
+
+def _two_halves(entity_ids, edges):
+    """A detector: the lower and the upper half of the ids (one level)."""
+    half = len(entity_ids) // 2
+    return [list(entity_ids[:half]), list(entity_ids[half:])]
+
+
+def _named(entities, relationships):
+    return "Members: " + ", ".join(sorted(e.name for e in entities)) + f" ({len(relationships)})"
+
+
+@pytest.fixture
+def small_graph(db):
+    rag.ingest("Alice met Bob in Paris. Carol met Dave in Rome.", collection="kb", extractor=_pairs)
+    from django_rag.models import Entity
+
+    return list(Entity.objects.filter(collection__name="kb").order_by("pk"))
+
+
+def test_a_custom_community_detector_per_call_and_by_setting(small_graph, settings, events):
+    from django_rag.graph import detect_communities
+    from django_rag.models import Community
+
+    ids = [e.pk for e in small_graph]
+    assert len(ids) == 6
+    result = detect_communities("kb", detector=_two_halves, min_size=2)
+    assert result == {"collections": 1, "communities": 2}
+    stored = sorted(sorted(c.entity_ids) for c in Community.objects.filter(level=0))
+    assert stored == [ids[:3], ids[3:]]
+    starts = [m for kind, e, m in events if e == "graph.community_detection" and kind == "start"]
+    assert starts[-1]["detector"] == "_two_halves"
+
+    settings.DJANGO_RAG = {
+        **settings.DJANGO_RAG,
+        "GRAPH": {"COMMUNITY_DETECTOR": "tests.test_arcana_gaps._two_halves"},
+    }
+    assert detect_communities("kb", min_size=1)["communities"] == 2
+
+
+@pytest.mark.parametrize(
+    ("returned", "problem"),
+    [
+        ("nope", "returned a str"),
+        ([[[1.5]]], "a member 1.5 that is not an entity id"),
+        ([[1.5]], "a community that is a float"),
+        ([[10**9]], "not one of the collection's"),
+        ([[[1]]] * 40, "40 levels"),
+    ],
+)
+def test_a_bad_detector_answer_is_refused_and_the_old_communities_stay(
+    small_graph, returned, problem
+):
+    from django_rag.graph import detect_communities
+    from django_rag.models import Community
+
+    detect_communities("kb", detector=_two_halves, min_size=2)
+    before = sorted(sorted(c.entity_ids) for c in Community.objects.all())
+    with pytest.raises(InvalidOption, match=problem):
+        detect_communities("kb", detector=lambda ids, edges: returned)
+    assert sorted(sorted(c.entity_ids) for c in Community.objects.all()) == before
+
+
+def test_a_custom_community_summarizer_needs_no_llm(small_graph, settings):
+    from django_rag.graph import detect_communities, summarize_communities
+    from django_rag.models import Community
+
+    detect_communities("kb", detector=_two_halves, min_size=2)
+    result = summarize_communities("kb", summarizer=_named)
+    assert result == {"communities": 2, "summaries": 2, "failed": 0}
+    summaries = sorted(Community.objects.values_list("summary", flat=True))
+    assert summaries == ["Members: Alice, Bob, Paris (2)", "Members: Carol, Dave, Rome (2)"]
+    # Unchanged communities are not summarised again; a failing summarizer is a failure.
+    assert summarize_communities("kb", summarizer=_named)["summaries"] == 0
+
+    def broken(entities, relationships):
+        raise RuntimeError("summarizer down")
+
+    assert summarize_communities("kb", summarizer=broken, force=True) == {
+        "communities": 2,
+        "summaries": 0,
+        "failed": 2,
+    }
+    assert sorted(Community.objects.values_list("summary", flat=True)) == summaries
+    settings.DJANGO_RAG = {
+        **settings.DJANGO_RAG,
+        "GRAPH": {"COMMUNITY_SUMMARIZER": "tests.test_arcana_gaps._named"},
+    }
+    assert summarize_communities("kb", force=True)["summaries"] == 2
+    # A reply that is not text is a failure too, never stored.
+    assert summarize_communities("kb", summarizer=lambda e, r: 42, force=True)["failed"] == 2
+    assert sorted(Community.objects.values_list("summary", flat=True)) == summaries

@@ -38,7 +38,7 @@ from ..exceptions import (
     RagError,
 )
 from ..graph.builder import extract_all
-from ..graph.extractors import get_extractor
+from ..graph.extractors import GraphExtractor, get_extractor
 from ..graph.names import normalize_name
 from ..models import Document, Job
 from ..models.databases import write_db
@@ -173,17 +173,46 @@ def _take_versions(validated: Sequence[_Pending]) -> None:
         item.document.version = version
 
 
-def _use_graph(graph: bool | None) -> bool:
-    return bool(graph_setting("ENABLED") if graph is None else graph)
+def _use_graph(
+    graph: bool | None,
+    extractor: Any = None,
+    entity_extractor: Any = None,
+    relationship_extractor: Any = None,
+) -> bool | GraphExtractor:
+    """Whether to extract the graph: False, True (the configured extractor) or the
+    :class:`GraphExtractor` a call gave (``extractor=``, or ``entity_extractor=`` /
+    ``relationship_extractor=``: Arcana's per-call extractors). Giving one turns the graph on
+    when ``graph`` is left out; with ``graph=False`` it raises ``InvalidOption``."""
+    if extractor is None and entity_extractor is None and relationship_extractor is None:
+        return bool(graph_setting("ENABLED") if graph is None else graph)
+    if graph is False:
+        raise InvalidOption(
+            "extractor=, entity_extractor= and relationship_extractor= extract the graph: "
+            "leave graph out or pass graph=True."
+        )
+    return get_extractor(
+        extractor, entity_extractor=entity_extractor, relationship_extractor=relationship_extractor
+    )
 
 
-def _extract_graph(chunks: Sequence[PreparedChunk], collection: str) -> list:
+def _extract_graph(
+    chunks: Sequence[PreparedChunk], collection: str, extractor: Any = None
+) -> list:
     """Entities and relationships of the chunks, found before the write transaction opens
     (LLM calls must not hold it), in a ``graph.build`` span as a :func:`build_graph` run emits
-    (``ingest=True``; its counts are those found in this document's chunks)."""
-    with span("graph.build", collection=collection, resume=True, ingest=True) as s:
+    (``ingest=True``; its counts are those found in this document's chunks). ``extractor``:
+    the call's own (a :class:`GraphExtractor`), else the configured one."""
+    if not isinstance(extractor, GraphExtractor):
+        extractor = get_extractor()
+    with span(
+        "graph.build",
+        collection=collection,
+        resume=True,
+        ingest=True,
+        extractor=type(extractor).__name__,
+    ) as s:
         extractions, failed = extract_all(
-            [item.chunk.text for item in chunks], get_extractor(), graph_setting("CONCURRENCY")
+            [item.chunk.text for item in chunks], extractor, graph_setting("CONCURRENCY")
         )
         entities = {normalize_name(e.name) for x in extractions for e in x.entities}
         relationships = {
@@ -207,7 +236,7 @@ def prepare_document(
     chunker=None,
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
-    graph: bool = False,
+    graph: bool | GraphExtractor = False,
     on_chunk_error: str = "raise",
     progress: Callable[[int, int], None] | None = None,
 ) -> Prepared:
@@ -226,14 +255,16 @@ def prepare_document(
     return _prepared(pending, chunks, vectors, embedder, graph)
 
 
-def _prepared(pending: _Pending, chunks, vectors, embedder: Embedder, graph: bool) -> Prepared:
+def _prepared(
+    pending: _Pending, chunks, vectors, embedder: Embedder, graph: bool | GraphExtractor
+) -> Prepared:
     prepared = attach_vectors(
         pending.parsed, chunks, vectors, embedder=embedder, dimensions=active_dimensions()
     )
     skipped = [index for index, vector in enumerate(vectors) if vector is None]
     return Prepared(
         prepared,
-        _extract_graph(prepared, pending.collection) if graph else None,
+        _extract_graph(prepared, pending.collection, graph) if graph is not False else None,
         embedder.model_name,
         skipped,
     )
@@ -303,6 +334,9 @@ def ingest(
     graph: bool | None = None,
     on_chunk_error: str = "raise",
     strict_collections: bool | None = None,
+    extractor=None,
+    entity_extractor=None,
+    relationship_extractor=None,
 ):
     """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
 
@@ -324,6 +358,9 @@ def ingest(
 
     ``graph=True`` (default ``GRAPH["ENABLED"]``) also extracts entities and relationships from
     the chunks and stores them in the same transaction as the chunks, on every path.
+    ``extractor=`` (or ``entity_extractor=`` / ``relationship_extractor=``) extracts with
+    this call's own extractor (any ``GRAPH["EXTRACTOR"]`` form: an alias, a dotted path, an
+    instance, a function) and turns the graph on; not with ``background=True``.
 
     ``on_chunk_error="skip"`` stores the chunks that embed when the provider refuses some (the
     skipped indexes are in ``document.skipped_chunks`` and ``document.error``); the default
@@ -344,6 +381,9 @@ def ingest(
         graph=graph,
         on_chunk_error=on_chunk_error,
         strict_collections=strict_collections,
+        extractor=extractor,
+        entity_extractor=entity_extractor,
+        relationship_extractor=relationship_extractor,
     )
 
 
@@ -456,12 +496,23 @@ def _ingest_parsed(
     graph: bool | None = None,
     on_chunk_error: str = "raise",
     strict_collections: bool | None = None,
+    extractor=None,
+    entity_extractor=None,
+    relationship_extractor=None,
     **document_options,
 ):
     if on_chunk_error not in ON_CHUNK_ERROR:
         raise InvalidOption(
             f"on_chunk_error must be one of {', '.join(ON_CHUNK_ERROR)}, got {on_chunk_error!r}"
         )
+    if background and any(
+        x is not None for x in (extractor, entity_extractor, relationship_extractor)
+    ):
+        raise InvalidOption(
+            "background=True uses the configured graph extractor (a worker cannot receive "
+            "per-call components): set GRAPH['EXTRACTOR'], or ingest in the foreground."
+        )
+    use_graph = _use_graph(graph, extractor, entity_extractor, relationship_extractor)
     name, description = resolve_ingest_collection(
         document_options.get("collection"), strict_collections
     )
@@ -480,7 +531,6 @@ def _ingest_parsed(
             s.set(document_id=pending.pk, chunk_count=pending.chunk_count, deduplicated=True)
             return pending
         _take_versions([pending])
-        use_graph = _use_graph(graph)
         if background:
             if chunker is not None or embedder is not None:
                 raise InvalidOption(
@@ -492,7 +542,7 @@ def _ingest_parsed(
                 {
                     "chunk_size": chunk_size,
                     "chunk_overlap": chunk_overlap,
-                    "graph": use_graph,
+                    "graph": bool(use_graph),
                     "on_chunk_error": on_chunk_error,
                 },
             )
@@ -563,6 +613,9 @@ def ingest_many(
     graph: bool | None = None,
     on_error: str = "skip",
     strict_collections: bool | None = None,
+    extractor=None,
+    entity_extractor=None,
+    relationship_extractor=None,
 ) -> list:
     """Ingest many texts, embedding the chunks of several documents per batch.
 
@@ -605,7 +658,7 @@ def ingest_many(
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
             group_size=group_size,
-            graph=_use_graph(graph),
+            graph=_use_graph(graph, extractor, entity_extractor, relationship_extractor),
             on_error=on_error,
         )
         apply_description(collection, description)  # once the shared options passed
@@ -738,7 +791,7 @@ def _write_batched(
     chunk_size,
     chunk_overlap,
     group_size: int,
-    graph: bool,
+    graph: bool | GraphExtractor,
     errors: dict[int, Exception] | None = None,
     progress=None,
 ) -> None:
