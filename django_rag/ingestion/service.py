@@ -195,9 +195,7 @@ def _use_graph(
     )
 
 
-def _extract_graph(
-    chunks: Sequence[PreparedChunk], collection: str, extractor: Any = None
-) -> list:
+def _extract_graph(chunks: Sequence[PreparedChunk], collection: str, extractor: Any = None) -> list:
     """Entities and relationships of the chunks, found before the write transaction opens
     (LLM calls must not hold it), in a ``graph.build`` span as a :func:`build_graph` run emits
     (``ingest=True``; its counts are those found in this document's chunks). ``extractor``:
