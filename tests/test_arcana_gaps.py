@@ -293,6 +293,10 @@ def test_a_per_call_extractor_with_graph_false_or_background_is_refused():
         rag.ingest("Alice met Bob.", collection="kb", graph=False, extractor=_pairs)
     with pytest.raises(InvalidOption, match="a worker cannot receive per-call components"):
         rag.ingest("Alice met Bob.", collection="kb", background=True, extractor=_pairs)
+    with pytest.raises(InvalidOption, match="a worker cannot receive per-call components"):
+        rag.ingest_bytes(
+            b"Alice met Bob.", filename="a.txt", background=True, entity_extractor="capitalized"
+        )
     assert not Document.objects.exists()
 
 

@@ -427,6 +427,9 @@ def _ingest_upload(
     graph: bool | None = None,
     on_chunk_error: str = "raise",
     strict_collections: bool | None = None,
+    extractor=None,
+    entity_extractor=None,
+    relationship_extractor=None,
 ) -> Document:
     """Validate an upload's options, store its bytes with a pending document and queue the job
     that parses, chunks and embeds it."""
@@ -438,6 +441,11 @@ def _ingest_upload(
         raise InvalidOption(
             "background=True uses the configured chunker and embedder (a worker cannot "
             "receive per-call components)."
+        )
+    if any(x is not None for x in (extractor, entity_extractor, relationship_extractor)):
+        raise InvalidOption(
+            "background=True uses the configured graph extractor (a worker cannot receive "
+            "per-call components): set GRAPH['EXTRACTOR'], or ingest in the foreground."
         )
     parser = get_parser(filename)  # an unsupported type is refused now, unread
     check_input_size(parser, len(data), filename=filename)
