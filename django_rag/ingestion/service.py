@@ -28,7 +28,6 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from ..background import enqueue
-from ..conf import graph_setting
 from ..embeddings import Embedder, active_dimensions, get_embedder
 from ..exceptions import (
     DocumentNotFound,
@@ -37,9 +36,7 @@ from ..exceptions import (
     InvalidOption,
     RagError,
 )
-from ..graph.builder import extract_all
-from ..graph.extractors import GraphExtractor, get_extractor
-from ..graph.names import normalize_name
+from ..graph.extractors import GraphExtractor
 from ..models import Document, Job
 from ..models.databases import write_db
 from ..signals import span
@@ -65,6 +62,8 @@ from ..validation import (
 )
 from .chunkers import TextChunk, get_chunker
 from .collections import apply_description, resolve_ingest_collection
+from .graphs import extract_graph as _extract_graph
+from .graphs import use_graph as _use_graph
 from .isolation import parse_isolated
 from .parsers import Page, ParsedDocument, check_input_size, get_parser, parse_bytes, parse_file
 from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older imports use this path)
@@ -171,60 +170,6 @@ def _take_versions(validated: Sequence[_Pending]) -> None:
     queued: the order of versions is the order of the calls, whatever runs them later."""
     for item, version in zip(validated, next_versions(len(validated)), strict=True):
         item.document.version = version
-
-
-def _use_graph(
-    graph: bool | None,
-    extractor: Any = None,
-    entity_extractor: Any = None,
-    relationship_extractor: Any = None,
-) -> bool | GraphExtractor:
-    """Whether to extract the graph: False, True (the configured extractor) or the
-    :class:`GraphExtractor` a call gave (``extractor=``, or ``entity_extractor=`` /
-    ``relationship_extractor=``: Arcana's per-call extractors). Giving one turns the graph on
-    when ``graph`` is left out; with ``graph=False`` it raises ``InvalidOption``."""
-    if extractor is None and entity_extractor is None and relationship_extractor is None:
-        return bool(graph_setting("ENABLED") if graph is None else graph)
-    if graph is False:
-        raise InvalidOption(
-            "extractor=, entity_extractor= and relationship_extractor= extract the graph: "
-            "leave graph out or pass graph=True."
-        )
-    return get_extractor(
-        extractor, entity_extractor=entity_extractor, relationship_extractor=relationship_extractor
-    )
-
-
-def _extract_graph(chunks: Sequence[PreparedChunk], collection: str, extractor: Any = None) -> list:
-    """Entities and relationships of the chunks, found before the write transaction opens
-    (LLM calls must not hold it), in a ``graph.build`` span as a :func:`build_graph` run emits
-    (``ingest=True``; its counts are those found in this document's chunks). ``extractor``:
-    the call's own (a :class:`GraphExtractor`), else the configured one."""
-    if not isinstance(extractor, GraphExtractor):
-        extractor = get_extractor()
-    with span(
-        "graph.build",
-        collection=collection,
-        resume=True,
-        ingest=True,
-        extractor=type(extractor).__name__,
-    ) as s:
-        extractions, failed = extract_all(
-            [item.chunk.text for item in chunks], extractor, graph_setting("CONCURRENCY")
-        )
-        entities = {normalize_name(e.name) for x in extractions for e in x.entities}
-        relationships = {
-            (normalize_name(r.source), normalize_name(r.target), r.type)
-            for x in extractions
-            for r in x.relationships
-        }
-        s.set(
-            chunks=len(chunks),
-            failed=failed,
-            entities=len(entities - {""}),
-            relationships=len(relationships),
-        )
-    return extractions
 
 
 def prepare_document(
