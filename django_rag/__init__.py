@@ -11,6 +11,7 @@ The public API is small::
     answer = rag.ask("How do refunds work?", collection="docs", llm="openai/gpt-4o-mini")
     ctx = rag.Agent("Compare plan A and B").gate().search().rerank().answer().context
     result = rag.Loop("Compare plan A and B", collection="plans").run()   # tool-calling agent
+    docs = rag.list_documents(collection="docs", limit=20)   # count_documents, get_document
     rag.delete(doc)
 
     @rag.indexed(text=["title", "body"], where={"published": True})   # a model kept in sync
@@ -34,6 +35,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from django_rag.agent import Loop as Loop
     from django_rag.answers.grounding import Grounder as Grounder
     from django_rag.answers.service import ask as ask
+    from django_rag.ingestion.documents import count_documents as count_documents
+    from django_rag.ingestion.documents import get_document as get_document
+    from django_rag.ingestion.documents import list_documents as list_documents
     from django_rag.ingestion.folders import sync_folder as sync_folder
     from django_rag.ingestion.service import delete as delete
     from django_rag.ingestion.service import ingest as ingest
@@ -57,6 +61,9 @@ _EXPORTS = {
     "ingest_many": "django_rag.ingestion.service",
     "sync_folder": "django_rag.ingestion.folders",
     "delete": "django_rag.ingestion.service",
+    "list_documents": "django_rag.ingestion.documents",
+    "count_documents": "django_rag.ingestion.documents",
+    "get_document": "django_rag.ingestion.documents",
     "indexed": "django_rag.sync",
     "with_objects": "django_rag.sync",
     "search": "django_rag.retrieval.service",
@@ -80,12 +87,15 @@ __all__ = [
     "Loop",
     "SearchResult",
     "ask",
+    "count_documents",
     "delete",
+    "get_document",
     "indexed",
     "ingest",
     "ingest_bytes",
     "ingest_file",
     "ingest_many",
+    "list_documents",
     "search",
     "sync_folder",
     "with_objects",

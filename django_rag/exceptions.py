@@ -217,9 +217,10 @@ class SearchTimeout(RagError, TimeoutError):
 class UnknownCollection(RagError, LookupError):
     code = "unknown_collection"
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, *, hint: str | None = None):
+        hint = hint or "Ingest a document into it first, or create it with"
         super().__init__(
-            f"No collection named {name!r}. Ingest a document into it first, or create it with "
+            f"No collection named {name!r}. {hint} "
             f"Collection.objects.create(name={name!r}); names are case-sensitive.",
             name=name,
         )

@@ -135,6 +135,12 @@ SCHEMA: tuple[Setting, ...] = (
     ),
     _s("DEFAULT_COLLECTION", "default", "Collection used when ingest gets none.", (str,)),
     _s(
+        "STRICT_COLLECTIONS",
+        False,
+        "Ingest never creates a collection: an unknown one raises UnknownCollection.",
+        (bool,),
+    ),
+    _s(
         "MAX_DOCUMENT_CHARS",
         10_000_000,
         "Longest document text ingest accepts, in characters.",
@@ -374,6 +380,19 @@ SCHEMA: tuple[Setting, ...] = (
             _s("MAX_CLUSTER_SIZE", 50, "Largest community before it is split.", INTEGER),
             _s("MIN_SIZE", 2, "Smallest community kept.", INTEGER),
             _s("SEED", 42, "Leiden random seed.", INTEGER, nullable=True),
+            _s(
+                "COMMUNITY_DETECTOR",
+                "leiden",
+                "Community detector: 'leiden', a dotted path, a class, an instance or a "
+                "function (entity_ids, edges) -> levels.",
+            ),
+            _s(
+                "COMMUNITY_SUMMARIZER",
+                None,
+                "Community summarizer: None (the LLM), a dotted path, a class, an instance or "
+                "a function (entities, relationships) -> str.",
+                nullable=True,
+            ),
             _s(
                 "SUMMARY_THRESHOLD",
                 10,

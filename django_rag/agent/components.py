@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..answers.service import answer_messages
@@ -40,7 +41,7 @@ from ..retrieval.rewriters import (  # noqa: F401 (re-exported: the agent's step
     Rewriter,
     get_rewriter,
 )
-from ..retrieval.service import search
+from ..retrieval.service import build_request, request_option_names, search, search_request
 from . import prompts
 
 
@@ -75,6 +76,21 @@ class Searcher:
 
     def __call__(self, query: str, collection: str | None, **options: Any) -> list[SearchResult]:
         return search(query, collection=collection, **options)
+
+    def search_resolved(
+        self, query: str, collection: str | None, collection_id: int | None, **options: Any
+    ) -> list[SearchResult]:
+        """:meth:`__call__` with the collection's id already read (no collection lookup):
+        the agent resolves its scope once per run and searches with the ids."""
+        request = build_request(
+            query,
+            collection=collection,
+            **{k: v for k, v in options.items() if k in request_option_names()},
+        )
+        if collection is not None and collection_id is not None:
+            request = replace(request, collection_ids=(collection_id,))
+        components = {k: v for k, v in options.items() if k not in request_option_names()}
+        return search_request(request, **components)[0]
 
     def __repr__(self) -> str:
         return "<Searcher>"

@@ -102,6 +102,25 @@ class Context:
     usage: Usage = field(default_factory=Usage)
     # The monotonic time the run must end by (None: no deadline).
     deadline_at: float | None = field(default=None, init=False, repr=False)
+    # Collection name -> id, read once per name for the whole run (collection_ids()).
+    _collection_ids: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+
+    def collection_ids(self, names: list[str], database: str | None = None) -> dict[str, int]:
+        """The ids of collections ``names``, read in one query for the names not read
+        before in this run (the scope is resolved once, as a :class:`~django_rag.Loop`
+        does, not once per search). An unknown name raises
+        :class:`~django_rag.exceptions.UnknownCollection`."""
+        unread = [name for name in names if name not in self._collection_ids]
+        if unread:
+            self._collection_ids.update(
+                Collection.objects.using(search_db(database))
+                .filter(name__in=unread)
+                .values_list("name", "pk")
+            )
+            missing = [name for name in unread if name not in self._collection_ids]
+            if missing:
+                raise UnknownCollection(missing[0])
+        return {name: self._collection_ids[name] for name in names}
 
     def __post_init__(self) -> None:
         if not isinstance(self.question, str) or not self.question.strip():
@@ -114,14 +133,7 @@ class Context:
             if not names:
                 raise InvalidOption("collection must be a name or a non-empty list of names")
             self.scope = list(dict.fromkeys(names))
-            known = set(
-                Collection.objects.using(search_db())
-                .filter(name__in=self.scope)
-                .values_list("name", flat=True)
-            )
-            missing = [name for name in self.scope if name not in known]
-            if missing:
-                raise UnknownCollection(missing[0])
+            self.collection_ids(self.scope)
         if self.deadline is None:
             self.deadline = deadline_setting("AGENT_DEADLINE")
         elif (

@@ -28,6 +28,7 @@ from ..models import Collection
 from ..models.databases import search_db
 from ..rerankers import LLMReranker, Reranker, get_reranker
 from ..results import SearchResult
+from ..retrieval.stores import PgVectorStore, get_vector_store
 from ..signals import span
 from ..validation import clean_query
 from . import prompts
@@ -274,8 +275,28 @@ def decompose(ctx: Context, *, decomposer: Any = None, prompt: Any = None, llm: 
 
 def _search_all(ctx: Context, searcher: Any, query: str, options: dict[str, Any]) -> None:
     """Search ``query`` in every collection of the scope; append what comes back."""
-    for collection in ctx.search_scope or [None]:
-        chunks = searcher(query, collection, limit=ctx.limit, threshold=ctx.threshold, **options)
+    scope = ctx.search_scope or [None]
+    ids: dict[str, int] | None = None
+    if type(searcher) is Searcher and isinstance(
+        get_vector_store(options.get("vector_store")), PgVectorStore
+    ):
+        # The default searcher on pgvector: the scope's ids come from the run's one lookup.
+        names = [name for name in scope if name is not None]
+        ids = ctx.collection_ids(names, options.get("database"))
+    for collection in scope:
+        if ids is not None:
+            chunks = searcher.search_resolved(
+                query,
+                collection,
+                None if collection is None else ids[collection],
+                limit=ctx.limit,
+                threshold=ctx.threshold,
+                **options,
+            )
+        else:
+            chunks = searcher(
+                query, collection, limit=ctx.limit, threshold=ctx.threshold, **options
+            )
         ctx.results.append(Retrieval(query, collection, list(chunks)))
     if query not in ctx.queries_tried:
         ctx.queries_tried.append(query)

@@ -28,10 +28,11 @@ def page_attributes(result: SearchResult) -> str:
     return f' pages="{result.page_start}-{result.page_end}"'
 
 
-def sources_block(chunks: Sequence[SearchResult]) -> str:
-    """The chunks as numbered, delimited sources (numbers start at 1)."""
+def sources_block(chunks: Sequence[SearchResult], numbers: Sequence[int] | None = None) -> str:
+    """The chunks as numbered, delimited sources (numbers start at 1, or ``numbers``: a
+    conversation's own numbering, which citations must keep)."""
     parts = []
-    for number, chunk in enumerate(chunks, start=1):
+    for number, chunk in zip(numbers or range(1, len(chunks) + 1), chunks, strict=True):
         label = chunk.title or chunk.filename or chunk.source_id
         title = f' title="{attr(label)}"' if label else ""
         parts.append(

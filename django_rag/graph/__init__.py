@@ -4,7 +4,14 @@
 from __future__ import annotations
 
 from .builder import build_graph, delete_graph, sweep_orphans
-from .communities import detect_communities, fingerprint, summarize_communities
+from .communities import (
+    CommunityDetector,
+    CommunitySummarizer,
+    LeidenDetector,
+    detect_communities,
+    fingerprint,
+    summarize_communities,
+)
 from .extractors import (
     CapitalizedEntityExtractor,
     CooccurrenceRelationshipExtractor,
@@ -26,6 +33,8 @@ from .query import GraphQuery
 
 __all__ = [
     "CapitalizedEntityExtractor",
+    "CommunityDetector",
+    "CommunitySummarizer",
     "CooccurrenceRelationshipExtractor",
     "EntityExtractor",
     "ExtractedEntity",
@@ -36,6 +45,7 @@ __all__ = [
     "LLMEntityExtractor",
     "LLMGraphExtractor",
     "LLMRelationshipExtractor",
+    "LeidenDetector",
     "NEREntityExtractor",
     "RelationshipExtractor",
     "build_graph",

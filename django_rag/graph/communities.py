@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..conf import graph_setting
+from ..conf import build_component, graph_setting, scrub_text
 from ..exceptions import InvalidOption, LLMError, MissingDependency, UnknownCollection
 from ..llm import get_llm, map_concurrently
 from ..llm.prompting import quote
@@ -19,6 +19,9 @@ from ..store.graph import replace_communities, save_summary
 from ..validation import clean_collection_name, clean_number, clean_positive_int
 
 logger = logging.getLogger(__name__)
+
+#: The longest community summary a custom summarizer may store (characters).
+MAX_SUMMARY_CHARS = 20_000
 
 
 def fingerprint(entities: Sequence[Entity], relationships: Sequence[Relationship]) -> str:
@@ -83,6 +86,171 @@ def leiden_levels(
     return partitions
 
 
+# --- pluggable detector and summarizer ----------------------------------------------------------
+
+#: The most levels a community detector may return.
+MAX_DETECTED_LEVELS = 32
+
+
+class CommunityDetector:
+    """Partitions a collection's graph into communities (``GRAPH["COMMUNITY_DETECTOR"]``, or
+    ``detect_communities(detector=...)``).
+
+    :meth:`detect` gets the collection's entity ids (ascending) and its weighted edges
+    ``(entity_id, entity_id, weight)`` (ascending, one per pair, weights summed) and returns
+    the levels of a hierarchy, coarse to fine, each a list of communities (lists of entity
+    ids); a single partition (a list of lists) is one level. It must not use the database
+    (the caller holds the rows)."""
+
+    name = "custom"
+
+    def detect(
+        self, entity_ids: Sequence[int], edges: Sequence[tuple[int, int, float]]
+    ) -> list[list[list[int]]]:
+        raise NotImplementedError
+
+
+class LeidenDetector(CommunityDetector):
+    """Hierarchical Leiden (graspologic-native), the default. Options left None take the
+    ``GRAPH`` settings; :func:`detect_communities`'s own options win over both."""
+
+    name = "leiden"
+
+    def __init__(
+        self,
+        *,
+        resolution: float | None = None,
+        levels: int | None = None,
+        max_cluster_size: int | None = None,
+        seed: int | None = None,
+    ):
+        self.resolution = resolution
+        self.levels = levels
+        self.max_cluster_size = max_cluster_size
+        self.seed = seed
+
+    def detect(self, entity_ids, edges):
+        return leiden_levels(
+            edges,
+            resolution=self.resolution,
+            levels=self.levels,
+            max_cluster_size=self.max_cluster_size,
+            seed=self.seed,
+        )
+
+
+class CallableCommunityDetector(CommunityDetector):
+    """A function ``(entity_ids, edges) -> levels`` (or one partition) as a detector."""
+
+    def __init__(self, function: Callable[..., Any]):
+        self.function = function
+        self.name = getattr(function, "__qualname__", type(function).__name__)
+
+    def detect(self, entity_ids, edges):
+        return self.function(entity_ids, edges)
+
+
+class CommunitySummarizer:
+    """Writes a community's summary (``GRAPH["COMMUNITY_SUMMARIZER"]``, or
+    ``summarize_communities(summarizer=...)``; None: the LLM summary). :meth:`summarize`
+    gets the member :class:`~django_rag.models.Entity` rows and the
+    :class:`~django_rag.models.Relationship` rows among them and returns the text (empty:
+    not summarised). It runs on worker threads: it must not use the database."""
+
+    name = "custom"
+
+    def summarize(self, entities: Sequence[Entity], relationships: Sequence[Relationship]) -> str:
+        raise NotImplementedError
+
+
+class CallableCommunitySummarizer(CommunitySummarizer):
+    """A function ``(entities, relationships) -> str`` as a summarizer."""
+
+    def __init__(self, function: Callable[..., Any]):
+        self.function = function
+        self.name = getattr(function, "__qualname__", type(function).__name__)
+
+    def summarize(self, entities, relationships):
+        return self.function(entities, relationships)
+
+
+DETECTOR_ALIASES = {"leiden": "django_rag.graph.communities.LeidenDetector"}
+
+
+def get_detector(spec: Any = None) -> CommunityDetector:
+    """The community detector ``spec`` names (None: ``GRAPH["COMMUNITY_DETECTOR"]``): an
+    alias (``"leiden"``), a dotted path, a class, an instance, a ``{"BACKEND", "OPTIONS"}``
+    dict or a function."""
+    return build_component(
+        graph_setting("COMMUNITY_DETECTOR") if spec is None else spec,
+        setting="GRAPH.COMMUNITY_DETECTOR",
+        base=CommunityDetector,
+        aliases=DETECTOR_ALIASES,
+        wrap_callable=CallableCommunityDetector,
+    )
+
+
+def get_summarizer(spec: Any = None) -> CommunitySummarizer | None:
+    """The community summarizer ``spec`` names (None: ``GRAPH["COMMUNITY_SUMMARIZER"]``),
+    or None for the built-in LLM summary."""
+    spec = graph_setting("COMMUNITY_SUMMARIZER") if spec is None else spec
+    if spec is None or spec == "llm":
+        return None
+    return build_component(
+        spec,
+        setting="GRAPH.COMMUNITY_SUMMARIZER",
+        base=CommunitySummarizer,
+        aliases={},
+        wrap_callable=CallableCommunitySummarizer,
+    )
+
+
+def checked_levels(
+    detector: CommunityDetector, result: Any, entity_ids: Sequence[int]
+) -> list[list[list[int]]]:
+    """A detector's answer as levels of communities of known entity ids, or
+    :class:`~django_rag.exceptions.InvalidOption` saying what is wrong with it (a detector
+    that is not ours is checked like input: bounded, typed, ids that exist)."""
+
+    def refuse(problem: str) -> InvalidOption:
+        return InvalidOption(
+            f"The community detector {detector.name!r} returned {problem}: return a list of "
+            "levels, each a list of communities (lists of entity ids of the collection)."
+        )
+
+    if not isinstance(result, list | tuple):
+        return_type = type(result).__name__
+        raise refuse(f"a {return_type}")
+    levels = list(result)
+    if levels and all(
+        isinstance(c, list | tuple) and all(isinstance(i, int) for i in c) for c in levels
+    ):
+        levels = [levels]  # one partition: one level
+    if len(levels) > MAX_DETECTED_LEVELS:
+        raise refuse(f"{len(levels)} levels (at most {MAX_DETECTED_LEVELS})")
+    known = set(entity_ids)
+    checked = []
+    for level in levels:
+        if not isinstance(level, list | tuple):
+            raise refuse(f"a level that is a {type(level).__name__}")
+        partition = []
+        for community in level:
+            if not isinstance(community, list | tuple):
+                raise refuse(f"a community that is a {type(community).__name__}")
+            members = []
+            for member in community:
+                if isinstance(member, bool) or not isinstance(member, int):
+                    raise refuse(f"a member {member!r:.40} that is not an entity id")
+                if member not in known:
+                    raise refuse(f"entity id {member}, not one of the collection's")
+                if member not in members:
+                    members.append(member)
+            if members:
+                partition.append(sorted(members))
+        checked.append(sorted(partition))
+    return checked
+
+
 def detect_communities(
     collection: str | None = None,
     *,
@@ -92,13 +260,27 @@ def detect_communities(
     min_size: int | None = None,
     seed: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    detector: Any = None,
 ) -> dict[str, int]:
     """Detect the communities of each collection's graph and replace the stored ones.
 
     The new partition is computed before anything is deleted, so a failure keeps the old
     communities. Summaries carry over to a community with the same level and members; when its
     content fingerprint changed it is marked dirty (re-summarised later).
+
+    ``detector`` (default ``GRAPH["COMMUNITY_DETECTOR"]``, ``"leiden"``) is any
+    :class:`CommunityDetector` form. Leiden's options come from this call, else the detector's
+    own ``OPTIONS``, else the ``GRAPH`` settings; ``levels`` and ``min_size`` apply to every
+    detector.
     """
+    component = get_detector(detector)
+    if isinstance(component, LeidenDetector):
+        resolution = component.resolution if resolution is None else resolution
+        levels = component.levels if levels is None else levels
+        max_cluster_size = (
+            component.max_cluster_size if max_cluster_size is None else max_cluster_size
+        )
+        seed = component.seed if seed is None else seed
     resolution = graph_setting("RESOLUTION") if resolution is None else resolution
     levels = graph_setting("LEVELS") if levels is None else levels
     max_cluster_size = (
@@ -117,7 +299,7 @@ def detect_communities(
         clean_collection_name(collection)
     targets = _collections(collection)
     total = 0
-    with span("graph.community_detection", collection=collection, detector="leiden") as s:
+    with span("graph.community_detection", collection=collection, detector=component.name) as s:
         for index, target in enumerate(targets, start=1):
             relationships = list(
                 Relationship.objects.using(write_db())
@@ -129,13 +311,24 @@ def detect_communities(
                 a, b = sorted((rel.source_id, rel.target_id))
                 weights[(a, b)] += float(rel.strength or 1.0)
             edges = [(a, b, w) for (a, b), w in sorted(weights.items())]
-            partitions = leiden_levels(
-                edges,
-                resolution=resolution,
-                levels=levels,
-                max_cluster_size=max_cluster_size,
-                seed=seed,
-            )
+            if isinstance(component, LeidenDetector):
+                partitions = leiden_levels(
+                    edges,
+                    resolution=resolution,
+                    levels=levels,
+                    max_cluster_size=max_cluster_size,
+                    seed=seed,
+                )
+            else:
+                entity_ids = list(
+                    Entity.objects.using(write_db())
+                    .filter(collection=target)
+                    .order_by("pk")
+                    .values_list("pk", flat=True)
+                )
+                partitions = checked_levels(
+                    component, component.detect(entity_ids, edges), entity_ids
+                )[:levels]
             total += replace_communities(target, partitions, min_size)
             if progress:
                 progress(index, len(targets))
@@ -199,11 +392,17 @@ def summarize_communities(
     concurrency: int | None = None,
     threshold: int | None = None,
     progress: Callable[[int, int], None] | None = None,
+    summarizer: Any = None,
 ) -> dict[str, int]:
     """Summarise the communities that need it (see :func:`needs_summary`), ``concurrency`` LLM
     calls at once. ``levels``: a list of levels, ``"all"``, or ``GRAPH["SUMMARY_LEVELS"]``.
-    A failed call leaves that community as it was (counted in ``failed``)."""
-    model = get_llm(llm, feature="Community summaries")
+    A failed call leaves that community as it was (counted in ``failed``).
+
+    ``summarizer`` (default ``GRAPH["COMMUNITY_SUMMARIZER"]``; None: the LLM) writes the
+    summaries instead of the LLM: any :class:`CommunitySummarizer` form (no LLM is needed
+    then). An exception it raises, or a reply that is not text, counts as a failure."""
+    component = get_summarizer(summarizer)
+    model = get_llm(llm, feature="Community summaries") if component is None else None
     levels = graph_setting("SUMMARY_LEVELS") if levels is None else levels
     if levels != "all":
         levels = [levels] if isinstance(levels, int) else list(levels)
@@ -228,11 +427,30 @@ def summarize_communities(
         # LLM calls only: threads must not touch the database (their connections would not see
         # this transaction's rows).
         community, entities, relationships, current = item
-        with span("graph.community_summary", entity_count=len(entities)) as s:
+        name = "llm" if component is None else component.name
+        with span("graph.community_summary", entity_count=len(entities), summarizer=name) as s:
             try:
-                text = model.complete(summary_prompt(entities, relationships)).text.strip()
+                if component is None:
+                    text = model.complete(summary_prompt(entities, relationships)).text.strip()
+                else:
+                    text = component.summarize(entities, relationships)
+                    if not isinstance(text, str):
+                        raise InvalidOption(
+                            f"the community summarizer {name!r} returned a "
+                            f"{type(text).__name__}, not a string"
+                        )
+                    text = text.replace("\x00", "").strip()[:MAX_SUMMARY_CHARS]
             except LLMError as exc:
                 logger.warning("Community %s not summarised: %s", community.pk, exc)
+                text = ""
+            except Exception as exc:  # a summarizer that is not ours: its failure is one
+                logger.warning(
+                    "Community %s not summarised: the summarizer %r raised %s: %s",
+                    community.pk,
+                    name,
+                    type(exc).__name__,
+                    scrub_text(exc)[:300],
+                )
                 text = ""
             s.set(summary_length=len(text))
         return text

@@ -19,7 +19,7 @@ import hashlib
 import logging
 import mimetypes
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +28,6 @@ from typing import Any
 from django.db import DatabaseError, connections
 
 from ..background import enqueue
-from ..conf import graph_setting
 from ..embeddings import Embedder, active_dimensions, get_embedder
 from ..exceptions import (
     DocumentNotFound,
@@ -37,9 +36,7 @@ from ..exceptions import (
     InvalidOption,
     RagError,
 )
-from ..graph.builder import extract_all
-from ..graph.extractors import get_extractor
-from ..graph.names import normalize_name
+from ..graph.extractors import GraphExtractor
 from ..models import Document, Job
 from ..models.databases import write_db
 from ..signals import span
@@ -64,6 +61,9 @@ from ..validation import (
     clean_title,
 )
 from .chunkers import TextChunk, get_chunker
+from .collections import apply_description, resolve_ingest_collection
+from .graphs import extract_graph as _extract_graph
+from .graphs import use_graph as _use_graph
 from .isolation import parse_isolated
 from .parsers import Page, ParsedDocument, check_input_size, get_parser, parse_bytes, parse_file
 from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older imports use this path)
@@ -172,33 +172,6 @@ def _take_versions(validated: Sequence[_Pending]) -> None:
         item.document.version = version
 
 
-def _use_graph(graph: bool | None) -> bool:
-    return bool(graph_setting("ENABLED") if graph is None else graph)
-
-
-def _extract_graph(chunks: Sequence[PreparedChunk], collection: str) -> list:
-    """Entities and relationships of the chunks, found before the write transaction opens
-    (LLM calls must not hold it), in a ``graph.build`` span as a :func:`build_graph` run emits
-    (``ingest=True``; its counts are those found in this document's chunks)."""
-    with span("graph.build", collection=collection, resume=True, ingest=True) as s:
-        extractions, failed = extract_all(
-            [item.chunk.text for item in chunks], get_extractor(), graph_setting("CONCURRENCY")
-        )
-        entities = {normalize_name(e.name) for x in extractions for e in x.entities}
-        relationships = {
-            (normalize_name(r.source), normalize_name(r.target), r.type)
-            for x in extractions
-            for r in x.relationships
-        }
-        s.set(
-            chunks=len(chunks),
-            failed=failed,
-            entities=len(entities - {""}),
-            relationships=len(relationships),
-        )
-    return extractions
-
-
 def prepare_document(
     pending: _Pending,
     *,
@@ -206,7 +179,7 @@ def prepare_document(
     chunker=None,
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
-    graph: bool = False,
+    graph: bool | GraphExtractor = False,
     on_chunk_error: str = "raise",
     progress: Callable[[int, int], None] | None = None,
 ) -> Prepared:
@@ -225,14 +198,16 @@ def prepare_document(
     return _prepared(pending, chunks, vectors, embedder, graph)
 
 
-def _prepared(pending: _Pending, chunks, vectors, embedder: Embedder, graph: bool) -> Prepared:
+def _prepared(
+    pending: _Pending, chunks, vectors, embedder: Embedder, graph: bool | GraphExtractor
+) -> Prepared:
     prepared = attach_vectors(
         pending.parsed, chunks, vectors, embedder=embedder, dimensions=active_dimensions()
     )
     skipped = [index for index, vector in enumerate(vectors) if vector is None]
     return Prepared(
         prepared,
-        _extract_graph(prepared, pending.collection) if graph else None,
+        _extract_graph(prepared, pending.collection, graph) if graph is not False else None,
         embedder.model_name,
         skipped,
     )
@@ -288,7 +263,7 @@ def _superseded(pending: _Pending, exc: DocumentSuperseded) -> Document:
 def ingest(
     text: str,
     *,
-    collection: str | None = None,
+    collection: str | Mapping[str, str] | None = None,
     title: str = "",
     metadata: dict | None = None,
     source_id: str | None = None,
@@ -301,8 +276,18 @@ def ingest(
     background: bool = False,
     graph: bool | None = None,
     on_chunk_error: str = "raise",
+    strict_collections: bool | None = None,
+    extractor=None,
+    entity_extractor=None,
+    relationship_extractor=None,
 ):
     """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
+
+    ``collection`` is a name or ``{"name": ..., "description": ...}``: the description is
+    stored on the collection (created with it; an existing collection's empty description is
+    filled, a non-empty one kept). ``strict_collections=True`` (default
+    ``STRICT_COLLECTIONS``) never creates a collection: an unknown one raises
+    :class:`~django_rag.exceptions.UnknownCollection` before anything is written.
 
     ``replace=True`` (requires ``source_id``) supersedes the previous document with the same
     (collection, source_id) in the same transaction. Ingesting text identical to a stored
@@ -316,6 +301,9 @@ def ingest(
 
     ``graph=True`` (default ``GRAPH["ENABLED"]``) also extracts entities and relationships from
     the chunks and stores them in the same transaction as the chunks, on every path.
+    ``extractor=`` (or ``entity_extractor=`` / ``relationship_extractor=``) extracts with
+    this call's own extractor (any ``GRAPH["EXTRACTOR"]`` form: an alias, a dotted path, an
+    instance, a function) and turns the graph on; not with ``background=True``.
 
     ``on_chunk_error="skip"`` stores the chunks that embed when the provider refuses some (the
     skipped indexes are in ``document.skipped_chunks`` and ``document.error``); the default
@@ -335,6 +323,10 @@ def ingest(
         background=background,
         graph=graph,
         on_chunk_error=on_chunk_error,
+        strict_collections=strict_collections,
+        extractor=extractor,
+        entity_extractor=entity_extractor,
+        relationship_extractor=relationship_extractor,
     )
 
 
@@ -379,6 +371,10 @@ def _ingest_upload(
     chunk_overlap: int | None = None,
     graph: bool | None = None,
     on_chunk_error: str = "raise",
+    strict_collections: bool | None = None,
+    extractor=None,
+    entity_extractor=None,
+    relationship_extractor=None,
 ) -> Document:
     """Validate an upload's options, store its bytes with a pending document and queue the job
     that parses, chunks and embeds it."""
@@ -391,6 +387,11 @@ def _ingest_upload(
             "background=True uses the configured chunker and embedder (a worker cannot "
             "receive per-call components)."
         )
+    if any(x is not None for x in (extractor, entity_extractor, relationship_extractor)):
+        raise InvalidOption(
+            "background=True uses the configured graph extractor (a worker cannot receive "
+            "per-call components): set GRAPH['EXTRACTOR'], or ingest in the foreground."
+        )
     parser = get_parser(filename)  # an unsupported type is refused now, unread
     check_input_size(parser, len(data), filename=filename)
     source_id = clean_source_id(source_id)
@@ -401,7 +402,8 @@ def _ingest_upload(
             "(collection, source_id)."
         )
     metadata = clean_metadata(metadata)
-    name = clean_collection_name(collection)
+    name, description = resolve_ingest_collection(collection, strict_collections)
+    apply_description(name, description)
     basename = Path(filename).name
     with span("ingest", collection=name, source_id=source_id, filename=basename) as s:
         document = Document(
@@ -444,12 +446,28 @@ def _ingest_parsed(
     background: bool = False,
     graph: bool | None = None,
     on_chunk_error: str = "raise",
+    strict_collections: bool | None = None,
+    extractor=None,
+    entity_extractor=None,
+    relationship_extractor=None,
     **document_options,
 ):
     if on_chunk_error not in ON_CHUNK_ERROR:
         raise InvalidOption(
             f"on_chunk_error must be one of {', '.join(ON_CHUNK_ERROR)}, got {on_chunk_error!r}"
         )
+    if background and any(
+        x is not None for x in (extractor, entity_extractor, relationship_extractor)
+    ):
+        raise InvalidOption(
+            "background=True uses the configured graph extractor (a worker cannot receive "
+            "per-call components): set GRAPH['EXTRACTOR'], or ingest in the foreground."
+        )
+    use_graph = _use_graph(graph, extractor, entity_extractor, relationship_extractor)
+    name, description = resolve_ingest_collection(
+        document_options.get("collection"), strict_collections
+    )
+    document_options["collection"] = name
     with span(
         "ingest",
         text=parsed.text,
@@ -459,11 +477,11 @@ def _ingest_parsed(
         chars=len(parsed.text) if isinstance(parsed.text, str) else None,
     ) as s:
         pending = _validate(parsed, **document_options)
+        apply_description(name, description)  # once the document is valid
         if not isinstance(pending, _Pending):
             s.set(document_id=pending.pk, chunk_count=pending.chunk_count, deduplicated=True)
             return pending
         _take_versions([pending])
-        use_graph = _use_graph(graph)
         if background:
             if chunker is not None or embedder is not None:
                 raise InvalidOption(
@@ -475,7 +493,7 @@ def _ingest_parsed(
                 {
                     "chunk_size": chunk_size,
                     "chunk_overlap": chunk_overlap,
-                    "graph": use_graph,
+                    "graph": bool(use_graph),
                     "on_chunk_error": on_chunk_error,
                 },
             )
@@ -545,6 +563,10 @@ def ingest_many(
     group_size: int = 64,
     graph: bool | None = None,
     on_error: str = "skip",
+    strict_collections: bool | None = None,
+    extractor=None,
+    entity_extractor=None,
+    relationship_extractor=None,
 ) -> list:
     """Ingest many texts, embedding the chunks of several documents per batch.
 
@@ -575,6 +597,7 @@ def ingest_many(
         raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
     if on_error not in ON_ERROR:
         raise InvalidOption(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
+    collection, description = resolve_ingest_collection(collection, strict_collections)
     with span("ingest_many", collection=collection, group_size=group_size) as s:
         results = _ingest_many(
             documents,
@@ -586,9 +609,10 @@ def ingest_many(
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
             group_size=group_size,
-            graph=_use_graph(graph),
+            graph=_use_graph(graph, extractor, entity_extractor, relationship_extractor),
             on_error=on_error,
         )
+        apply_description(collection, description)  # once the shared options passed
         failed = sum(isinstance(document, Exception) for document in results)
         if failed:
             logger.warning("ingest_many: %d of %d document(s) skipped", failed, len(results))
@@ -718,7 +742,7 @@ def _write_batched(
     chunk_size,
     chunk_overlap,
     group_size: int,
-    graph: bool,
+    graph: bool | GraphExtractor,
     errors: dict[int, Exception] | None = None,
     progress=None,
 ) -> None:

@@ -120,6 +120,24 @@ def _result(row, **scores) -> SearchResult:
 
 
 class ChunkQuerySet(models.QuerySet):
+    # The HNSW candidate list of this queryset's searches (None: SEARCH["HNSW_EF_SEARCH"]);
+    # set by with_ef_search() and carried by every clone.
+    _ef_search: int | None = None
+
+    def _clone(self):
+        clone = super()._clone()
+        clone._ef_search = self._ef_search
+        return clone
+
+    def with_ef_search(self, ef_search: int | None) -> ChunkQuerySet:
+        """This queryset with its semantic searches scanning an HNSW candidate list of
+        ``ef_search`` (None: ``SEARCH["HNSW_EF_SEARCH"]``), set with ``SET LOCAL`` semantics
+        (``set_config(..., true)``) inside the search's own transaction, so it never leaks
+        to the connection's next statement."""
+        clone = self._clone()
+        clone._ef_search = ef_search
+        return clone
+
     def _for_results(self):
         return self.select_related("document", "collection").defer(
             "embedding", "search_vector", "document__content"
@@ -254,7 +272,10 @@ class ChunkQuerySet(models.QuerySet):
         return max(matching / total, 1e-6)
 
     def _approximate(self, base, limit: int, *, filtered: bool, columns: bool = False) -> list:
-        ef_search = max(int(search_setting("HNSW_EF_SEARCH")), limit)
+        configured = (
+            search_setting("HNSW_EF_SEARCH") if self._ef_search is None else self._ef_search
+        )
+        ef_search = max(int(configured), limit)
         iterative = filtered and pgvector_version(self.db) >= (0, 8)
         if filtered and not iterative:
             # The filter is applied after the scan: widen the candidate list so that about

@@ -41,6 +41,8 @@ MAX_LIMIT = 1000
 # Hybrid fuses each side's top candidates x limit chunks: bounded so one call cannot ask the
 # database for an unbounded pool (10**20 overflowed PostgreSQL's bigint LIMIT).
 MAX_CANDIDATES = 100
+# pgvector's own bounds for hnsw.ef_search.
+MAX_EF_SEARCH = 1000
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ class SearchRequest:
     fulltext_weight: float = 0.5
     candidates: int = 4
     syntax: str = "natural"
+    # The HNSW candidate list of this search (None: SEARCH["HNSW_EF_SEARCH"]).
+    hnsw_ef_search: int | None = None
     # The DATABASES alias the search reads (models.databases.search_db); None: resolve it then.
     database: str | None = None
 
@@ -126,6 +130,7 @@ def build_request(
     fulltext_weight: float | None = None,
     candidates: int | None = None,
     syntax: str | None = None,
+    hnsw_ef_search: int | None = None,
     database: str | None = None,
 ) -> SearchRequest:
     """The :class:`SearchRequest` these options describe, every option checked and every
@@ -149,6 +154,8 @@ def build_request(
     syntax = search_setting("SYNTAX") if syntax is None else syntax
     if syntax not in SYNTAXES:
         raise InvalidOption(f"syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
+    if hnsw_ef_search is not None:
+        clean_positive_int("hnsw_ef_search", hnsw_ef_search, maximum=MAX_EF_SEARCH)
     names = normalize_collections(collection)
     return SearchRequest(
         query=query,
@@ -170,6 +177,7 @@ def build_request(
         ),
         candidates=candidates,
         syntax=syntax,
+        hnsw_ef_search=hnsw_ef_search,
         database=search_db(database),
     )
 
@@ -190,6 +198,7 @@ def search(
     fulltext_weight: float | None = None,
     candidates: int | None = None,
     syntax: str | None = None,
+    hnsw_ef_search: int | None = None,
     reranker: Any = None,
     rewriter: Any = None,
     graph: bool | None = None,
@@ -228,6 +237,11 @@ def search(
     ``GRAPH["WEIGHT"]`` (``graph_score`` is set on them). When no entity matched with a score
     of at least ``GRAPH["MIN_MATCH_SCORE"]``, the graph list is left out.
 
+    ``hnsw_ef_search`` (1 to 1000; default ``SEARCH["HNSW_EF_SEARCH"]``) is the HNSW
+    candidate list of this search's semantic side (semantic and hybrid modes): larger finds
+    more of the true nearest neighbours, slower. It is set for the search's own transaction
+    only (``SET LOCAL``) and raised to ``limit`` when smaller.
+
     ``database`` is the ``DATABASES`` alias searched (default ``SEARCH["DATABASE"]``, else the
     routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
     to read a write that has not reached the replica yet.
@@ -246,6 +260,7 @@ def search(
         fulltext_weight=fulltext_weight,
         candidates=candidates,
         syntax=syntax,
+        hnsw_ef_search=hnsw_ef_search,
         database=database,
     )
     return search_request(

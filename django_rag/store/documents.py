@@ -203,6 +203,28 @@ def get_collection(name: str) -> Collection:
     return collection
 
 
+def collection_exists(name: str) -> bool:
+    """Whether a collection called ``name`` is stored (read on the database writes go to)."""
+    return Collection.objects.using(write_db()).filter(name=name).exists()
+
+
+def describe_collection(name: str, description: str) -> Collection:
+    """The collection ``name``, created with ``description`` when missing; an existing one
+    gets ``description`` only when its own is empty (a curated description is never
+    overwritten by an ingest that names the collection with another)."""
+    db = write_db()
+    collection, created = Collection.objects.using(db).get_or_create(
+        name=name, defaults={"description": description}
+    )
+    if not created and description and not collection.description:
+        # Conditional update: a concurrent writer's description, if any, wins.
+        Collection.objects.using(db).filter(pk=collection.pk, description="").update(
+            description=description
+        )
+        collection.refresh_from_db(using=db, fields=["description"])
+    return collection
+
+
 def save_pending(document: Document, collection: str) -> Document:
     """Store ``document`` (unsaved) as ``pending``, waiting for a worker to chunk it."""
     db = write_db()

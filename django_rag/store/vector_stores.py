@@ -131,6 +131,9 @@ class PgVectorStore(VectorStore):
     def _search(self, request):
         scope = collection_scope(request)
         chunks = scoped_chunks(request, scope)
+        ef_search = getattr(request, "hnsw_ef_search", None)
+        if ef_search is not None:
+            chunks = chunks.with_ef_search(ef_search)
         mode = SearchMode.parse(request.mode)
         if mode is SearchMode.SEMANTIC:
             # The result columns come with the ranking (no Chunk objects, no second query).

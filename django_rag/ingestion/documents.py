@@ -1,0 +1,133 @@
+"""Reading stored documents: :func:`list_documents`, :func:`count_documents` and
+:func:`get_document` (Arcana's document read API; docs/ingestion.md, "Reading documents")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db.models import QuerySet
+
+from ..exceptions import DocumentNotFound, InvalidOption
+from ..models import Document
+from ..validation import clean_metadata, clean_source_id
+
+#: The largest page :func:`list_documents` returns.
+MAX_PAGE = 1000
+DEFAULT_PAGE = 50
+STATUSES = tuple(Document.Status.values)
+
+
+def _non_negative(name: str, value: Any, maximum: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < 0
+        or (maximum is not None and value > maximum)
+    ):
+        bound = f" from 0 to {maximum}" if maximum is not None else " >= 0"
+        raise InvalidOption(f"{name} must be an integer{bound}, got {value!r}")
+    return value
+
+
+def _names(collection: str | Sequence[str] | None) -> list[str] | None:
+    if collection is None:
+        return None
+    names = [collection] if isinstance(collection, str) else collection
+    if isinstance(names, bytes | bytearray | dict) or not hasattr(names, "__iter__"):
+        raise InvalidOption(
+            f"collection must be a name or a list of names, got {type(collection).__name__}"
+        )
+    names = list(names)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise InvalidOption(f"collection names must be non-empty strings, got {name!r}")
+    return names
+
+
+def _documents(
+    collection: str | Sequence[str] | None,
+    status: str | Sequence[str] | None,
+    source_id: str | None,
+    metadata: dict[str, Any] | None,
+) -> QuerySet[Document]:
+    documents = Document.objects.all()
+    names = _names(collection)
+    if names is not None:
+        # An unknown name matches nothing (as in Arcana): the list never widens to every
+        # collection, and counting a collection not created yet is 0, not an error.
+        documents = documents.filter(collection__name__in=names)
+    if status is not None:
+        statuses = [status] if isinstance(status, str) else list(status)
+        for value in statuses:
+            if value not in STATUSES:
+                raise InvalidOption(
+                    f"status must be one of {', '.join(STATUSES)} (or a list of them), "
+                    f"got {value!r}"
+                )
+        documents = documents.filter(status__in=statuses)
+    if source_id is not None:
+        documents = documents.filter(source_id=clean_source_id(source_id))
+    if metadata is not None:
+        documents = documents.filter(metadata__contains=clean_metadata(metadata))
+    return documents
+
+
+def list_documents(
+    *,
+    collection: str | Sequence[str] | None = None,
+    status: str | Sequence[str] | None = None,
+    source_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    limit: int = DEFAULT_PAGE,
+    offset: int = 0,
+) -> list[Document]:
+    """Stored documents, newest first (then the highest id), their collection loaded.
+
+    Filters: ``collection`` (a name or a list of names; an unknown name matches nothing),
+    ``status`` (``"pending"``, ``"processing"``, ``"completed"``, ``"failed"`` or a list),
+    ``source_id`` and ``metadata`` (documents whose metadata contains this dict). ``limit``
+    (0 to 1000, default 50) and ``offset`` (>= 0) page through them; anything else raises
+    :class:`~django_rag.exceptions.InvalidOption`. The documents' text is not read (a
+    page of long documents stays small): ``document.content`` loads it on access."""
+    limit = _non_negative("limit", limit, MAX_PAGE)
+    offset = _non_negative("offset", offset)
+    documents = _documents(collection, status, source_id, metadata)
+    page = (
+        documents.select_related("collection")
+        .defer("content")
+        .order_by("-created_at", "-id")[offset : offset + limit]
+    )
+    return list(page) if limit else []
+
+
+def count_documents(
+    *,
+    collection: str | Sequence[str] | None = None,
+    status: str | Sequence[str] | None = None,
+    source_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+) -> int:
+    """How many stored documents :func:`list_documents` would page through with the same
+    filters."""
+    return _documents(collection, status, source_id, metadata).count()
+
+
+def get_document(document_id: Any) -> Document:
+    """The document with this id (an int or a string of digits), its collection loaded.
+    Raises :class:`~django_rag.exceptions.DocumentNotFound` when there is none, and for an id
+    that cannot be one (``"abc"``, ``None``, ``-1``) rather than a ``ValueError``."""
+    pk = document_id
+    if isinstance(pk, str) and pk.isascii() and pk.strip().isdigit():
+        pk = int(pk)
+    if isinstance(pk, bool) or not isinstance(pk, int) or not 0 < pk < 2**63:
+        raise DocumentNotFound(
+            f"No document with id {document_id!r}: document ids are positive integers.",
+            id=document_id,
+        )
+    try:
+        return Document.objects.select_related("collection").get(pk=pk)
+    except Document.DoesNotExist:
+        raise DocumentNotFound(
+            f"No document with id {pk}. list_documents() shows the stored ones.", id=pk
+        ) from None

@@ -1,0 +1,70 @@
+"""The graph part of ingest: which extractor a call uses (the configured one, or Arcana's
+per-call ``extractor=`` / ``entity_extractor=`` / ``relationship_extractor=``) and the
+extraction of a document's chunks before its write (docs/graphrag.md, "Per-call extractors")."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..conf import graph_setting
+from ..exceptions import InvalidOption
+from ..graph.builder import extract_all
+from ..graph.extractors import GraphExtractor, get_extractor
+from ..graph.names import normalize_name
+from ..signals import span
+from .prepare import PreparedChunk
+
+
+def use_graph(
+    graph: bool | None,
+    extractor: Any = None,
+    entity_extractor: Any = None,
+    relationship_extractor: Any = None,
+) -> bool | GraphExtractor:
+    """Whether to extract the graph: False, True (the configured extractor) or the
+    :class:`GraphExtractor` a call gave (``extractor=``, or ``entity_extractor=`` /
+    ``relationship_extractor=``: Arcana's per-call extractors). Giving one turns the graph on
+    when ``graph`` is left out; with ``graph=False`` it raises ``InvalidOption``."""
+    if extractor is None and entity_extractor is None and relationship_extractor is None:
+        return bool(graph_setting("ENABLED") if graph is None else graph)
+    if graph is False:
+        raise InvalidOption(
+            "extractor=, entity_extractor= and relationship_extractor= extract the graph: "
+            "leave graph out or pass graph=True."
+        )
+    return get_extractor(
+        extractor, entity_extractor=entity_extractor, relationship_extractor=relationship_extractor
+    )
+
+
+def extract_graph(chunks: Sequence[PreparedChunk], collection: str, extractor: Any = None) -> list:
+    """Entities and relationships of the chunks, found before the write transaction opens
+    (LLM calls must not hold it), in a ``graph.build`` span as a :func:`build_graph` run emits
+    (``ingest=True``; its counts are those found in this document's chunks). ``extractor``:
+    the call's own (a :class:`GraphExtractor`), else the configured one."""
+    if not isinstance(extractor, GraphExtractor):
+        extractor = get_extractor()
+    with span(
+        "graph.build",
+        collection=collection,
+        resume=True,
+        ingest=True,
+        extractor=type(extractor).__name__,
+    ) as s:
+        extractions, failed = extract_all(
+            [item.chunk.text for item in chunks], extractor, graph_setting("CONCURRENCY")
+        )
+        entities = {normalize_name(e.name) for x in extractions for e in x.entities}
+        relationships = {
+            (normalize_name(r.source), normalize_name(r.target), r.type)
+            for x in extractions
+            for r in x.relationships
+        }
+        s.set(
+            chunks=len(chunks),
+            failed=failed,
+            entities=len(entities - {""}),
+            relationships=len(relationships),
+        )
+    return extractions
