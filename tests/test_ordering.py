@@ -156,18 +156,18 @@ def test_inline_versions_and_a_foreground_write_overtaken_by_a_newer_one():
         assert_newest_stored(jobs)
         # A foreground write submitted before a newer one but stored after it is superseded:
         # its version is taken at the call, before embedding.
-        from django_rag.ingestion import service
+        from django_rag.ingestion import pipeline, service
 
-        slow = service._validate(
-            service._text_document("older text", "text"),
+        slow = pipeline.validate(
+            pipeline.text_document("older text", "text"),
             collection="bg",
             source_id="s",
             replace=True,
         )
-        service._take_versions([slow])
+        pipeline.take_versions([slow])
         rag.ingest("newer text", collection="bg", source_id="s", replace=True)
         prepared = service.prepare_document(slow, embedder=service.get_embedder())
-        returned = service._store(slow, prepared)
+        returned = pipeline.store_prepared(slow, prepared)
     # Like a duplicate: the caller gets what is stored for the identity, flagged.
     assert returned.superseded and returned.content == "newer text"
     assert stored_texts() == [("newer text", "completed")]
