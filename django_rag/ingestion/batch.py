@@ -19,7 +19,8 @@ from ..models import Document
 from ..models.databases import write_db
 from ..signals import span
 from ..store import DocumentWrite, write_documents
-from ..store.documents import compact_on_commit, find_duplicates
+from ..store.documents import find_duplicates
+from ..store.transactions import compact_on_commit
 from ..validation import clean_collection_name
 from .chunkers import get_chunker
 from .pipeline import (
