@@ -22,6 +22,8 @@ from django.test import override_settings
 
 import django_rag as rag
 from django_rag import background
+from django_rag.background import registry as background_registry
+from django_rag.background import runners as background_runners
 from django_rag.exceptions import DocumentSuperseded, JobNotRetryable
 from django_rag.models import Document, Job, SourceVersion
 from django_rag.store import delete_source, recount_statistics
@@ -73,7 +75,7 @@ def assert_newest_stored(jobs, collection="bg", source_id="s"):
 
 def run_task(job_id):
     # What a pool thread runs (background._run_in_thread): the registered task body.
-    background._run_in_thread("ingest_document", job_id)
+    background_runners._run_in_thread("ingest_document", job_id)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -228,7 +230,7 @@ def test_versions_with_transient_failures_retried_in_random_order(hashing):
         rng.shuffle(order)
         for job_id in order:
             try:  # the task body itself: a failure stays on the job (no automatic requeue)
-                background._TASKS["ingest_document"](job_id=job_id)
+                background_registry._TASKS["ingest_document"](job_id=job_id)
             except Exception:
                 pass
         assert Job.objects.get(pk=jobs[-1].pk).status == "failed"  # the newest, for now
