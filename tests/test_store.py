@@ -75,7 +75,7 @@ def test_a_bad_format_in_the_background_is_refused_before_anything_is_stored():
 def test_a_lost_connection_during_full_text_search_is_not_a_configuration_error(monkeypatch):
     """Tasks retry OperationalError; the ConfigurationError it used to become stopped them."""
     from django_rag.exceptions import ConfigurationError
-    from django_rag.models import fulltext
+    from django_rag.models import fulltext_query
     from django_rag.tasks import TRANSIENT
 
     rag.ingest("Refunds take fourteen days.", collection="ft")
@@ -88,7 +88,7 @@ def test_a_lost_connection_during_full_text_search_is_not_a_configuration_error(
         def cursor(self):
             raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(fulltext, "connections", {"default": Dropped()})
+    monkeypatch.setattr(fulltext_query, "connections", {"default": Dropped()})
     with pytest.raises(OperationalError) as caught:
         rag.search("refunds", collection="ft", mode="fulltext")
     assert not isinstance(caught.value, ConfigurationError)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 from django.db.models import BooleanField, F, FloatField, Value
 from django.db.models.expressions import RawSQL
 
-from .fulltext import bm25_sql, limit_terms, parse_query, quote_terms, term_weights
+from .bm25 import bm25_sql, limit_terms, term_weights
+from .fulltext_query import parse_query, quote_terms
 from .textsearch import fulltext_backend, score_sql
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from pgvector.django import CosineDistance
 
 from ..fusion import fuse
 from ..results import SearchResult
-from .fulltext import bm25_sql, limit_terms, term_weights
+from .bm25 import bm25_sql, limit_terms, term_weights
 from .fulltext_search import (  # noqa: F401 (the two constants are re-exported)
     FULLTEXT_CANDIDATE_BUDGET,
     INDEX_SCAN_MAX_WIDENING,
