@@ -56,7 +56,7 @@ def ingest_many(
     group_size: int = 64,
     graph: bool | None = None,
     on_error: str = "skip",
-) -> list:
+) -> list[Document | Exception]:
     """Ingest many texts, embedding the chunks of several documents per batch.
 
     Each item is a string or a dict with ``text`` and optionally ``title``, ``metadata``,

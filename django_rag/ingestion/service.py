@@ -69,7 +69,7 @@ def ingest(
     background: bool = False,
     graph: bool | None = None,
     on_chunk_error: str = "raise",
-):
+) -> Document:
     """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
 
     ``replace=True`` (requires ``source_id``) supersedes the previous document with the same
@@ -106,14 +106,14 @@ def ingest(
     )
 
 
-def ingest_file(path: str | Path, **options):
+def ingest_file(path: str | Path, **options) -> Document:
     """Parse the file at ``path`` (by extension) and ingest it; options as for :func:`ingest`."""
     clean_filename(str(path))
     parsed = parse_file(path)
     return _ingest_parsed(parsed, filename=Path(path).name, **options)
 
 
-def ingest_bytes(data: bytes, *, filename: str, background: bool = False, **options):
+def ingest_bytes(data: bytes, *, filename: str, background: bool = False, **options) -> Document:
     """Parse ``data`` as a file called ``filename`` and ingest it; nothing touches disk.
 
     With ``background=True`` the bytes are not parsed here: they are stored with the pending
@@ -227,7 +227,7 @@ def ingest_source(
     return store_prepared(pending, prepared)
 
 
-def delete(document) -> None:
+def delete(document: Document | int | str) -> None:
     """Delete a document (instance or id), its chunks and the graph entities only it
     mentioned."""
     pk = document.pk if isinstance(document, Document) else document
