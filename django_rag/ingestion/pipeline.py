@@ -3,8 +3,13 @@
 1. :func:`validate` checks the input (:mod:`django_rag.validation`) and finds a stored duplicate;
 2. :func:`prepare_document` chunks, embeds every chunk and extracts the graph when asked, before
    any write, so no transaction waits on a model or an LLM;
-3. :func:`store` writes through :func:`django_rag.store.write_document`: the document, its
-   chunks and their graph in one transaction, replacing older versions with ``replace=True``.
+3. :func:`store_prepared` writes through :func:`django_rag.store.write_document`: the document,
+   its chunks and their graph in one transaction, replacing older versions with
+   ``replace=True`` (a write overtaken by a newer version of its identity returns
+   :func:`superseded_result`).
+
+:func:`assemble` turns chunks and their vectors into a :class:`Prepared` document; the batched
+path (:mod:`~django_rag.ingestion.batch`) calls it once per document of a group.
 """
 
 from __future__ import annotations
