@@ -11,9 +11,9 @@ written once in :mod:`~django_rag.ingestion.pipeline`:
    graph in one transaction, replacing older versions with ``replace=True``.
 
 A failure at any point leaves the database as it was. This module holds the one-document entry
-points and ``delete``; batches in :mod:`~django_rag.ingestion.batch` (``ingest_many``) and
-:mod:`~django_rag.ingestion.files` (``ingest_files``), background ingestion in :mod:`~django_rag.ingestion.queued`.
-Their public names are importable from here too.
+points and ``delete``; batches are in :mod:`~django_rag.ingestion.batch` (``ingest_many``) and
+:mod:`~django_rag.ingestion.files` (``ingest_files``), background ingestion in
+:mod:`~django_rag.ingestion.queued`. Their public names are importable from here too.
 """
 
 from __future__ import annotations
