@@ -46,7 +46,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 import django_rag as rag  # noqa: E402
 from django_rag.conf import embedding_dimensions, get_setting  # noqa: E402
-from django_rag.models import Chunk, Collection, Document, managers  # noqa: E402
+from django_rag.models import Chunk, Collection, Document, fulltext_search, managers  # noqa: E402
 from django_rag.models.fulltext import TermWeights, quote_terms, term_weights  # noqa: E402
 from django_rag.store.statistics import compact_statistics, index_chunks  # noqa: E402
 
@@ -145,7 +145,7 @@ def previous_fulltext_hits(self, query, *, limit, weights=None, syntax="natural"
     boosts = weights.boosts(parsed)
     scored = self.without_excluded(parsed).with_bm25(weights, boosts)
     order = sorted(range(len(weights.terms)), key=lambda i: weights.frequencies[i])
-    budget = managers.FULLTEXT_CANDIDATE_BUDGET
+    budget = fulltext_search.FULLTEXT_CANDIDATE_BUDGET
     while True:
         if parsed.phrases:
             chosen, rest = weights.terms, []

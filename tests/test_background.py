@@ -9,6 +9,7 @@ from django.test import override_settings
 
 import django_rag as rag
 from django_rag import background
+from django_rag.background import registry as background_registry
 from django_rag.checks import check_settings
 from django_rag.exceptions import ConfigurationError, InvalidOption
 from django_rag.models import Chunk, Document, Job
@@ -163,7 +164,7 @@ def test_every_job_kind_names_its_task_in_one_table(db):
     import django_rag.tasks  # noqa: F401  (registers the tasks)
 
     assert set(background.TASK_FOR_KIND) == set(Job.Kind)
-    assert set(background.TASK_FOR_KIND.values()) == set(background._TASKS)
+    assert set(background.TASK_FOR_KIND.values()) == set(background_registry._TASKS)
     for kind in Job.Kind:
         job = Job(kind=kind, runner=background.THREAD)
         assert background.task_for(job) == background.TASK_FOR_KIND[kind]

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 import django_rag as rag
 from django_rag import background
+from django_rag.background import runners as background_runners
 from django_rag.exceptions import JobNotRetryable
 from django_rag.models import Chunk, Document, Job
 from tests.embedders import GatedEmbedder
@@ -416,7 +417,7 @@ def test_jobs_page_shows_superseded_jobs_and_offers_no_retry_that_cannot_work(st
             for text in ("Pump manual, first edition. " * 20, "Pump manual, second edition. " * 20)
         )
         for document in (newer, older):  # the newest runs first: the older one is overtaken
-            background._run_in_thread("ingest_document", document.job.pk)
+            background_runners._run_in_thread("ingest_document", document.job.pk)
         # A failed ingest whose document was deleted since, and one whose document is there.
         gone = rag.ingest("A valve note. " * 20, collection="manuals", background=True)
         kept = rag.ingest("A filter note. " * 20, collection="manuals", background=True)

@@ -283,7 +283,7 @@ def test_fulltext_hits_equal_brute_force_bm25_where_common_terms_dominate(monkey
     """Common terms in most chunks, often repeated, in chunks of every length: chunks holding
     only common terms can outscore those holding a rare one, so the tight bounds must still
     send the search on to the common terms exactly when the ranking needs them."""
-    from django_rag.models import managers
+    from django_rag.models import fulltext_search  # the full-text rounds read the budget there
     from django_rag.models.fulltext import TermWeights
 
     rng = random.Random(17)
@@ -321,8 +321,8 @@ def test_fulltext_hits_equal_brute_force_bm25_where_common_terms_dominate(monkey
         for limit in (1, 3, 10)
         for scope in (None, [ids["a"]], [ids["a"], ids["b"]])
     }
-    for budget in (3, 40, managers.FULLTEXT_CANDIDATE_BUDGET):  # several rounds, or one
-        monkeypatch.setattr(managers, "FULLTEXT_CANDIDATE_BUDGET", budget)
+    for budget in (3, 40, fulltext_search.FULLTEXT_CANDIDATE_BUDGET):  # several rounds, or one
+        monkeypatch.setattr(fulltext_search, "FULLTEXT_CANDIDATE_BUDGET", budget)
         for query in queries:
             for limit in (1, 3, 10):
                 for scope in (None, [ids["a"]], [ids["a"], ids["b"]]):
@@ -333,7 +333,7 @@ def test_fulltext_hits_equal_brute_force_bm25_where_common_terms_dominate(monkey
                     found = [(pk, round(score, 9)) for pk, score in hits]
                     assert found == expected[query, limit, str(scope)], (budget, query, limit)
     # The tight bounds stop sooner than the loose idf x (k1 + 1): fewer rounds (queries).
-    monkeypatch.setattr(managers, "FULLTEXT_CANDIDATE_BUDGET", 3)
+    monkeypatch.setattr(fulltext_search, "FULLTEXT_CANDIDATE_BUDGET", 3)
 
     def rounds():
         with CaptureQueriesContext(connection) as captured:

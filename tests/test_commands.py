@@ -290,16 +290,16 @@ def test_ingest_summarises_skipped_files_by_reason(files):
 
 
 def test_ingest_of_a_directory_uses_the_batched_path(files, monkeypatch):
-    from django_rag.ingestion import service
+    from django_rag.ingestion import batch  # write_documents is called there
 
     calls = []
-    original = service.write_documents
+    original = batch.write_documents
 
     def recording(writes, **kwargs):
         calls.append(len(writes))
         return original(writes, **kwargs)
 
-    monkeypatch.setattr(service, "write_documents", recording)
+    monkeypatch.setattr(batch, "write_documents", recording)
     run("rag_ingest", str(files / "docs"), "--collection", "batched")
     assert calls == [3]  # the three files written together, not one ingest per file
 

@@ -3,12 +3,13 @@ reached and, for the embedded server, the command that starts it. The connection
 real: psycopg connects to a local port nothing listens on."""
 
 import socket
+from pathlib import Path
 
 import pytest
 from django.db import connection
 from django.test import override_settings
 
-from django_rag import embedded
+from django_rag.embedded import server as embedded_server
 from tests.helpers import url
 
 
@@ -41,12 +42,12 @@ def database_down(client, django_db_blocker, monkeypatch):
 def embedded_database(monkeypatch):
     """The default database is one embedded_database() started (whatever the suite runs on)."""
     key = (connection.settings_dict["HOST"], str(connection.settings_dict["PORT"]))
-    monkeypatch.setattr(embedded, "_STARTED", {key: embedded.Path("/srv/project/.pgdata")})
+    monkeypatch.setattr(embedded_server, "_STARTED", {key: Path("/srv/project/.pgdata")})
 
 
 @pytest.fixture
 def external_database(monkeypatch):
-    monkeypatch.setattr(embedded, "_STARTED", {})
+    monkeypatch.setattr(embedded_server, "_STARTED", {})
 
 
 def test_an_embedded_database_that_is_down_gets_a_503_with_the_start_command(

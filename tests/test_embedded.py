@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 
 from django_rag import embedded
+from django_rag.embedded import binaries, recovery
 from django_rag.exceptions import EmbeddedDataVersionMismatch, EmbeddedServerError
 
 
@@ -91,7 +92,7 @@ def test_an_older_data_directory_is_refused_before_starting(fake_data_dir):
     assert f"embedded server is now PostgreSQL {server}" in message
     assert f"mv {path} {path}.pg{server - 2}" in message
     assert "pg_dump" in message
-    can_upgrade = server - 2 in embedded._binaries(embedded.server_package())
+    can_upgrade = server - 2 in binaries._binaries(embedded.server_package())
     assert (f"python -m django_rag.embedded upgrade {path}" in message) == can_upgrade
     assert (path / "PG_VERSION").read_text() == f"{server - 2}\n"  # untouched
     with pytest.raises(EmbeddedDataVersionMismatch):
@@ -109,7 +110,7 @@ def test_a_newer_data_directory_is_refused(fake_data_dir):
 
 def test_a_failed_upgrade_leaves_the_directory_as_it_was(fake_data_dir):
     server = embedded.embedded_server_version()
-    if server - 2 not in embedded._binaries(embedded.server_package()):
+    if server - 2 not in binaries._binaries(embedded.server_package()):
         pytest.skip(f"this package cannot upgrade from PostgreSQL {server - 2}")
     path = fake_data_dir(server - 2)  # no cluster behind the PG_VERSION file
     with pytest.raises(EmbeddedServerError, match="pg_controldata failed"):
@@ -330,7 +331,7 @@ def _kill_postmaster(path: Path, *, wait: bool) -> list[str]:
             gone = psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         except psutil.NoSuchProcess:
             gone = True
-        if gone and not embedded._shared_memory_in_use(lines, pid):
+        if gone and not recovery._shared_memory_in_use(lines, pid):
             break
         assert time.monotonic() < deadline, "the killed server's processes did not exit"
         time.sleep(0.05)
@@ -398,7 +399,7 @@ def test_a_start_right_after_the_server_was_killed_gets_a_live_server(data_dir):
 
 
 def _assert_unfinished(path: Path) -> None:
-    assert embedded._unfinished_initdb(path), sorted(p.name for p in path.iterdir())
+    assert recovery._unfinished_initdb(path), sorted(p.name for p in path.iterdir())
 
 
 def test_a_first_start_killed_during_initdb_starts_over(data_dir):
@@ -440,7 +441,7 @@ def test_a_first_start_killed_during_initdb_starts_over(data_dir):
     assert embedded.main(["stop", str(path)]) == 0  # not a crash on the negative pid
     settings = embedded.embedded_database(path)
     assert _query(settings) == 42
-    assert embedded._cluster_complete(path)
+    assert recovery._cluster_complete(path)
     assert embedded.stop_data_directory(path)
 
 
@@ -465,19 +466,19 @@ def test_an_unfinished_initdb_is_recognised_and_data_never_touched(data_dir):
     path, _ = data_dir
     assert _query(embedded.embedded_database(path)) == 42
     assert embedded.stop_data_directory(path)
-    assert not embedded._unfinished_initdb(path)  # complete and served
+    assert not recovery._unfinished_initdb(path)  # complete and served
     unfinished = path.with_name("unfinished")
     _unfinished_copy(path, unfinished)
     _assert_unfinished(unfinished)
     try:
         # Not the same once a postmaster served it, or with a file PostgreSQL does not make.
         (unfinished / "postmaster.opts").write_text("postgres\n")
-        assert not embedded._unfinished_initdb(unfinished)
+        assert not recovery._unfinished_initdb(unfinished)
         (unfinished / "postmaster.opts").unlink()
         (unfinished / "notes.txt").write_text("mine")
-        assert not embedded._unfinished_initdb(unfinished)
+        assert not recovery._unfinished_initdb(unfinished)
         before = sorted(p.name for p in unfinished.iterdir())
-        embedded._recover_unfinished_initdb(unfinished)
+        recovery._recover_unfinished_initdb(unfinished)
         assert sorted(p.name for p in unfinished.iterdir()) == before  # untouched
         (unfinished / "notes.txt").unlink()
         _assert_unfinished(unfinished)

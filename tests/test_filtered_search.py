@@ -195,15 +195,15 @@ def test_every_mode_is_complete_on_one_percent_of_chunks(populated, mode):
 
 def test_fulltext_candidate_pruning_is_exact(populated):
     """MaxScore rounds give the same ranking as scoring every matching chunk."""
-    from django_rag.models import managers
+    from django_rag.models import fulltext_search  # the full-text rounds read the budget there
 
     rng, vocabulary = populated
-    original = managers.FULLTEXT_CANDIDATE_BUDGET
+    original = fulltext_search.FULLTEXT_CANDIDATE_BUDGET
     try:
-        managers.FULLTEXT_CANDIDATE_BUDGET = 5  # force several rounds
+        fulltext_search.FULLTEXT_CANDIDATE_BUDGET = 5  # force several rounds
         for _ in range(5):
             query = " ".join(rng.choices(vocabulary, k=8))
             results = rag.search(query, mode="fulltext", collection="big", limit=10)
             assert _scores(results) == _bm25_all("big", query, 10)
     finally:
-        managers.FULLTEXT_CANDIDATE_BUDGET = original
+        fulltext_search.FULLTEXT_CANDIDATE_BUDGET = original

@@ -15,7 +15,7 @@ from django_rag.exceptions import (
     InvalidText,
 )
 from django_rag.models import Chunk, Collection, Document
-from django_rag.store import documents
+from django_rag.store import rows as store_rows
 from django_rag.testing import HashingEmbedder
 
 from .test_parsers import make_pdf
@@ -76,13 +76,13 @@ def test_failing_embedder_leaves_no_rows(failing_embedder):
 def test_failure_while_writing_rolls_back(monkeypatch):
     before = counts()
     # The chunk rows are in (the statement ran) when the write fails.
-    original = documents.copy_chunks
+    original = store_rows.copy_chunks
 
     def explode(*args, **kwargs):
         original(*args, **kwargs)
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(documents, "copy_chunks", explode)
+    monkeypatch.setattr(store_rows, "copy_chunks", explode)
     with pytest.raises(RuntimeError):
         rag.ingest(PARAGRAPH * 5, collection="rollback")
     assert counts() == before

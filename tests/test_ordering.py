@@ -22,6 +22,8 @@ from django.test import override_settings
 
 import django_rag as rag
 from django_rag import background
+from django_rag.background import registry as background_registry
+from django_rag.background import runners as background_runners
 from django_rag.exceptions import DocumentSuperseded, JobNotRetryable
 from django_rag.models import Document, Job, SourceVersion
 from django_rag.store import delete_source, recount_statistics
@@ -73,7 +75,7 @@ def assert_newest_stored(jobs, collection="bg", source_id="s"):
 
 def run_task(job_id):
     # What a pool thread runs (background._run_in_thread): the registered task body.
-    background._run_in_thread("ingest_document", job_id)
+    background_runners._run_in_thread("ingest_document", job_id)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -156,18 +158,18 @@ def test_inline_versions_and_a_foreground_write_overtaken_by_a_newer_one():
         assert_newest_stored(jobs)
         # A foreground write submitted before a newer one but stored after it is superseded:
         # its version is taken at the call, before embedding.
-        from django_rag.ingestion import service
+        from django_rag.ingestion import pipeline, service
 
-        slow = service._validate(
-            service._text_document("older text", "text"),
+        slow = pipeline.validate(
+            pipeline.text_document("older text", "text"),
             collection="bg",
             source_id="s",
             replace=True,
         )
-        service._take_versions([slow])
+        pipeline.take_versions([slow])
         rag.ingest("newer text", collection="bg", source_id="s", replace=True)
         prepared = service.prepare_document(slow, embedder=service.get_embedder())
-        returned = service._store(slow, prepared)
+        returned = pipeline.store_prepared(slow, prepared)
     # Like a duplicate: the caller gets what is stored for the identity, flagged.
     assert returned.superseded and returned.content == "newer text"
     assert stored_texts() == [("newer text", "completed")]
@@ -228,7 +230,7 @@ def test_versions_with_transient_failures_retried_in_random_order(hashing):
         rng.shuffle(order)
         for job_id in order:
             try:  # the task body itself: a failure stays on the job (no automatic requeue)
-                background._TASKS["ingest_document"](job_id=job_id)
+                background_registry._TASKS["ingest_document"](job_id=job_id)
             except Exception:
                 pass
         assert Job.objects.get(pk=jobs[-1].pk).status == "failed"  # the newest, for now

@@ -7,13 +7,13 @@ from django.db import OperationalError
 import django_rag as rag
 from django_rag.exceptions import EmbeddingFailed
 from django_rag.models import Chunk, Document
-from django_rag.store import documents
+from django_rag.store import rows as store_rows
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the store owns its transactions
 
 
 def test_a_deadlock_reported_by_postgresql_is_retried_without_losing_the_write(monkeypatch):
-    real = documents.insert_chunks
+    real = store_rows.insert_chunks
     calls = []
 
     def flaky(*args, **kwargs):
@@ -22,7 +22,7 @@ def test_a_deadlock_reported_by_postgresql_is_retried_without_losing_the_write(m
             raise OperationalError("deadlock detected") from psycopg.errors.DeadlockDetected()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(documents, "insert_chunks", flaky)
+    monkeypatch.setattr(store_rows, "insert_chunks", flaky)
     document = rag.ingest("Refunds take fourteen days.", collection="retry", source_id="r")
     assert len(calls) == 2
     assert Document.objects.get().pk == document.pk
@@ -33,7 +33,7 @@ def test_other_database_errors_are_not_retried(monkeypatch):
     def broken(*args, **kwargs):
         raise OperationalError("disk full")
 
-    monkeypatch.setattr(documents, "insert_chunks", broken)
+    monkeypatch.setattr(store_rows, "insert_chunks", broken)
     with pytest.raises(OperationalError, match="disk full"):
         rag.ingest("Refunds take fourteen days.", collection="retry")
     assert not Document.objects.exists()
@@ -75,7 +75,7 @@ def test_a_bad_format_in_the_background_is_refused_before_anything_is_stored():
 def test_a_lost_connection_during_full_text_search_is_not_a_configuration_error(monkeypatch):
     """Tasks retry OperationalError; the ConfigurationError it used to become stopped them."""
     from django_rag.exceptions import ConfigurationError
-    from django_rag.models import fulltext
+    from django_rag.models import fulltext_query
     from django_rag.tasks import TRANSIENT
 
     rag.ingest("Refunds take fourteen days.", collection="ft")
@@ -88,7 +88,7 @@ def test_a_lost_connection_during_full_text_search_is_not_a_configuration_error(
         def cursor(self):
             raise OperationalError("server closed the connection unexpectedly")
 
-    monkeypatch.setattr(fulltext, "connections", {"default": Dropped()})
+    monkeypatch.setattr(fulltext_query, "connections", {"default": Dropped()})
     with pytest.raises(OperationalError) as caught:
         rag.search("refunds", collection="ft", mode="fulltext")
     assert not isinstance(caught.value, ConfigurationError)

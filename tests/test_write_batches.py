@@ -12,7 +12,8 @@ import django_rag as rag
 from django_rag.exceptions import InvalidOption, UnsupportedFileType
 from django_rag.ingestion.service import ingest_files
 from django_rag.models import Chunk, CorpusDelta, Document, TermDelta
-from django_rag.store import documents, recount_statistics
+from django_rag.store import recount_statistics
+from django_rag.store import rows as store_rows
 from django_rag.testing import HashingEmbedder
 from tests.helpers import assert_statistics_exact
 
@@ -102,7 +103,7 @@ def test_replace_in_a_batch_keeps_the_last_version_of_each_source():
 def test_a_group_whose_write_fails_leaves_nothing(monkeypatch):
     rag.ingest(text(20), collection="f", source_id="old")
     before = (Document.objects.count(), Chunk.objects.count(), recount_statistics()["stored"])
-    original = documents.copy_chunks
+    original = store_rows.copy_chunks
     calls = []
 
     def explode(*args, **kwargs):
@@ -112,7 +113,7 @@ def test_a_group_whose_write_fails_leaves_nothing(monkeypatch):
             raise RuntimeError("disk full")
         return ids
 
-    monkeypatch.setattr(documents, "copy_chunks", explode)
+    monkeypatch.setattr(store_rows, "copy_chunks", explode)
     items = [{"text": text(21 + i), "source_id": f"s{i}"} for i in range(4)]
     items.append({"text": text(30), "source_id": "old"})  # a replace inside the failing group
     with pytest.raises(RuntimeError, match="disk full"):
@@ -124,7 +125,7 @@ def test_a_group_whose_write_fails_leaves_nothing(monkeypatch):
     assert_statistics_exact()
     # The committed group's statistics deltas were folded despite the failure.
     assert not TermDelta.objects.exists() and not CorpusDelta.objects.exists()
-    monkeypatch.setattr(documents, "copy_chunks", original)
+    monkeypatch.setattr(store_rows, "copy_chunks", original)
     # Nothing half-written blocks the retry.
     rag.ingest_many(items, collection="f", group_size=2, replace=True)
     stored = {d.source_id: d for d in Document.objects.filter(collection__name="f")}
@@ -138,13 +139,13 @@ def test_a_group_whose_write_fails_leaves_nothing(monkeypatch):
 def test_the_next_group_is_embedded_while_the_previous_one_is_written(monkeypatch):
     """Pipelining: embedding runs on another thread, writes on the caller's."""
     threads = {"embed": set(), "write": set()}
-    original = documents.copy_chunks
+    original = store_rows.copy_chunks
 
     def writing(*args, **kwargs):
         threads["write"].add(threading.get_ident())
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(documents, "copy_chunks", writing)
+    monkeypatch.setattr(store_rows, "copy_chunks", writing)
 
     class Recording(HashingEmbedder):
         def embed_documents(self, texts):
@@ -314,14 +315,14 @@ def test_ingest_files_keeps_the_other_files_when_one_fails_to_store(tmp_path, mo
         path = tmp_path / f"f{i}.txt"
         path.write_text(text(80 + i) + f" marker{i}")
         paths.append(path)
-    original = documents.copy_chunks
+    original = store_rows.copy_chunks
 
     def refuse_f2(rows, **kwargs):
         if any("marker2" in row.text for _, row in rows):
             raise DataError("value too long for this column")
         return original(rows, **kwargs)
 
-    monkeypatch.setattr(documents, "copy_chunks", refuse_f2)
+    monkeypatch.setattr(store_rows, "copy_chunks", refuse_f2)
     results = ingest_files(paths, collection="store-failure", group_size=2)
     # f2's group (f2, f3) failed as a whole, then each was written alone: only f2 is lost.
     assert isinstance(results[2], DataError) and "too long" in str(results[2])
@@ -336,11 +337,11 @@ def test_ingest_files_keeps_the_other_files_when_one_fails_to_store(tmp_path, mo
 def test_chunk_rows_are_inserted_in_slices_and_errors_are_djangos(monkeypatch):
     from django.db import DatabaseError
 
-    monkeypatch.setattr(documents, "COPY_ROWS", 3)  # 3 rows per INSERT
+    monkeypatch.setattr(store_rows, "COPY_ROWS", 3)  # 3 rows per INSERT
     statements = []
-    original = documents._copy_chunks
+    original = store_rows._copy_chunks
     monkeypatch.setattr(
-        documents,
+        store_rows,
         "_copy_chunks",
         lambda rows, **kw: statements.append(len(rows)) or original(rows, **kw),
     )
@@ -354,9 +355,9 @@ def test_chunk_rows_are_inserted_in_slices_and_errors_are_djangos(monkeypatch):
     assert_statistics_exact()
     # A value PostgreSQL refuses comes back as Django's DatabaseError (what retries and callers
     # catch), not as a raw driver exception.
-    row = documents.ChunkRow(chunk_index=0, text="hello", embedding=[0.1] * 384)
+    row = store_rows.ChunkRow(chunk_index=0, text="hello", embedding=[0.1] * 384)
     with pytest.raises(DatabaseError):
         with connection.cursor():
-            documents.copy_chunks(
+            store_rows.copy_chunks(
                 [(document.pk, row)], collection_id=document.collection_id, model_name="m" * 300
             )

@@ -274,13 +274,14 @@ def sync_folder(
 
     ``dry_run=True`` parses and compares but writes nothing: the result says what would be
     added, replaced, left and deleted. The other options are those of
-    :func:`~django_rag.ingestion.service.ingest_files`.
+    :func:`~django_rag.ingestion.files.ingest_files`.
 
     Each run (dry runs too) is recorded as a finished ``sync`` job with its counts, so the
     dashboard's Sync page lists the folders and can sync them again (``record=False`` for a
     run that is itself a job).
     """
-    from .service import content_hash, ingest_parsed_files  # service imports this module
+    from .files import ingest_parsed_files
+    from .pipeline import content_hash
 
     name = clean_collection_name(collection)
     if not isinstance(prefix, str):

@@ -38,6 +38,15 @@ def use_graph(
     )
 
 
+def refuse_background_extractors(*extractors: Any) -> None:
+    """A background ingest runs in a worker that cannot receive per-call components."""
+    if any(x is not None for x in extractors):
+        raise InvalidOption(
+            "background=True uses the configured graph extractor (a worker cannot receive "
+            "per-call components): set GRAPH['EXTRACTOR'], or ingest in the foreground."
+        )
+
+
 def extract_graph(chunks: Sequence[PreparedChunk], collection: str, extractor: Any = None) -> list:
     """Entities and relationships of the chunks, found before the write transaction opens
     (LLM calls must not hold it), in a ``graph.build`` span as a :func:`build_graph` run emits

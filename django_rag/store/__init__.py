@@ -2,7 +2,12 @@
 table. Every entry point (``ingest*``, ``ingest_many``, background ingestion, replace,
 ``delete``, the dashboard, the admin, re-embedding and the model switch) ends here.
 
-- :mod:`.documents`: documents and chunks (atomic writes, replace, dedup, delete; lock order);
+- :mod:`.documents`: writing documents and their chunks (atomic writes, replace, dedup, batches;
+  lock order);
+- :mod:`.fences`: identities, their locks and version fences (the newest version wins);
+- :mod:`.deletes`: deleting documents, chunks and identities;
+- :mod:`.rows`: chunk rows and inserting them in few statements;
+- :mod:`.transactions`: retrying a deadlocked write, folding statistics after commit;
 - :mod:`.graph`: entities, mentions, relationships, communities;
 - :mod:`.statistics`: the BM25 statistics (search vectors, deltas, compaction, recount);
 - :mod:`.schema`: vectors in batches, the model switch's shadow column and swap, orphans;
@@ -10,19 +15,10 @@ table. Every entry point (``ingest*``, ``ingest_many``, background ingestion, re
 - :mod:`.uploads`: uploads waiting for their job (the pending document with the file's bytes).
 """
 
-from .documents import (
-    ChunkRow,
-    DocumentWrite,
-    delete_document,
-    delete_documents,
-    delete_source,
-    mark_document,
-    next_versions,
-    save_pending,
-    touch_source,
-    write_document,
-    write_documents,
-)
+from .deletes import delete_document, delete_documents, delete_source
+from .documents import DocumentWrite, mark_document, save_pending, write_document, write_documents
+from .fences import next_versions, touch_source
+from .rows import ChunkRow
 from .statistics import compact_statistics, recount_statistics, recount_term_bounds
 
 __all__ = [
