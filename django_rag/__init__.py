@@ -9,6 +9,7 @@ The public API is small::
     report = rag.sync_folder("handbook/", collection="docs")   # the collection mirrors a folder
     hits = rag.search("how do refunds work", limit=5, collection="docs")
     answer = rag.ask("How do refunds work?", collection="docs", llm="openai/gpt-4o-mini")
+    reply = rag.chat("And for opened items?", conversation=conv, user=request.user)  # memory
     ctx = rag.Agent("Compare plan A and B").gate().search().rerank().answer().context
     result = rag.Loop("Compare plan A and B", collection="plans").run()   # tool-calling agent
     rag.delete(doc)
@@ -34,6 +35,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from django_rag.agent import Loop as Loop
     from django_rag.answers.grounding import Grounder as Grounder
     from django_rag.answers.service import ask as ask
+    from django_rag.conversations import chat as chat
     from django_rag.ingestion.folders import sync_folder as sync_folder
     from django_rag.ingestion.service import delete as delete
     from django_rag.ingestion.service import ingest as ingest
@@ -62,6 +64,7 @@ _EXPORTS = {
     "search": "django_rag.retrieval.service",
     "SearchResult": "django_rag.retrieval.results",
     "ask": "django_rag.answers.service",
+    "chat": "django_rag.conversations",
     "Answer": "django_rag.results",
     "Agent": "django_rag.agent",
     "Loop": "django_rag.agent",
@@ -80,6 +83,7 @@ __all__ = [
     "Loop",
     "SearchResult",
     "ask",
+    "chat",
     "delete",
     "indexed",
     "ingest",

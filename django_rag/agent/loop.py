@@ -297,6 +297,8 @@ class Loop:
       after them are not run and the model is told so. ``max_tool_result_chars``: the
       longest tool result sent to the model (default 100,000 characters); a longer one is cut
       there, with a note saying so.
+    - ``history``: earlier turns of a conversation (``{"role": "user" | "assistant",
+      "content": ...}`` dicts, oldest first), sent to the controller before the question.
     - ``threshold``, ``deadline`` and ``**search_options`` (mode, fusion, reranker...) as
       for :class:`~django_rag.Agent`; an option :func:`~django_rag.search` does not take
       raises :class:`~django_rag.exceptions.InvalidOption` here, not in every search.
@@ -324,11 +326,13 @@ class Loop:
         ground: Any = False,
         max_tool_calls: int = 10,
         max_tool_result_chars: int = 100_000,
+        history: Sequence[dict[str, str]] = (),
         **search_options: Any,
     ):
         if not isinstance(question, str) or not question.strip():
             raise InvalidInput("Loop needs a non-empty question string.")
         self.question = clean_query(question)
+        self.history = _history(history)
         check_search_options(search_options, "Loop")
         for name, value in (
             ("max_iterations", max_iterations),
@@ -511,6 +515,23 @@ class Loop:
         return f"<Loop question={self.question[:40]!r} collections={self.scope!r}>"
 
 
+def _history(history: Any) -> list[dict[str, str]]:
+    """Earlier turns of a conversation (``Loop(history=...)``): ``{"role": "user" |
+    "assistant", "content": str}`` dicts, oldest first, sent before the question."""
+    turns = []
+    for turn in history:
+        if (
+            not isinstance(turn, dict)
+            or turn.get("role") not in ("user", "assistant")
+            or not isinstance(turn.get("content"), str)
+        ):
+            raise InvalidOption(
+                "history must be a list of {'role': 'user' | 'assistant', 'content': str} dicts"
+            )
+        turns.append({"role": turn["role"], "content": turn["content"]})
+    return turns
+
+
 class _Run:
     """The state of one run of a :class:`Loop`."""
 
@@ -537,6 +558,7 @@ class _Run:
         )
         self.result.messages = [
             {"role": "system", "content": loop._system()},
+            *loop.history,
             {"role": "user", "content": loop.question},
         ]
         self.done = False
