@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from .condense import Condenser, LLMCondenser, get_condenser
 from .memory import estimate_tokens, recent_turns
-from .service import ChatReply, ChatStream, chat, citation_dict, get_conversation
+from .service import (
+    ChatReply,
+    ChatStream,
+    chat,
+    citation_dict,
+    get_conversation,
+    start_conversation,
+)
 
 __all__ = [
     "ChatReply",
@@ -28,4 +35,5 @@ __all__ = [
     "get_condenser",
     "get_conversation",
     "recent_turns",
+    "start_conversation",
 ]

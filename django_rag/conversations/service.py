@@ -107,6 +107,22 @@ def get_conversation(conversation: Any, *, user=None, session_key: str | None = 
     return conv
 
 
+def start_conversation(
+    *, user=None, session_key: str | None = None, collection: Any = None, title: str = ""
+) -> Conversation:
+    """A new, empty conversation owned by ``user`` (or, anonymous, by ``session_key``), whose
+    turns search ``collection`` (None: every collection the caller may read)."""
+    authenticated = user is not None and getattr(user, "is_authenticated", False)
+    if not authenticated and not session_key:
+        raise InvalidOption("a conversation needs an authenticated user or a session key")
+    return Conversation.objects.create(
+        owner=user if authenticated else None,
+        session_key="" if authenticated else session_key,
+        collections=_scope(collection),
+        title=(title or "")[:TITLE_CHARS],
+    )
+
+
 def owns(conv: Conversation, *, user=None, session_key: str | None = None) -> bool:
     authenticated = user is not None and getattr(user, "is_authenticated", False)
     if authenticated:
