@@ -15,3 +15,14 @@ PAGE = """{% load django_rag_chat %}<!doctype html>
 def host_page(request):
     template = engines["django"].from_string(PAGE)
     return HttpResponse(template.render({}, request))
+
+
+def help_article(request, source_id):
+    """The host's own page for a cited source: where the chat box's citation links lead."""
+    from django.utils.html import escape
+
+    from django_rag.models import Document
+
+    doc = Document.objects.filter(source_id=source_id).first()
+    title = escape(doc.title) if doc else "Not found"
+    return HttpResponse(f"<!doctype html><title>{title}</title><h1>{title}</h1>")

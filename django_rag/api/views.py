@@ -191,7 +191,7 @@ class AskIn(Schema):
     stream: bool = False
 
 
-@api.post("/search", auth=OPEN, tags=["search"], summary="Search the chunks")
+@api.post("/search", auth=OPEN, tags=["search"], summary="Search the chunks", url_name="search")
 def search(request, body: SearchIn):
     hits = search_service(
         body.query, collection=scope(request, body.collection), mode=body.mode, limit=body.limit
