@@ -244,3 +244,11 @@ def test_the_agent_and_the_loop_see_the_history(corpus):
     assert [m["role"] for m in messages[:5]] == ["system", "user", "assistant", "user", "assistant"]
     assert messages[1]["content"] == "Who designed the induction motor?"
     assert messages[-1] == {"role": "user", "content": "sure?"}
+
+
+def test_the_admin_shows_a_conversation_and_its_messages(corpus, admin_client):
+    reply = rag.chat("Who built the motor?", llm=answers("Tesla did [1]."))
+    listing = admin_client.get("/admin/django_rag/conversation/")
+    assert listing.status_code == 200 and b"Who built the motor?" in listing.content
+    page = admin_client.get(f"/admin/django_rag/conversation/{reply.conversation.pk}/change/")
+    assert page.status_code == 200 and b"Tesla did [1]." in page.content
