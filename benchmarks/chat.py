@@ -151,7 +151,7 @@ def retrieval(queries, gold, titles_of, llm_spec, limit_questions):
                 condense_llm=condense_llm,
                 **options,
             )
-            if name == "llm" and reply.query == query["text"]:
+            if name == "llm" and reply.query == query["text"].strip():
                 condensed_equal += 1
             scores[name].append(recall(reply.answer.chunks, relevant))
     return scores, asked, skipped, condensed_equal

@@ -457,7 +457,7 @@ SCHEMA: tuple[Setting, ...] = (
             _s(
                 "RATE_LIMIT",
                 60,
-                "Requests per minute per user (or per session/IP when anonymous); None: none.",
+                "Requests per minute per user (per IP address when anonymous); None: no limit.",
                 INTEGER,
                 nullable=True,
             ),

@@ -313,6 +313,15 @@ def test_anonymous_chat_is_kept_per_session_when_allowed(site, settings):
     assert stranger.get(f"{site.api}/conversations/{stored.pk}").status_code == 404
     assert visitor.get(site.api + "/documents").status_code == 401  # documents need a login
 
+    # Anonymous limits count per address: dropping the session cookie buys no fresh limit.
+    cache.clear()
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "API": {"ANONYMOUS": True, "RATE_LIMIT": 2}}
+    codes = []
+    for _ in range(3):
+        fresh = requests.Session()
+        codes.append(fresh.get(site.api + "/conversations").status_code)
+    assert codes == [200, 200, 429]
+
 
 def test_the_openapi_description_lists_every_endpoint(site):
     schema = requests.get(site.api + "/openapi.json").json()

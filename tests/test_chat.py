@@ -108,6 +108,12 @@ def test_clean_reply_is_bounded_and_strips_prefaces():
     assert clean_reply('Query: "refunds for opened items"', "and opened?") == (
         "refunds for opened items"
     )
+    # Quotes that belong to the query (titles) are kept.
+    titles = '"Hey Pa! There\'s a Goat on the Roof" or "Poleconomy"'
+    assert clean_reply(titles, "which came first?") == titles
+    assert clean_reply('"A Summer" and "Hardcore" are what kind of film?', "m") == (
+        '"A Summer" and "Hardcore" are what kind of film?'
+    )
     assert clean_reply(None, "x") is None
     assert clean_reply("   \n  ", "x") is None
     assert clean_reply("a" * 600, "short") is None

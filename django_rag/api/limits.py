@@ -71,12 +71,10 @@ def authenticate(request, *, anonymous: bool):
 
 
 def caller_key(request, user) -> str:
-    """Whose counters a request uses: the user, else the session, else the client address."""
+    """Whose counters a request uses: the user's, else the client address's. Not the session's:
+    a client that drops its cookies would get a fresh session, and fresh limits, per request."""
     if user.is_authenticated:
         return f"user:{user.pk}"
-    session = getattr(request, "session", None)
-    if session is not None and session.session_key:
-        return f"session:{session.session_key}"
     return f"ip:{request.META.get('REMOTE_ADDR', '')}"
 
 

@@ -106,7 +106,11 @@ def clean_reply(reply: Any, message: str) -> str | None:
         return None
     if len(lines) > 3:  # an explanation or a list, not a query
         return None
-    query = _PREFIX.sub("", lines[0]).strip().strip(_QUOTES).strip()
+    query = _PREFIX.sub("", lines[0]).strip()
+    # One pair of quotes around the whole reply goes; quotes inside it (a title) stay.
+    if len(query) >= 2 and query[0] in _QUOTES and query[-1] in _QUOTES:
+        if not any(char in _QUOTES for char in query[1:-1]):
+            query = query[1:-1].strip()
     if not query:
         return None
     if len(query) > max(MAX_QUERY_CHARS, 3 * len(message)):
