@@ -11,6 +11,7 @@ from django.db import transaction
 from ..agent import Agent
 from ..agent.loop import Loop
 from ..answers import AnswerStream, ask
+from ..answers.prompts import with_history
 from ..answers.service import answer_messages
 from ..conf import get_setting
 from ..exceptions import ConversationNotFound, InvalidInput, InvalidOption
@@ -19,7 +20,6 @@ from ..models import Conversation, Message
 from ..results import Answer, Usage
 from ..signals import span
 from ..validation import clean_query
-from . import prompts
 from .condense import Condensed, condense, get_condenser
 from .memory import estimate_tokens, recent_turns
 
@@ -206,15 +206,12 @@ def citation_dict(citation) -> dict[str, Any]:
 
 
 def _history_prompt(turns, custom):
-    """ask()'s answer prompt with the conversation's recent turns in front of the question."""
-    block = prompts.history_block(turns)
+    """The agent's answer prompt with the conversation's recent turns in front of the question
+    (``ask`` takes them as ``history=``)."""
 
     def prompt(question, chunks):
         system, user = answer_messages(question, chunks, prompt=custom)
-        if not block:
-            return (system, user) if system is not None else user
-        system = (system or "") + prompts.ANSWER_HISTORY_NOTICE
-        return system.strip(), block + "\n\n" + user
+        return with_history(system, user, turns)
 
     return prompt
 
@@ -298,7 +295,8 @@ def chat(
                 condensed.query,
                 llm=llm,
                 collection=scope,
-                prompt=_history_prompt(turns, custom_prompt),
+                prompt=custom_prompt,
+                history=turns,
                 stream=stream,
                 **options,
             )
