@@ -277,6 +277,7 @@ def test_ask_takes_history_as_quoted_context_after_its_own_prompt(corpus):
 
 
 def test_without_the_api_extra_the_app_works_and_the_api_says_what_to_install():
+    import os
     import subprocess
     import sys
     from pathlib import Path
@@ -298,7 +299,7 @@ def test_without_the_api_extra_the_app_works_and_the_api_says_what_to_install():
         text=True,
         timeout=120,
         cwd=Path(__file__).resolve().parent.parent,
-        env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "MissingDependency missing_dependency"
