@@ -9,6 +9,7 @@ The public API is small::
     report = rag.sync_folder("handbook/", collection="docs")   # the collection mirrors a folder
     hits = rag.search("how do refunds work", limit=5, collection="docs")
     answer = rag.ask("How do refunds work?", collection="docs", llm="openai/gpt-4o-mini")
+    reply = rag.chat("And for opened items?", conversation=conv, user=request.user)  # memory
     ctx = rag.Agent("Compare plan A and B").gate().search().rerank().answer().context
     result = rag.Loop("Compare plan A and B", collection="plans").run()   # tool-calling agent
     docs = rag.list_documents(collection="docs", limit=20)   # count_documents, get_document
@@ -35,6 +36,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from django_rag.agent import Loop as Loop
     from django_rag.answers.grounding import Grounder as Grounder
     from django_rag.answers.service import ask as ask
+    from django_rag.conversations import chat as chat
     from django_rag.ingestion.documents import count_documents as count_documents
     from django_rag.ingestion.documents import get_document as get_document
     from django_rag.ingestion.documents import list_documents as list_documents
@@ -69,6 +71,7 @@ _EXPORTS = {
     "search": "django_rag.retrieval.service",
     "SearchResult": "django_rag.retrieval.results",
     "ask": "django_rag.answers.service",
+    "chat": "django_rag.conversations",
     "Answer": "django_rag.results",
     "Agent": "django_rag.agent",
     "Loop": "django_rag.agent",
@@ -87,6 +90,7 @@ __all__ = [
     "Loop",
     "SearchResult",
     "ask",
+    "chat",
     "count_documents",
     "delete",
     "get_document",

@@ -24,10 +24,12 @@ from .models import (
     Chunk,
     Collection,
     Community,
+    Conversation,
     Document,
     Entity,
     IndexedModelStatus,
     Job,
+    Message,
     Relationship,
     Relevance,
     Run,
@@ -394,3 +396,27 @@ class IndexedModelStatusAdmin(admin.ModelAdmin):
             **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/django_rag/indexed_models.html", context)
+
+
+class MessageInline(admin.TabularInline):
+    model = Message
+    extra = 0
+    can_delete = False
+    fields = ("role", "text", "query", "citations", "usage", "created_at")
+    readonly_fields = fields
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Conversation)
+class ConversationAdmin(admin.ModelAdmin):
+    """Conversations are written by ``chat()``: the admin shows them and may delete them."""
+
+    list_display = ("__str__", "owner", "collections", "updated_at")
+    search_fields = ("title",)
+    readonly_fields = ("owner", "session_key", "collections", "title", "created_at", "updated_at")
+    inlines = [MessageInline]
+
+    def has_add_permission(self, request):
+        return False

@@ -392,3 +392,28 @@ class CollectionNotAllowed(RagError, PermissionError):
             setting=setting,
         )
         self.name = name
+
+
+class ConversationNotFound(RagError, LookupError):
+    """No conversation with this id belongs to the caller (another user's conversation is
+    reported the same way, so ids cannot be probed). Start a new conversation instead."""
+
+    code = "conversation_not_found"
+
+
+class RateLimited(RagError):
+    """The caller sent more requests than ``API["RATE_LIMIT"]`` allows, or spent the tokens
+    ``API["TOKEN_BUDGET"]`` allows in its window. ``retry_after`` says how many seconds to wait."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, *, retry_after: int = 60):
+        super().__init__(message, retry_after=retry_after)
+        self.retry_after = retry_after
+
+
+class TokenBudgetExceeded(RateLimited):
+    """The caller's answers used more LLM tokens than ``API["TOKEN_BUDGET"]`` allows in its
+    window; ``retry_after`` says when the window ends."""
+
+    code = "token_budget_exceeded"

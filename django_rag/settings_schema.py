@@ -436,6 +436,70 @@ SCHEMA: tuple[Setting, ...] = (
         ),
     ),
     _s(
+        "CHAT",
+        None,
+        "Conversations: how follow-ups are condensed, how much history is kept, citation links.",
+        keys=(
+            _s(
+                "CONDENSER",
+                "llm",
+                "Turns a follow-up into a standalone query: 'llm', None (never), a dotted path "
+                "or a function (message, history) -> str.",
+            ),
+            _s("LLM", None, "LLM of the 'llm' condenser (None: DJANGO_RAG['LLM']).", nullable=True),
+            _s(
+                "HISTORY_TOKENS",
+                2_000,
+                "Most tokens of earlier turns the condenser and the answer see (older dropped).",
+                INTEGER,
+            ),
+            _s(
+                "CITATION_URL",
+                None,
+                "Where the chat box links a citation: a template with {source_id}, "
+                "{document_id}, {chunk_id}, {collection} (None: no link).",
+                (str,),
+                nullable=True,
+            ),
+        ),
+    ),
+    _s(
+        "API",
+        None,
+        "The HTTP API: token authentication hook, anonymous chat, rate limits, body sizes.",
+        keys=(
+            _s(
+                "AUTHENTICATE",
+                None,
+                "A callable (request) -> user or None, or its dotted path, tried before the "
+                "session (token or API-key auth; such requests need no CSRF token).",
+            ),
+            _s(
+                "ANONYMOUS",
+                False,
+                "Let anonymous visitors search, ask and chat (conversations kept per session).",
+                (bool,),
+            ),
+            _s(
+                "RATE_LIMIT",
+                60,
+                "Requests per minute per user (per IP address when anonymous); None: no limit.",
+                INTEGER,
+                nullable=True,
+            ),
+            _s(
+                "TOKEN_BUDGET",
+                200_000,
+                "LLM tokens per user in TOKEN_WINDOW seconds; None: no budget.",
+                INTEGER,
+                nullable=True,
+            ),
+            _s("TOKEN_WINDOW", 86_400, "Seconds of the token budget's window.", INTEGER),
+            _s("MAX_BODY_BYTES", 64 * 1024, "Largest JSON request body, in bytes.", INTEGER),
+            _s("CACHE", "default", "The CACHES alias rate limits and budgets count in.", (str,)),
+        ),
+    ),
+    _s(
         "BACKGROUND",
         "auto",
         "Where background work runs ('sync' is accepted for 'inline').",

@@ -78,6 +78,8 @@ class Loop:
       after them are not run and the model is told so. ``max_tool_result_chars``: the
       longest tool result sent to the model (default 100,000 characters); a longer one is cut
       there, with a note saying so.
+    - ``history``: earlier turns of a conversation (``{"role": "user" | "assistant",
+      "content": ...}`` dicts, oldest first), sent to the controller before the question.
     - ``threshold``, ``deadline`` and ``**search_options`` (mode, fusion, reranker...) as
       for :class:`~django_rag.Agent`; an option :func:`~django_rag.search` does not take
       raises :class:`~django_rag.exceptions.InvalidOption` here, not in every search.
@@ -109,11 +111,13 @@ class Loop:
         synthesizer: Callable[[str, list[SearchResult], list[dict[str, Any]]], str] | None = None,
         fallback_synthesis: bool = True,
         keep_sources: str = "first",
+        history: Sequence[dict[str, str]] = (),
         **search_options: Any,
     ):
         if not isinstance(question, str) or not question.strip():
             raise InvalidInput("Loop needs a non-empty question string.")
         self.question = clean_query(question)
+        self.history = _history(history)
         check_search_options(search_options, "Loop")
         for name, value in (
             ("max_iterations", max_iterations),
@@ -325,6 +329,23 @@ class Loop:
 
     def __repr__(self) -> str:
         return f"<Loop question={self.question[:40]!r} collections={self.scope!r}>"
+
+
+def _history(history: Any) -> list[dict[str, str]]:
+    """Earlier turns of a conversation (``Loop(history=...)``): ``{"role": "user" |
+    "assistant", "content": str}`` dicts, oldest first, sent before the question."""
+    turns = []
+    for turn in history:
+        if (
+            not isinstance(turn, dict)
+            or turn.get("role") not in ("user", "assistant")
+            or not isinstance(turn.get("content"), str)
+        ):
+            raise InvalidOption(
+                "history must be a list of {'role': 'user' | 'assistant', 'content': str} dicts"
+            )
+        turns.append({"role": turn["role"], "content": turn["content"]})
+    return turns
 
 
 def run_loop(question: str, **options: Any) -> LoopResult:

@@ -59,6 +59,7 @@ class Run:
         )
         self.result.messages = [
             {"role": "system", "content": loop._system()},
+            *loop.history,
             {"role": "user", "content": loop.question},
         ]
         self.done = False

@@ -102,6 +102,22 @@ class AnswerStream:
 _RETRIEVED = object()
 
 
+def _check_history(history: Any) -> list[tuple[str, str]]:
+    turns = []
+    for turn in history or ():
+        if (
+            not isinstance(turn, tuple | list)
+            or len(turn) != 2
+            or turn[0] not in ("user", "assistant")
+            or not isinstance(turn[1], str)
+        ):
+            raise InvalidOption(
+                "history must be a list of (role, text) pairs, role 'user' or 'assistant'"
+            )
+        turns.append((turn[0], turn[1]))
+    return turns
+
+
 @accepts_aliases("ask()")
 def ask(
     question: str,
@@ -116,6 +132,7 @@ def ask(
     stream: bool = False,
     global_search: bool = False,
     ground: Any = False,
+    history: Sequence[tuple[str, str]] = (),
     **search_options: Any,
 ) -> Answer | AnswerStream:
     """Answer ``question`` from the best ``limit`` chunks, citing them by number.
@@ -138,9 +155,13 @@ def ask(
     ``ground=True`` (the ``GROUNDER`` setting) or a grounder (alias, spec, function or
     :class:`~django_rag.answers.grounding.Grounder`) checks the answer against its chunks and
     sets :attr:`Answer.grounding`; a failing grounder leaves a warning, never an exception.
+
+    ``history``: earlier ``(role, text)`` turns of a conversation (oldest first), shown to the
+    model before the question, quoted, as context (:func:`django_rag.chat` passes them).
     """
     if not isinstance(question, str) or not question.strip():
         raise InvalidInput("ask() needs a non-empty question string.")
+    history = _check_history(history)
     question = clean_query(question)  # bounded and valid before any LLM or search sees it
     if prompt is not None and not callable(prompt):
         raise InvalidOption("prompt must be a function (question, chunks) -> str")
@@ -160,6 +181,7 @@ def ask(
         prompt,
         stream,
         grounder,
+        history,
         dict(
             mode=mode,
             limit=limit,
@@ -185,6 +207,7 @@ def _ask(
     prompt: PromptFunction | None,
     stream: bool,
     grounder: Grounder | None,
+    history: list[tuple[str, str]],
     search_options: dict,
 ):
     """Yields a marker once retrieval is done, then (streaming) text pieces; returns the Answer."""
@@ -197,6 +220,7 @@ def _ask(
                 graph = graph_context(match)
         yield _RETRIEVED
         system, user = answer_messages(question, chunks, prompt=prompt, graph=graph)
+        system, user = prompts.with_history(system, user, history)
         if stream:
             text_stream = llm.stream(user, system=system)
             yield from text_stream

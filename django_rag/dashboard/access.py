@@ -12,64 +12,21 @@ from django.core.exceptions import PermissionDenied
 from django.db import OperationalError
 from django.http import Http404, HttpResponse, HttpResponseBadRequest
 
-from ..conf import get_setting, import_string
+from ..access import can_manage, user_collections
 from ..exceptions import ConfigurationError, RagError
 from ..validation import clean_string
 
 logger = logging.getLogger(__name__)
 
 
-def _callable(name: str) -> Callable | None:
-    value = get_setting("DASHBOARD")[name]
-    if isinstance(value, str):
-        value = import_string(value, setting=f"DASHBOARD.{name}")
-    return value
-
-
 def has_permission(user) -> bool:
-    check = _callable("PERMISSION")
-    if check is None:
-        return bool(user.is_active and user.is_staff)
-    return bool(check(user))
+    return can_manage(user)
 
 
 def allowed_collections(request) -> set[str] | None:
-    """The collection names this user may see, or None for all.
-
-    ``DASHBOARD["COLLECTIONS"](user)`` returns None (all), one collection name (a string: that
-    collection, as ``collection=`` reads it everywhere) or an iterable of names. Anything else,
-    or an iterable holding anything but strings, denies everything (fails closed) and logs an
-    error naming the setting, so a broken scope function shows no collection rather than wrong
-    ones (a string iterated would have given collections named by its characters)."""
-    scope = _callable("COLLECTIONS")
-    if scope is None:
-        return None
-    names = scope(request.user)
-    if names is None:
-        return None
-    if isinstance(names, str):
-        return {names}
-    problem = None
-    if isinstance(names, bytes | bytearray | dict):
-        problem = f"a {type(names).__name__}"
-    else:
-        try:
-            names = list(names)
-        except TypeError:
-            problem = f"a {type(names).__name__} (not iterable)"
-        else:
-            wrong = [name for name in names if not isinstance(name, str)]
-            if wrong:
-                problem = f"an iterable holding {type(wrong[0]).__name__} values"
-    if problem is not None:
-        logger.error(
-            "DJANGO_RAG['DASHBOARD']['COLLECTIONS'] returned %s for user id %s; it must return "
-            "None, a collection name or an iterable of names. The user sees no collection.",
-            problem,
-            getattr(request.user, "pk", None),
-        )
-        return set()
-    return set(names)
+    """The collection names this request's user may see, or None for all
+    (:func:`django_rag.access.user_collections`, shared with the HTTP API)."""
+    return user_collections(request.user)
 
 
 def check_collection(request, name: str) -> None:

@@ -1,3 +1,4 @@
+from .conversations import Conversation, Message
 from .documents import Chunk, Collection, Document, SourceVersion
 from .evaluation import Relevance, Run, TestCase
 from .fulltext import CorpusDelta, CorpusStatistic, TermDelta, TermStatistic
@@ -15,12 +16,14 @@ __all__ = [
     "Relationship",
     "ChunkQuerySet",
     "Collection",
+    "Conversation",
     "CorpusDelta",
     "CorpusStatistic",
     "Document",
     "SourceVersion",
     "IndexedModelStatus",
     "Job",
+    "Message",
     "Relevance",
     "Run",
     "TermDelta",

@@ -1,0 +1,429 @@
+"""The endpoints. Each one is thin: check the caller and the scope, call a service, shape JSON.
+
+Built on django-ninja (see docs/api.md for why): plain Django views underneath, request bodies
+validated by pydantic schemas, and the OpenAPI description generated from the same code.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from django.db.models import Count
+from django.http import HttpResponse
+from ninja import File, Form, NinjaAPI, Query, Schema
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.files import UploadedFile
+from pydantic import Field
+
+from .. import __version__
+from ..access import can_manage, user_collections
+from ..answers import ask as ask_service
+from ..conversations import chat as chat_service
+from ..conversations import citation_dict, get_conversation, start_conversation
+from ..exceptions import RagError, UnknownCollection
+from ..ingestion.service import delete as delete_document
+from ..ingestion.service import ingest_bytes
+from ..models import Chunk, Collection, Conversation, Document
+from ..retrieval.service import search as search_service
+from ..validation import clean_collection_name
+from . import limits
+from .errors import (
+    ApiError,
+    forbidden,
+    json_error,
+    not_authenticated,
+    not_found,
+    rag_error_response,
+)
+from .sse import stream_events
+
+api = NinjaAPI(
+    title="django_rag",
+    version=__version__,
+    description="Search, answers, conversations and documents of django_rag (docs/api.md).",
+    urls_namespace="django_rag_api",
+    docs_url=None,  # the interactive page loads its assets from a CDN; the JSON is served
+)
+
+MAX_ID = 2**63 - 1
+Scope = str | list[str] | None
+
+
+class Caller:
+    """Runs before a request's body is read: size limit, authentication, rate limit, budget."""
+
+    def __init__(self, *, anonymous: bool = False, llm: bool = False, upload: bool = False):
+        self.anonymous = anonymous
+        self.llm = llm
+        self.upload = upload
+
+    def __call__(self, request):
+        limit = limits.api_setting("MAX_BODY_BYTES")
+        if self.upload:
+            limit = limits.get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"] + 64 * 1024
+        limits.check_body_size(request, limit)
+        user = limits.authenticate(request, anonymous=self.anonymous)
+        if not user.is_authenticated and request.session.session_key is None:
+            request.session.save()  # anonymous chat is kept per session
+        key = limits.caller_key(request, user)
+        limits.check_rate(key)
+        if self.llm:
+            limits.check_budget(key)
+        request.rag_key = key
+        request.rag_collections = user_collections(user)
+        return user
+
+
+READ = Caller()
+OPEN = Caller(anonymous=True)
+LLM = Caller(anonymous=True, llm=True)
+UPLOAD = Caller(upload=True)
+
+
+# --- errors as JSON with stable codes ---------------------------------------------------------
+
+
+@api.exception_handler(RagError)
+def _rag_error(request, exc):
+    return rag_error_response(exc)
+
+
+@api.exception_handler(ApiError)
+def _api_error(request, exc):
+    return json_error(exc.status, exc.code, exc.message, exc.headers)
+
+
+@api.exception_handler(ValidationError)
+def _validation_error(request, exc):
+    problems = []
+    for error in exc.errors[:5]:
+        where = ".".join(str(part) for part in error.get("loc", ())[1:]) or "body"
+        problems.append(f"{where}: {error.get('msg', 'invalid')}")
+    return json_error(400, "invalid_input", "; ".join(problems) or "The request is invalid.")
+
+
+@api.exception_handler(AuthenticationError)
+def _authentication_error(request, exc):
+    error = not_authenticated()
+    return json_error(error.status, error.code, error.message)
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc):
+    code = {400: "invalid_input", 404: "not_found", 405: "method_not_allowed"}.get(
+        exc.status_code, "http_error"
+    )
+    return json_error(exc.status_code, code, str(exc))
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def scope(request, requested: Scope) -> list[str] | None:
+    """The collections a request searches: what it names, each within the caller's scope (a
+    collection outside it is reported as unknown, like one that does not exist); nothing named:
+    every collection the caller may read."""
+    allowed = request.rag_collections
+    if requested is not None:
+        names = [requested] if isinstance(requested, str) else list(requested)
+        if not names:
+            raise ApiError(400, "invalid_option", "collection must not be an empty list.")
+        for name in names:
+            if allowed is not None and name not in allowed:
+                raise UnknownCollection(name)
+        return names
+    if allowed is None:
+        return None
+    if not allowed:
+        raise forbidden("You may read no collection.")
+    return sorted(allowed)
+
+
+def _pk(value: int) -> int:
+    if not 1 <= value <= MAX_ID:
+        raise not_found()
+    return value
+
+
+def _scoped(queryset, request, field: str = "collection__name"):
+    allowed = request.rag_collections
+    return queryset if allowed is None else queryset.filter(**{f"{field}__in": allowed})
+
+
+def _session_key(request) -> str | None:
+    return None if request.user.is_authenticated else request.session.session_key
+
+
+def _owner(request) -> dict:
+    if request.user.is_authenticated:
+        return {"user": request.user}
+    return {"session_key": request.session.session_key}
+
+
+def answer_json(answer) -> dict:
+    return {
+        "text": answer.text,
+        "citations": [citation_dict(c) for c in answer.citations],
+        "chunks": [
+            {"chunk_id": c.chunk_id, "document_id": c.document_id, "score": c.score}
+            for c in answer.chunks
+        ],
+        "usage": answer.usage.to_dict(),
+        "model": answer.model,
+    }
+
+
+# --- search and ask ------------------------------------------------------------------------------
+
+
+class SearchIn(Schema):
+    query: str = Field(min_length=1, max_length=10_000)
+    collection: Scope = None
+    mode: Literal["semantic", "fulltext", "hybrid"] | None = None
+    limit: int = Field(10, ge=1, le=50)
+
+
+class AskIn(Schema):
+    question: str = Field(min_length=1, max_length=10_000)
+    collection: Scope = None
+    mode: Literal["semantic", "fulltext", "hybrid"] | None = None
+    limit: int = Field(5, ge=1, le=20)
+    stream: bool = False
+
+
+@api.post("/search", auth=OPEN, tags=["search"], summary="Search the chunks", url_name="search")
+def search(request, body: SearchIn):
+    hits = search_service(
+        body.query, collection=scope(request, body.collection), mode=body.mode, limit=body.limit
+    )
+    return {"results": [hit.to_dict() for hit in hits]}
+
+
+@api.post("/ask", auth=LLM, tags=["search"], summary="Answer a question (JSON or SSE)")
+def ask(request, body: AskIn):
+    collection = scope(request, body.collection)
+    result = ask_service(
+        body.question, collection=collection, mode=body.mode, limit=body.limit, stream=body.stream
+    )
+    if not body.stream:
+        limits.spend(request.rag_key, result.usage.total_tokens)
+        return answer_json(result)
+
+    def finish():
+        limits.spend(request.rag_key, result.answer.usage.total_tokens)
+        return answer_json(result.answer)
+
+    return stream_events({"query": body.question}, result, finish)
+
+
+# --- conversations -------------------------------------------------------------------------------
+
+
+class ConversationIn(Schema):
+    title: str = Field("", max_length=200)
+    collection: Scope = None
+
+
+class MessageIn(Schema):
+    message: str = Field(min_length=1, max_length=10_000)
+    mode: Literal["semantic", "fulltext", "hybrid"] | None = None
+    limit: int = Field(5, ge=1, le=20)
+    stream: bool = False
+
+
+def conversation_json(conv: Conversation, *, messages: bool = False) -> dict:
+    data = {
+        "id": conv.pk,
+        "title": conv.title,
+        "collections": conv.collections,
+        "created_at": conv.created_at.isoformat(),
+        "updated_at": conv.updated_at.isoformat(),
+    }
+    if messages:
+        data["messages"] = [
+            {
+                "id": m.pk,
+                "role": m.role,
+                "text": m.text,
+                "query": m.query,
+                "citations": m.citations,
+                "usage": m.usage,
+                "created_at": m.created_at.isoformat(),
+            }
+            for m in conv.messages.all()
+        ]
+    return data
+
+
+@api.get("/conversations", auth=OPEN, tags=["chat"], summary="Your conversations")
+def conversations(request, offset: int = Query(0, ge=0), limit: int = Query(20, ge=1, le=100)):
+    if request.user.is_authenticated:
+        mine = Conversation.objects.filter(owner=request.user)
+    else:
+        mine = Conversation.objects.filter(owner=None, session_key=request.session.session_key)
+    return {"conversations": [conversation_json(c) for c in mine[offset : offset + limit]]}
+
+
+@api.post("/conversations", auth=OPEN, tags=["chat"], summary="Start a conversation")
+def create_conversation(request, body: ConversationIn):
+    collections = None if body.collection is None else scope(request, body.collection)
+    conv = start_conversation(collection=collections, title=body.title, **_owner(request))
+    return api.create_response(request, conversation_json(conv), status=201)
+
+
+@api.get("/conversations/{conversation_id}", auth=OPEN, tags=["chat"], summary="A conversation")
+def conversation(request, conversation_id: int):
+    conv = get_conversation(_pk(conversation_id), **_owner(request))
+    return conversation_json(conv, messages=True)
+
+
+@api.post(
+    "/conversations/{conversation_id}/messages",
+    auth=LLM,
+    tags=["chat"],
+    summary="Send a message; the answer comes back as JSON or SSE",
+)
+def post_message(request, conversation_id: int, body: MessageIn):
+    conv = get_conversation(_pk(conversation_id), **_owner(request))
+    # The stored scope is checked again: the user's own scope may have shrunk since.
+    collection = scope(request, conv.collections)
+    result = chat_service(
+        body.message,
+        conversation=conv,
+        collection=collection,
+        mode=body.mode,
+        limit=body.limit,
+        stream=body.stream,
+        **_owner(request),
+    )
+    if not body.stream:
+        limits.spend(request.rag_key, result.answer.usage.total_tokens)
+        return {
+            "conversation": conv.pk,
+            "message_id": result.message.pk,
+            "query": result.query,
+            "condensed": result.condensed,
+            **answer_json(result.answer),
+        }
+
+    def finish():
+        reply = result.reply
+        limits.spend(request.rag_key, reply.answer.usage.total_tokens)
+        return {"message_id": reply.message.pk, **answer_json(reply.answer)}
+
+    meta = {"conversation": conv.pk, "query": result.query, "condensed": result.condensed}
+    return stream_events(meta, result, finish)
+
+
+# --- collections, documents, chunks ------------------------------------------------------------
+
+
+@api.get("/collections", auth=READ, tags=["documents"], summary="Collections you may read")
+def collections(request):
+    rows = _scoped(Collection.objects.all(), request, "name").annotate(
+        document_count=Count("documents")
+    )
+    return {
+        "collections": [
+            {"name": c.name, "description": c.description, "document_count": c.document_count}
+            for c in rows.order_by("name")
+        ]
+    }
+
+
+def document_json(doc: Document) -> dict:
+    return {
+        "id": doc.pk,
+        "collection": doc.collection.name,
+        "source_id": doc.source_id,
+        "title": doc.title,
+        "filename": doc.original_filename,
+        "status": doc.status,
+        "chunk_count": doc.chunk_count,
+        "created_at": doc.created_at.isoformat(),
+    }
+
+
+@api.get("/documents", auth=READ, tags=["documents"], summary="Documents you may read")
+def documents(
+    request,
+    collection: str | None = Query(None, max_length=255),
+    offset: int = Query(0, ge=0),
+    limit: int = Query(20, ge=1, le=100),
+):
+    rows = _scoped(Document.objects.select_related("collection"), request)
+    if collection:
+        scope(request, collection)
+        rows = rows.filter(collection__name=collection)
+    rows = rows.order_by("-pk")[offset : offset + limit]
+    return {"documents": [document_json(doc) for doc in rows]}
+
+
+@api.get("/documents/{document_id}", auth=READ, tags=["documents"], summary="One document")
+def document(request, document_id: int):
+    doc = (
+        _scoped(Document.objects.select_related("collection"), request)
+        .filter(pk=_pk(document_id))
+        .first()
+    )
+    if doc is None:
+        raise not_found("No such document.")
+    return {**document_json(doc), "metadata": doc.metadata}
+
+
+@api.post("/documents", auth=UPLOAD, tags=["documents"], summary="Upload a file (parsed by a job)")
+def upload(
+    request,
+    file: File[UploadedFile],
+    collection: str = Form(..., max_length=255),
+    source_id: str = Form("", max_length=512),
+    replace: bool = Form(False),
+):
+    if not can_manage(request.user):
+        raise forbidden("Uploading needs the dashboard permission (DASHBOARD['PERMISSION']).")
+    name = clean_collection_name(collection)
+    scope(request, name)
+    if file.size > limits.get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"]:
+        raise ApiError(413, "request_too_large", "The file is larger than MAX_UPLOAD_BYTES.")
+    # Stored with its job: parsed by the job, in a memory-limited child, never in this process.
+    doc = ingest_bytes(
+        file.read(),
+        filename=file.name,
+        collection=name,
+        source_id=source_id or None,
+        replace=replace,
+        background=True,
+    )
+    job = getattr(doc, "job", None)
+    data = {**document_json(doc), "job": None if job is None else job.pk}
+    return api.create_response(request, data, status=202)
+
+
+@api.delete("/documents/{document_id}", auth=READ, tags=["documents"], summary="Delete a document")
+def remove_document(request, document_id: int):
+    if not can_manage(request.user):
+        raise forbidden("Deleting needs the dashboard permission (DASHBOARD['PERMISSION']).")
+    doc = _scoped(Document.objects.all(), request).filter(pk=_pk(document_id)).first()
+    if doc is None:
+        raise not_found("No such document.")
+    delete_document(doc)
+    return HttpResponse(status=204)
+
+
+@api.get("/chunks/{chunk_id}", auth=OPEN, tags=["documents"], summary="One chunk (a citation)")
+def chunk(request, chunk_id: int):
+    row = (
+        _scoped(Chunk.objects.select_related("document", "collection"), request)
+        .filter(pk=_pk(chunk_id))
+        .first()
+    )
+    if row is None:
+        raise not_found("No such chunk.")
+    return {
+        "chunk_id": row.pk,
+        "text": row.text,
+        "document_id": row.document_id,
+        "collection": row.collection.name,
+        "source_id": row.document.source_id,
+        "title": row.document.title,
+    }
