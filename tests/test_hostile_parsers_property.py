@@ -17,13 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from django_rag.answers.grounding import (
-    LLMGrounder,
-    _claim_text,
-    _numbers,
-    parse_verdict,
-    split_sentences,
-)
+from django_rag.answers.grounding import LLMGrounder, parse_verdict, split_sentences
+from django_rag.answers.grounding.base import _claim_text
+from django_rag.answers.grounding.llm import _numbers
 from django_rag.answers.service import parse_citations
 from django_rag.conf import redact, scrub_text
 from django_rag.exceptions import LLMResponseError
