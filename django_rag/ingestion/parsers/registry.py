@@ -18,6 +18,10 @@ BUILTIN_PARSERS: dict[str, str] = {
     ".md": "django_rag.ingestion.parsers.MarkdownParser",
     ".markdown": "django_rag.ingestion.parsers.MarkdownParser",
     ".pdf": "django_rag.ingestion.parsers.PdfParser",
+    # Formats read by an optional extra's library: the module is imported when the parser is
+    # first asked for, and parsing without the extra raises MissingDependency naming it.
+    ".html": "django_rag.ingestion.parsers.html.HtmlParser",
+    ".htm": "django_rag.ingestion.parsers.html.HtmlParser",
 }
 
 
