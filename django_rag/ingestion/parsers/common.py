@@ -134,7 +134,7 @@ def check_ooxml(data: bytes, *, filename: str, required: str) -> None:
     bytes, ratio), the part the format needs, and any XML part that declares a DTD. OOXML
     parts never carry one; a DTD is how entity-expansion bombs ("billion laughs") and
     external entities get in, so refusing it makes the XML parsers' own settings moot."""
-    from ..archives import open_zip
+    from .archives import open_zip
 
     with open_zip(data, filename=filename) as archive:
         names = set()
