@@ -5,15 +5,29 @@ its structure (Markdown headings and tables), the metadata and the page (slide, 
 
 from __future__ import annotations
 
+import io
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
 
 import django_rag as rag
-from django_rag.exceptions import DocumentTooLarge, EmptyDocument
+from django_rag.exceptions import CorruptFile, DocumentTooLarge, EmptyDocument
 from django_rag.ingestion.parsers import get_parser, parse_bytes, parse_file
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "formats"
+
+
+def needs(module: str, extra: str):
+    return pytest.mark.skipif(
+        find_spec(module) is None, reason=f"the {extra} extra ({module}) is not installed"
+    )
+
+
+html = needs("trafilatura", "html")
+docx_extra = needs("docx", "docx")
+pptx_extra = needs("pptx", "pptx")
+xlsx_extra = needs("openpyxl", "xlsx")
 
 
 def page_texts(parsed) -> list[str]:
@@ -22,9 +36,8 @@ def page_texts(parsed) -> list[str]:
 
 # --- HTML --------------------------------------------------------------------------------------
 
-pytest.importorskip("trafilatura", reason="the html extra (trafilatura) is not installed")
 
-
+@html
 def test_a_saved_page_keeps_its_article_and_drops_the_site_around_it():
     parsed = parse_file(FIXTURES / "saved_page.html")
     assert parsed.title == "Returning a bicycle"
@@ -60,6 +73,7 @@ def test_a_saved_page_keeps_its_article_and_drops_the_site_around_it():
         assert boilerplate not in text
 
 
+@html
 def test_an_html_page_in_another_charset_is_read_by_its_declaration():
     page = (
         '<html><head><meta charset="iso-8859-1"><title>Caf\xe9</title></head><body><article>'
@@ -71,6 +85,7 @@ def test_an_html_page_in_another_charset_is_read_by_its_declaration():
     assert parsed.title == "Caf\xe9 cr\xe8me" and "Le caf\xe9 cr\xe8me est servi" in parsed.text
 
 
+@html
 def test_an_html_file_with_nothing_readable_is_a_typed_error():
     with pytest.raises(EmptyDocument, match="no readable text"):
         parse_bytes(
@@ -78,6 +93,7 @@ def test_an_html_file_with_nothing_readable_is_a_typed_error():
         )
 
 
+@html
 def test_rich_text_is_ingested_with_format_html_and_found_by_its_words(db, settings):
     settings.DJANGO_RAG = {"EMBEDDER": "hashing"}
     html = (
@@ -97,12 +113,116 @@ def test_rich_text_is_ingested_with_format_html_and_found_by_its_words(db, setti
     assert rag.ingest(html, collection="cms", format="html", source_id="page-1").pk == document.pk
 
 
+@html
 def test_the_html_parser_is_registered_for_both_extensions():
     assert type(get_parser("a.html")).__name__ == type(get_parser("b.HTM")).__name__ == "HtmlParser"
 
 
+@html
 def test_html_markup_beyond_the_character_budget_is_refused_unread(settings):
     settings.DJANGO_RAG = {"MAX_DOCUMENT_CHARS": 1000}
     with pytest.raises(DocumentTooLarge) as caught:
         parse_bytes(b"<p>" + b"x" * 5000 + b"</p>", filename="big.html")
     assert caught.value.details["setting"] == "MAX_DOCUMENT_CHARS"
+
+
+# --- DOCX --------------------------------------------------------------------------------------
+
+
+def make_docx(build) -> bytes:
+    import docx
+
+    document = docx.Document()
+    build(document)
+    buffer = io.BytesIO()
+    document.save(buffer)
+    return buffer.getvalue()
+
+
+@docx_extra
+def test_a_word_file_keeps_headings_lists_and_its_table():
+    parsed = parse_file(FIXTURES / "expense_policy.docx")
+    assert parsed.title == "Travel expense policy"
+    assert parsed.format == "markdown" and parsed.content_type.endswith("document")
+    assert parsed.metadata["author"] == "Finance Team"
+    assert parsed.metadata["created"].startswith("2025-03-01T09:30")
+    assert parsed.pages == []  # Word files have no fixed pages
+    assert parsed.text == (
+        "# Travel expense policy\n\n"
+        "Employees travelling for work are reimbursed for reasonable costs. Keep every receipt "
+        "and file the claim within thirty days of returning.\n\n"
+        "# Allowances\n\n"
+        "Daily allowances depend on the destination city.\n\n"
+        "| City | Hotel per night | Meals per day |\n"
+        "|---|---|---|\n"
+        "| Berlin | 140 EUR | 45 EUR |\n"
+        "| Lisbon | 120 EUR | 40 EUR |\n"
+        "| Zurich | 210 CHF | 70 CHF |\n\n"
+        "## What is not reimbursed\n\n"
+        "- Minibar purchases\n"
+        "- Upgrades to business class\n"
+        "  - Fines for parking or speeding\n\n"
+        "## Filing a claim\n\n"
+        "1. Scan the receipts.\n"
+        "1. Attach them to the claim form."
+    )
+    # Headers and footers are left out by default...
+    assert "CONFIDENTIAL" not in parsed.text and "revision 7" not in parsed.text
+
+
+@docx_extra
+def test_headers_and_footers_are_read_when_asked_for(settings):
+    settings.DJANGO_RAG = {
+        "PARSERS": {".docx": "tests.test_formats.DocxWithHeaders"},
+    }
+    parsed = parse_file(FIXTURES / "expense_policy.docx")
+    assert parsed.text.startswith("CONFIDENTIAL - internal use only\n\n# Travel expense policy")
+    assert parsed.text.endswith("Page footer: revision 7")
+
+
+if find_spec("docx") is not None:
+    from django_rag.ingestion.parsers.docx import DocxParser
+
+    class DocxWithHeaders(DocxParser):
+        def __init__(self):
+            super().__init__(include_headers_footers=True)
+
+
+@docx_extra
+def test_table_cells_with_pipes_line_breaks_and_merges_stay_one_row_each():
+    def build(document):
+        table = document.add_table(rows=3, cols=3)
+        for cell, text in zip(table.rows[0].cells, ["Key", "Value", "Note"], strict=True):
+            cell.text = text
+        table.cell(1, 0).text = "a|b"
+        table.cell(1, 1).text = "first line\nsecond line"
+        table.cell(1, 2).text = "back\\slash"
+        merged = table.cell(2, 0).merge(table.cell(2, 2))
+        merged.text = "spans all"
+
+    text = parse_bytes(make_docx(build), filename="t.docx").text
+    assert text.splitlines() == [
+        "| Key | Value | Note |",
+        "|---|---|---|",
+        "| a\\|b | first line second line | back\\slash |",
+        "| spans all | spans all | spans all |",
+    ]
+
+
+@docx_extra
+def test_an_empty_word_file_stores_nothing_and_says_so(db, settings, tmp_path):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing"}
+    path = tmp_path / "empty.docx"
+    path.write_bytes(make_docx(lambda document: None))
+    with pytest.raises(EmptyDocument):
+        rag.ingest_file(path, collection="docs")
+
+
+@docx_extra
+def test_a_file_that_is_not_a_word_document_is_a_typed_error():
+    with pytest.raises(CorruptFile, match="not a ZIP archive"):
+        parse_bytes(b"this is plain text", filename="fake.docx")
+    from tests.test_formats_hostile import zip_with
+
+    with pytest.raises(CorruptFile, match="lacks word/document.xml"):
+        parse_bytes(zip_with({"hello.txt": b"hi"}), filename="other.docx")

@@ -22,6 +22,7 @@ BUILTIN_PARSERS: dict[str, str] = {
     # first asked for, and parsing without the extra raises MissingDependency naming it.
     ".html": "django_rag.ingestion.parsers.html.HtmlParser",
     ".htm": "django_rag.ingestion.parsers.html.HtmlParser",
+    ".docx": "django_rag.ingestion.parsers.docx.DocxParser",
 }
 
 

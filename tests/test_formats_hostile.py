@@ -1,0 +1,191 @@
+"""Hostile office, web and mail files: compression bombs, XML entity expansion, deep nesting,
+broken encodings and huge cells are refused with typed errors, within budget. The heavy ones
+are parsed in a fresh process whose CPU time and peak memory are measured (the pattern of
+tests/test_parsers_hostile.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from django_rag.exceptions import CorruptFile, DocumentTooLarge, EmptyDocument, InvalidText
+from django_rag.ingestion.parsers import parse_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def needs(module: str, extra: str):
+    return pytest.mark.skipif(
+        find_spec(module) is None, reason=f"the {extra} extra ({module}) is not installed"
+    )
+
+
+def zip_with(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def rewrite(data: bytes, replace: dict[str, bytes]) -> bytes:
+    """``data`` (a ZIP) with some members' bytes replaced."""
+    source = zipfile.ZipFile(io.BytesIO(data))
+    members = {info.filename: source.read(info.filename) for info in source.infolist()}
+    members.update(replace)
+    return zip_with(members)
+
+
+def docx_file(body_xml: bytes = b"", **replace: bytes) -> bytes:
+    """A real DOCX (python-docx's template) whose body is ``body_xml`` (WordprocessingML)."""
+    import docx
+
+    buffer = io.BytesIO()
+    docx.Document().save(buffer)
+    data = buffer.getvalue()
+    document = zipfile.ZipFile(io.BytesIO(data)).read("word/document.xml")
+    if body_xml:
+        start = document.index(b"<w:body>") + len(b"<w:body>")
+        document = document[:start] + body_xml + document[start:]
+    return rewrite(data, {"word/document.xml": document, **replace})
+
+
+LAUGHS = (
+    b'<?xml version="1.0"?>\n<!DOCTYPE lolz [<!ENTITY lol "lol">'
+    + b"".join(
+        b'<!ENTITY lol%d "%s">' % (i, (b"&lol%d;" % (i - 1) if i > 1 else b"&lol;") * 10)
+        for i in range(1, 10)
+    )
+    + b"]>\n"
+)
+
+
+def docx_laughs() -> bytes:
+    """Billion laughs: a document.xml whose DTD expands one entity to 10^9 'lol's."""
+    document = zipfile.ZipFile(io.BytesIO(docx_file())).read("word/document.xml")
+    body = document.split(b"?>", 1)[1].replace(
+        b"<w:body>", b"<w:body><w:p><w:r><w:t>&lol9;</w:t></w:r></w:p>"
+    )
+    return rewrite(docx_file(), {"word/document.xml": LAUGHS + body})
+
+
+def docx_deep() -> bytes:
+    """A paragraph nested 40,000 elements deep (smart tags inside smart tags; under 1 MiB,
+    so no ZIP budget stops it first)."""
+    depth = 40_000
+    return docx_file(b"<w:p>" + b"<w:smartTag>" * depth + b"</w:smartTag>" * depth + b"</w:p>")
+
+
+def docx_zip_bomb() -> bytes:
+    """A DOCX whose document.xml inflates 1,000 times (to 50 MB)."""
+    cell = b"<w:p><w:r><w:t>" + b"A" * 50_000_000 + b"</w:t></w:r></w:p>"
+    return docx_file(cell)
+
+
+def docx_huge_cell() -> bytes:
+    """A table cell of 4 million distinct-ish characters (it compresses poorly)."""
+    import random
+
+    rng = random.Random(7)
+    text = "".join(rng.choice("abcdefgh ") for _ in range(4_000_000)).encode()
+    row = b"<w:tr><w:tc><w:p><w:r><w:t>" + text + b"</w:t></w:r></w:p></w:tc></w:tr>"
+    return docx_file(b"<w:tbl>" + row + b"</w:tbl>")
+
+
+CHILD = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+from django.conf import settings
+settings.configure(DJANGO_RAG=json.loads(sys.argv[3]))
+from tests import test_formats_hostile as hostile
+from django_rag.ingestion.parsers import parse_bytes
+data = getattr(hostile, sys.argv[1])()
+started = time.process_time()
+try:
+    parse_bytes(data, filename="hostile" + sys.argv[2])
+    outcome, setting = "parsed", None
+except BaseException as exc:
+    outcome = getattr(exc, "code", type(exc).__name__)
+    setting = getattr(exc, "details", {}).get("setting")
+print(json.dumps({
+    "outcome": outcome,
+    "setting": setting,
+    "cpu_seconds": time.process_time() - started,
+    "peak_mb": next(
+        int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")
+    ) / 1024,
+    "size": len(data),
+}))
+"""
+
+
+def run_bounded(builder: str, extension: str, settings: dict | None = None) -> dict:
+    """Parse ``builder()``'s file in a fresh process: its outcome, CPU time and peak memory."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, builder, extension, json.dumps(settings or {})],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# builder, extension, settings, expected error code, expected setting (None: not a budget)
+HOSTILE = [
+    ("docx_laughs", ".docx", {}, "corrupt_file", None),
+    ("docx_deep", ".docx", {}, "corrupt_file", None),
+    ("docx_zip_bomb", ".docx", {}, "document_too_large", "MAX_ZIP_RATIO"),
+    (
+        "docx_huge_cell",
+        ".docx",
+        {"MAX_DOCUMENT_CHARS": 1_000_000},
+        "document_too_large",
+        "MAX_DOCUMENT_CHARS",
+    ),
+]
+EXTRAS = {".docx": ("docx", "docx"), ".pptx": ("pptx", "pptx"), ".xlsx": ("openpyxl", "xlsx")}
+EXTRAS |= {".html": ("trafilatura", "html")}
+
+
+@pytest.mark.parametrize(
+    "builder, extension, settings, code, setting", HOSTILE, ids=[c[0] for c in HOSTILE]
+)
+def test_hostile_files_are_refused_in_bounded_time_and_memory(
+    builder, extension, settings, code, setting
+):
+    module, extra = EXTRAS.get(extension, (None, None))
+    if module and find_spec(module) is None:
+        pytest.skip(f"the {extra} extra ({module}) is not installed")
+    result = run_bounded(builder, extension, settings)
+    assert (result["outcome"], result["setting"]) == (code, setting), result
+    assert result["cpu_seconds"] < 10, result
+    assert result["peak_mb"] < 400, result
+
+
+@needs("docx", "docx")
+def test_a_dtd_anywhere_in_an_office_file_is_refused_with_its_part_named():
+    data = rewrite(docx_file(), {"docProps/core.xml": LAUGHS + b"<x>&lol9;</x>"})
+    with pytest.raises(CorruptFile, match="docProps/core.xml.*declares a DTD") as caught:
+        parse_bytes(data, filename="laughs.docx")
+    assert caught.value.details["member"] == "docProps/core.xml"
+    # In UTF-16 too.
+    utf16 = '<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE x [<!ENTITY a "b">]><x/>'
+    data = rewrite(docx_file(), {"docProps/app.xml": utf16.encode("utf-16")})
+    with pytest.raises(CorruptFile, match="declares a DTD"):
+        parse_bytes(data, filename="laughs16.docx")
+
+
+def _unused():
+    return DocumentTooLarge, EmptyDocument, InvalidText
