@@ -226,3 +226,108 @@ def test_a_file_that_is_not_a_word_document_is_a_typed_error():
 
     with pytest.raises(CorruptFile, match="lacks word/document.xml"):
         parse_bytes(zip_with({"hello.txt": b"hi"}), filename="other.docx")
+
+
+# --- XLSX and CSV ------------------------------------------------------------------------------
+
+
+@xlsx_extra
+def test_a_workbook_is_one_section_per_sheet_with_its_header_row():
+    parsed = parse_file(FIXTURES / "stock.xlsx")
+    assert parsed.title == "Warehouse stock"
+    assert parsed.metadata == {"sheets": ["Stock", "Suppliers"], "author": "Logistics"}
+    assert [page.number for page in parsed.pages] == [1, 2]
+    stock, suppliers = page_texts(parsed)
+    assert stock == (
+        "## Stock\n\n"
+        "| SKU | Product | Quantity | Last counted |\n"
+        "|---|---|---|---|\n"
+        "| B-100 | Road bike frame | 12 | 2026-02-03 |\n"
+        "| B-200 | Carbon fork | 4 | 2026-02-05 |\n"
+        "| T-310 | Tubeless tyre 28mm | 150 | 2026-01-30 |"
+    )
+    assert suppliers.startswith("## Suppliers\n\n| Supplier | Country | Lead time (days) |")
+    assert "| Costa Cycles | Portugal | 35 |" in suppliers
+    # A word from the second sheet maps to page (sheet) 2.
+    at = parsed.text.index("Alpenrad")
+    assert parsed.page_range(at, at + 8) == (2, 2)
+
+
+def make_xlsx(sheets: dict[str, list[list]]) -> bytes:
+    import openpyxl
+
+    workbook = openpyxl.Workbook()
+    workbook.remove(workbook.active)
+    for name, rows in sheets.items():
+        sheet = workbook.create_sheet(name)
+        for row in rows:
+            sheet.append(row)
+    buffer = io.BytesIO()
+    workbook.save(buffer)
+    return buffer.getvalue()
+
+
+@xlsx_extra
+def test_cells_are_written_plainly_and_rows_keep_the_header_width():
+    data = make_xlsx(
+        {
+            "Data": [
+                [None, None],
+                ["Name", "Score", None, None],
+                ["Ada", 3.0, "extra", "cells"],
+                ["Grace", 2.5],
+                ["pipe|name", "line\nbreak"],
+            ]
+        }
+    )
+    assert page_texts(parse_bytes(data, filename="d.xlsx"))[0].splitlines() == [
+        "## Data",
+        "",
+        "| Name | Score |",
+        "|---|---|",
+        "| Ada | 3 extra cells |",
+        "| Grace | 2.5 |",
+        "| pipe\\|name | line break |",
+    ]
+
+
+@xlsx_extra
+def test_more_sheets_than_the_page_budget_are_refused(settings):
+    settings.DJANGO_RAG = {"MAX_PDF_PAGES": 2}
+    data = make_xlsx({f"S{i}": [["a"], ["b"]] for i in range(3)})
+    with pytest.raises(DocumentTooLarge, match="MAX_PDF_PAGES.*sheets") as caught:
+        parse_bytes(data, filename="many.xlsx")
+    assert caught.value.details["setting"] == "MAX_PDF_PAGES"
+
+
+def test_a_csv_file_is_one_table_whatever_its_delimiter():
+    for delimiter in ",;\t|":
+        data = delimiter.join(["city", "rain (mm)"]) + "\r\n"
+        data += delimiter.join(['"Bergen, NO"', "2250"]) + "\r\n"
+        data += delimiter.join(["Lisbon", "690"]) + "\r\n"
+        parsed = parse_bytes(data.encode(), filename="rain.csv")
+        assert parsed.metadata == {"rows": 2, "delimiter": delimiter}
+        assert parsed.text == (
+            "| city | rain (mm) |\n|---|---|\n| Bergen, NO | 2250 |\n| Lisbon | 690 |"
+        )
+
+
+def test_csv_decoding_and_broken_quotes_are_typed_errors():
+    from django_rag.exceptions import InvalidText
+
+    with pytest.raises(InvalidText, match="not valid UTF-8"):
+        parse_bytes("name\nCaf\xe9\n".encode("latin-1"), filename="l.csv")
+    # A BOM-marked UTF-16 export (Excel's "Unicode text") is read.
+    assert "| Café |" in parse_bytes("name\tx\nCafé\t1\n".encode("utf-16"), filename="u.tsv").text
+    unclosed = b'a,b\n"never closed,' + b"x" * 200_000
+    with pytest.raises(CorruptFile, match="not valid CSV at line") as caught:
+        parse_bytes(unclosed, filename="broken.csv")
+    assert caught.value.code == "corrupt_file"
+
+
+def test_csv_rows_beyond_the_character_budget_are_refused_while_reading(settings):
+    settings.DJANGO_RAG = {"MAX_DOCUMENT_CHARS": 10_000}
+    data = b"a,b\n" + b"1,2\n" * 5_000  # 20 KB: fits the input bound, not the text budget
+    with pytest.raises(DocumentTooLarge) as caught:
+        parse_bytes(data, filename="long.csv")
+    assert caught.value.details["setting"] == "MAX_DOCUMENT_CHARS"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from django_rag.exceptions import CorruptFile, DocumentTooLarge, EmptyDocument, InvalidText
+from django_rag.exceptions import CorruptFile
 from django_rag.ingestion.parsers import parse_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,21 +159,6 @@ EXTRAS = {".docx": ("docx", "docx"), ".pptx": ("pptx", "pptx"), ".xlsx": ("openp
 EXTRAS |= {".html": ("trafilatura", "html")}
 
 
-@pytest.mark.parametrize(
-    "builder, extension, settings, code, setting", HOSTILE, ids=[c[0] for c in HOSTILE]
-)
-def test_hostile_files_are_refused_in_bounded_time_and_memory(
-    builder, extension, settings, code, setting
-):
-    module, extra = EXTRAS.get(extension, (None, None))
-    if module and find_spec(module) is None:
-        pytest.skip(f"the {extra} extra ({module}) is not installed")
-    result = run_bounded(builder, extension, settings)
-    assert (result["outcome"], result["setting"]) == (code, setting), result
-    assert result["cpu_seconds"] < 10, result
-    assert result["peak_mb"] < 400, result
-
-
 @needs("docx", "docx")
 def test_a_dtd_anywhere_in_an_office_file_is_refused_with_its_part_named():
     data = rewrite(docx_file(), {"docProps/core.xml": LAUGHS + b"<x>&lol9;</x>"})
@@ -187,5 +172,79 @@ def test_a_dtd_anywhere_in_an_office_file_is_refused_with_its_part_named():
         parse_bytes(data, filename="laughs16.docx")
 
 
-def _unused():
-    return DocumentTooLarge, EmptyDocument, InvalidText
+def xlsx_file(sheet_xml: bytes | None = None, **replace: bytes) -> bytes:
+    """A real XLSX (openpyxl) whose first sheet's XML is ``sheet_xml``."""
+    import openpyxl
+
+    buffer = io.BytesIO()
+    workbook = openpyxl.Workbook()
+    workbook.active.append(["header", "value"])
+    workbook.save(buffer)
+    members = dict(replace)
+    if sheet_xml is not None:
+        members["xl/worksheets/sheet1.xml"] = sheet_xml
+    return rewrite(buffer.getvalue(), members)
+
+
+SHEET = (
+    b'<?xml version="1.0" encoding="UTF-8"?><worksheet xmlns="http://schemas.openxmlformats.org/'
+    b'spreadsheetml/2006/main"><sheetData>%s</sheetData></worksheet>'
+)
+
+
+def xlsx_sparse() -> bytes:
+    """Two cells, A1 and XFD1048576: a sheet 16,384 columns by 1,048,576 rows once padded
+    (17 billion cells), in a few hundred bytes; each row is as wide as its own cells."""
+    rows = b'<row r="1"><c r="A1" t="inlineStr"><is><t>h</t></is></c></row>'
+    rows += b'<row r="1048576"><c r="XFD1048576"><v>1</v></c></row>'
+    return xlsx_file(SHEET % rows)
+
+
+def xlsx_wide_rows() -> bytes:
+    """300,000 rows each holding one cell in the last column (16,384 columns padded)."""
+    rows = b"".join(
+        b'<row r="%d"><c r="XFD%d"><v>1</v></c></row>' % (i, i) for i in range(1, 300_001)
+    )
+    return xlsx_file(SHEET % rows)
+
+
+def xlsx_laughs() -> bytes:
+    return xlsx_file(
+        LAUGHS + SHEET % b'<row r="1"><c r="A1" t="inlineStr"><is><t>&lol9;</t></is></c></row>'
+    )
+
+
+def csv_unclosed_quote() -> bytes:
+    """A quote opened and never closed: the rest of the file is one field."""
+    return b'name,notes\nAda,"' + b"lorem ipsum " * 400_000
+
+
+HOSTILE += [
+    ("xlsx_laughs", ".xlsx", {}, "corrupt_file", None),
+    ("xlsx_wide_rows", ".xlsx", {"PARSE_TIMEOUT": 2}, "document_too_large", "PARSE_TIMEOUT"),
+    ("csv_unclosed_quote", ".csv", {}, "corrupt_file", None),
+]
+
+
+@needs("openpyxl", "xlsx")
+def test_a_sparse_sheet_is_read_as_its_cells_not_its_declared_size():
+    parsed = parse_bytes(xlsx_sparse(), filename="sparse.xlsx")
+    lines = parsed.text.splitlines()
+    assert lines[:4] == ["## Sheet", "", "| h |", "|---|"]
+    # The far cell joins the header's single column instead of widening the table.
+    assert lines[4].startswith("| ") and lines[4].endswith(" 1 |") and len(lines) == 5
+
+
+@pytest.mark.parametrize(
+    "builder, extension, settings, code, setting", HOSTILE, ids=[c[0] for c in HOSTILE]
+)
+def test_hostile_files_are_refused_in_bounded_time_and_memory(
+    builder, extension, settings, code, setting
+):
+    module, extra = EXTRAS.get(extension, (None, None))
+    if module and find_spec(module) is None:
+        pytest.skip(f"the {extra} extra ({module}) is not installed")
+    result = run_bounded(builder, extension, settings)
+    assert (result["outcome"], result["setting"]) == (code, setting), result
+    assert result["cpu_seconds"] < 10, result
+    assert result["peak_mb"] < 400, result

@@ -4,6 +4,7 @@ library opens it."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -95,15 +96,20 @@ class TextBuilder:
         return ParsedDocument(text="".join(self.parts), pages=self.pages, **fields)
 
 
+_PIPE = re.compile(r"(\\*)\|")
+
+
 def cell_text(value: Any) -> str:
     """One table cell on one line: pipes escaped, line breaks as spaces, so a Markdown table
     row stays a single line however hostile the cell."""
     if value is None:
         return ""
-    text = str(value)
+    text = " ".join(str(value).split())
     if "|" in text:
-        text = text.replace("\\", "\\\\").replace("|", "\\|")
-    return " ".join(text.split())
+        # GitHub-flavoured Markdown: "\|" is a pipe inside a cell; backslashes right before a
+        # pipe are doubled so they stay backslashes (elsewhere a backslash is literal).
+        text = _PIPE.sub(lambda match: match.group(1) * 2 + "\\|", text)
+    return text
 
 
 def table_row(cells: list[Any]) -> str:
