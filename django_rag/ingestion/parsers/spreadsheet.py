@@ -157,4 +157,3 @@ class CsvParser(TextParser):
             content_type=self.content_type,
             metadata={"rows": rows, "delimiter": delimiter},
         )
-
