@@ -331,3 +331,63 @@ def test_csv_rows_beyond_the_character_budget_are_refused_while_reading(settings
     with pytest.raises(DocumentTooLarge) as caught:
         parse_bytes(data, filename="long.csv")
     assert caught.value.details["setting"] == "MAX_DOCUMENT_CHARS"
+
+
+# --- PPTX --------------------------------------------------------------------------------------
+
+
+@pptx_extra
+def test_a_slide_deck_is_one_page_per_slide_with_titles_lists_tables_and_notes():
+    parsed = parse_file(FIXTURES / "quarterly_review.pptx")
+    assert parsed.title == "Quarterly review"
+    assert parsed.metadata == {"slide_count": 3, "author": "Strategy Office"}
+    assert [page.number for page in parsed.pages] == [1, 2, 3]
+    first, second, third = page_texts(parsed)
+    assert first == "## Quarterly review\n\nSecond quarter, sales and service"
+    assert second == (
+        "## Highlights\n\n"
+        "- Revenue grew eleven percent\n"
+        "  - Mostly from the northern region\n"
+        "- Churn fell to 2 percent\n\n"
+        "Notes: Mention the new distributor in Oslo."
+    )
+    assert third == (
+        "## Tickets by channel\n\n| Channel | Tickets |\n|---|---|\n| Email | 1,204 |\n| Phone | 388 |"
+    )
+    at = parsed.text.index("Oslo")
+    assert parsed.page_range(parsed.text.index("Highlights"), at + 4) == (2, 2)
+    assert parsed.page_range(0, len(parsed.text)) == (1, 3)
+
+
+if find_spec("pptx") is not None:
+    from django_rag.ingestion.parsers.pptx import PptxParser
+
+    class PptxWithoutNotes(PptxParser):
+        def __init__(self):
+            super().__init__(include_notes=False)
+
+
+@pptx_extra
+def test_speaker_notes_can_be_left_out(settings):
+    settings.DJANGO_RAG = {"PARSERS": {".pptx": "tests.test_formats.PptxWithoutNotes"}}
+    parsed = parse_file(FIXTURES / "quarterly_review.pptx")
+    assert "Oslo" not in parsed.text and "Churn fell" in parsed.text
+
+
+@pptx_extra
+def test_groups_are_read_in_reading_order_and_footers_dropped():
+    import pptx
+    from pptx.util import Inches
+
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[6])  # blank
+    lower = slide.shapes.add_textbox(Inches(1), Inches(5), Inches(4), Inches(1))
+    lower.text_frame.text = "Written last, shown at the bottom"
+    group = slide.shapes.add_group_shape()
+    inner = group.shapes.add_textbox(Inches(1), Inches(1), Inches(4), Inches(1))
+    inner.text_frame.text = "Inside a group, shown at the top"
+    buffer = io.BytesIO()
+    deck.save(buffer)
+    parsed = parse_bytes(buffer.getvalue(), filename="g.pptx")
+    assert parsed.text == "Inside a group, shown at the top\n\nWritten last, shown at the bottom"
+    assert parsed.title == ""

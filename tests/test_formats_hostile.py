@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from django_rag.exceptions import CorruptFile
+from django_rag.exceptions import CorruptFile, DocumentTooLarge
 from django_rag.ingestion.parsers import parse_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -219,11 +219,38 @@ def csv_unclosed_quote() -> bytes:
     return b'name,notes\nAda,"' + b"lorem ipsum " * 400_000
 
 
+def pptx_file(slides: int = 1) -> bytes:
+    import pptx
+
+    deck = pptx.Presentation()
+    for number in range(slides):
+        deck.slides.add_slide(deck.slide_layouts[5]).shapes.title.text = f"Slide {number + 1}"
+    buffer = io.BytesIO()
+    deck.save(buffer)
+    return buffer.getvalue()
+
+
+def pptx_laughs() -> bytes:
+    data = pptx_file()
+    slide = zipfile.ZipFile(io.BytesIO(data)).read("ppt/slides/slide1.xml")
+    slide = slide.split(b"?>", 1)[1].replace(b">Slide 1<", b">&lol9;<")
+    return rewrite(data, {"ppt/slides/slide1.xml": LAUGHS + slide})
+
+
 HOSTILE += [
     ("xlsx_laughs", ".xlsx", {}, "corrupt_file", None),
     ("xlsx_wide_rows", ".xlsx", {"PARSE_TIMEOUT": 2}, "document_too_large", "PARSE_TIMEOUT"),
     ("csv_unclosed_quote", ".csv", {}, "corrupt_file", None),
+    ("pptx_laughs", ".pptx", {}, "corrupt_file", None),
 ]
+
+
+@needs("pptx", "pptx")
+def test_more_slides_than_the_page_budget_are_refused(settings):
+    settings.DJANGO_RAG = {"MAX_PDF_PAGES": 3}
+    assert len(parse_bytes(pptx_file(3), filename="ok.pptx").pages) == 3
+    with pytest.raises(DocumentTooLarge, match="MAX_PDF_PAGES.*slides"):
+        parse_bytes(pptx_file(4), filename="long.pptx")
 
 
 @needs("openpyxl", "xlsx")

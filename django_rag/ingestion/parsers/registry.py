@@ -23,6 +23,7 @@ BUILTIN_PARSERS: dict[str, str] = {
     ".html": "django_rag.ingestion.parsers.html.HtmlParser",
     ".htm": "django_rag.ingestion.parsers.html.HtmlParser",
     ".docx": "django_rag.ingestion.parsers.docx.DocxParser",
+    ".pptx": "django_rag.ingestion.parsers.pptx.PptxParser",
     ".xlsx": "django_rag.ingestion.parsers.spreadsheet.XlsxParser",
     ".xlsm": "django_rag.ingestion.parsers.spreadsheet.XlsxParser",
     ".csv": "django_rag.ingestion.parsers.spreadsheet.CsvParser",
