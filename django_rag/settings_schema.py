@@ -182,6 +182,14 @@ SCHEMA: tuple[Setting, ...] = (
         nullable=True,
     ),
     _s(
+        "MAX_ATTACHMENT_DEPTH",
+        3,
+        "Emails: how deep attachments are read (1: the email's own; 2: also those of an "
+        "attached email...; None: no limit).",
+        INTEGER,
+        nullable=True,
+    ),
+    _s(
         "MAX_PARSE_MEMORY",
         1024 * MiB,
         "Bytes of address space an upload's parse child may add (None: parse in the job's "

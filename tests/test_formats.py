@@ -391,3 +391,87 @@ def test_groups_are_read_in_reading_order_and_footers_dropped():
     parsed = parse_bytes(buffer.getvalue(), filename="g.pptx")
     assert parsed.text == "Inside a group, shown at the top\n\nWritten last, shown at the bottom"
     assert parsed.title == ""
+
+
+# --- EML ---------------------------------------------------------------------------------------
+
+
+def make_email(body: str = "Body text.", *, subject: str = "Hello", html: str = "", **kwargs):
+    from email.message import EmailMessage
+
+    message = EmailMessage()
+    message["From"] = "a@example.org"
+    message["To"] = "b@example.org"
+    message["Subject"] = subject
+    if body:
+        message.set_content(body)
+    if html:
+        if body:
+            message.add_alternative(html, subtype="html")
+        else:
+            message.set_content(html, subtype="html")
+    for name, (data, maintype, subtype) in kwargs.get("attachments", {}).items():
+        if maintype == "message":
+            message.add_attachment(data)  # an EmailMessage: attached as message/rfc822
+        else:
+            message.add_attachment(data, maintype=maintype, subtype=subtype, filename=name)
+    return message
+
+
+@needs("pymupdf", "pdf")
+def test_an_email_keeps_its_headers_body_and_its_pdf_attachment():
+    parsed = parse_file(FIXTURES / "cooling_failure.eml")
+    assert parsed.title == "Cooling failure in hall B"
+    assert parsed.content_type == "message/rfc822" and parsed.format == "markdown"
+    meta = parsed.metadata
+    assert meta["from"] == ["Dana Reyes <dana.reyes@example.org>"]
+    assert meta["to"] == ["Facilities <facilities@example.org>", "ops@example.org"]
+    assert meta["cc"] == ["Site Lead <lead@example.org>"]
+    assert meta["date"] == "2026-04-14T08:15:00+02:00"
+    assert meta["attachments"] == [
+        {"filename": "incident-report.pdf", "content_type": "application/pdf", "size": 1361},
+        {"filename": "photo.png", "content_type": "image/png", "skipped": "unsupported_file_type"},
+    ]
+    text = parsed.text
+    assert text.startswith(
+        "# Cooling failure in hall B\n\nFrom: Dana Reyes <dana.reyes@example.org>\n"
+    )
+    assert "please schedule the compressor replacement this week." in text
+    report = text.index("## Attachment: incident-report.pdf\n\nIncident report 2026-04")
+    assert text.index("Temperature peaked at 41 degrees") > report
+    assert "PNG" not in text
+
+
+@html
+def test_an_html_only_email_is_read_as_markdown_and_attached_emails_recursively(settings):
+    inner = make_email("The inner message mentions the harbour crane.", subject="Inner")
+    middle = make_email(
+        "Middle body.", subject="Middle", attachments={"m": (inner, "message", "rfc822")}
+    )
+    outer = make_email(
+        "",
+        subject="Outer",
+        html="<p>See the <b>forwarded</b> thread.</p><script>alert(1)</script>",
+        attachments={"m": (middle, "message", "rfc822")},
+    )
+    parsed = parse_bytes(bytes(outer), filename="outer.eml")
+    assert "See the **forwarded** thread." in parsed.text and "alert" not in parsed.text
+    assert "## Attachment: attached.eml\n\n# Middle" in parsed.text
+    assert "harbour crane" in parsed.text  # depth 2, within MAX_ATTACHMENT_DEPTH (3)
+    settings.DJANGO_RAG = {"MAX_ATTACHMENT_DEPTH": 1}
+    parsed = parse_bytes(bytes(outer), filename="outer.eml")
+    assert "Middle body." in parsed.text and "harbour crane" not in parsed.text
+
+
+def test_mail_in_a_wrong_charset_is_read_with_replacements():
+    raw = (
+        b"From: a@example.org\r\nSubject: =?utf-8?q?Caf=C3=A9?=\r\n"
+        b'Content-Type: text/plain; charset="no-such-charset"\r\n\r\nCaf\xe9 au lait\r\n'
+    )
+    parsed = parse_bytes(raw, filename="odd.eml")
+    assert parsed.title == "Café" and "Caf\ufffd au lait" in parsed.text
+
+
+def test_a_file_without_headers_is_not_an_email():
+    with pytest.raises(CorruptFile, match="not an email"):
+        parse_bytes(b"\r\n\r\njust text", filename="x.eml")

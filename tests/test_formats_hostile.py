@@ -156,7 +156,7 @@ HOSTILE = [
     ),
 ]
 EXTRAS = {".docx": ("docx", "docx"), ".pptx": ("pptx", "pptx"), ".xlsx": ("openpyxl", "xlsx")}
-EXTRAS |= {".html": ("trafilatura", "html")}
+EXTRAS |= {".html": ("trafilatura", "html"), ".eml": ("docx", "docx")}
 
 
 @needs("docx", "docx")
@@ -237,11 +237,53 @@ def pptx_laughs() -> bytes:
     return rewrite(data, {"ppt/slides/slide1.xml": LAUGHS + slide})
 
 
+def eml_deep() -> bytes:
+    """MIME parts nested 5,000 deep (the email package parses them recursively)."""
+    depth = 5_000
+    head = b"From: a@example.org\r\nSubject: deep\r\nMIME-Version: 1.0\r\n"
+    body = b"".join(
+        b'Content-Type: multipart/mixed; boundary="b%d"\r\n\r\n--b%d\r\n' % (i, i)
+        for i in range(depth)
+    )
+    body += b"Content-Type: text/plain\r\n\r\nhello\r\n"
+    body += b"".join(b"--b%d--\r\n" % i for i in reversed(range(depth)))
+    return head + body
+
+
+def eml_carrying_a_bomb() -> bytes:
+    """An email whose attachment is the DOCX compression bomb."""
+    from email.message import EmailMessage
+
+    message = EmailMessage()
+    message["Subject"] = "Quarterly numbers"
+    message.set_content("See attached.")
+    message.add_attachment(
+        docx_zip_bomb(), maintype="application", subtype="octet-stream", filename="numbers.docx"
+    )
+    return bytes(message)
+
+
+def html_deep() -> bytes:
+    """Text inside 200,000 nested elements (lxml stops building the tree at its depth limit)."""
+    depth = 200_000
+    return b"<html><body>" + b"<div>" * depth + b"deep text " * 50 + b"</div>" * depth
+
+
+def html_entities() -> bytes:
+    """An HTML page behind an XML declaration and a DTD of nested entities: nothing is
+    expanded (lxml's HTML parser ignores the internal subset) and no main content is found."""
+    return LAUGHS + b"<html><body><article><p>&lol9;</p>" + b"<p>Real words here.</p>" * 40
+
+
 HOSTILE += [
     ("xlsx_laughs", ".xlsx", {}, "corrupt_file", None),
     ("xlsx_wide_rows", ".xlsx", {"PARSE_TIMEOUT": 2}, "document_too_large", "PARSE_TIMEOUT"),
     ("csv_unclosed_quote", ".csv", {}, "corrupt_file", None),
     ("pptx_laughs", ".pptx", {}, "corrupt_file", None),
+    ("eml_deep", ".eml", {}, "corrupt_file", None),
+    ("html_deep", ".html", {}, "empty_document", None),
+    ("html_entities", ".html", {}, "empty_document", None),
+    ("eml_carrying_a_bomb", ".eml", {}, "document_too_large", "MAX_ZIP_RATIO"),
 ]
 
 

@@ -26,6 +26,7 @@ BUILTIN_PARSERS: dict[str, str] = {
     ".pptx": "django_rag.ingestion.parsers.pptx.PptxParser",
     ".xlsx": "django_rag.ingestion.parsers.spreadsheet.XlsxParser",
     ".xlsm": "django_rag.ingestion.parsers.spreadsheet.XlsxParser",
+    ".eml": "django_rag.ingestion.parsers.mail.EmlParser",
     ".csv": "django_rag.ingestion.parsers.spreadsheet.CsvParser",
     ".tsv": "django_rag.ingestion.parsers.spreadsheet.CsvParser",
 }
