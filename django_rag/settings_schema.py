@@ -142,7 +142,8 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "MAX_PDF_PAGES",
         2_000,
-        "PDFs with more pages are refused on opening (None: no limit).",
+        "PDFs with more pages (decks with more slides, workbooks with more sheets) are refused "
+        "(None: no limit).",
         INTEGER,
         nullable=True,
     ),
@@ -156,7 +157,7 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "PARSE_TIMEOUT",
         60,
-        "Seconds reading one PDF may take (None: no limit).",
+        "Seconds reading one file (PDF, office, mail) may take (None: no limit).",
         NUMBER,
         nullable=True,
     ),
