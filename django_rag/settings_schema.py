@@ -183,6 +183,13 @@ SCHEMA: tuple[Setting, ...] = (
         nullable=True,
     ),
     _s(
+        "PDF_TABLES",
+        True,
+        "Find tables on PDF pages and write them as Markdown tables (costs about 15 times the "
+        "text extraction, within half of PARSE_TIMEOUT).",
+        (bool,),
+    ),
+    _s(
         "MAX_ATTACHMENT_DEPTH",
         3,
         "Emails: how deep attachments are read (1: the email's own; 2: also those of an "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import time
 
+from ...conf import get_setting
 from ...exceptions import (
     CorruptFile,
     DocumentTooLarge,
@@ -23,6 +24,7 @@ from ..pdftext import (
 from ..titles import pdf_title
 from .base import Page, ParsedDocument, Parser, _limit, _too_many_chars
 from .pdfcost import _PageCost
+from .pdftables import find_tables, text_with_tables
 
 
 class PdfParser(Parser):
@@ -52,6 +54,13 @@ class PdfParser(Parser):
         max_pages = _limit("MAX_PDF_PAGES")
         max_page_bytes = _limit("MAX_PDF_PAGE_CONTENT_BYTES")
         timeout = _limit("PARSE_TIMEOUT", integer=False)
+        detect_tables = bool(get_setting("PDF_TABLES"))
+        # The table finder costs ~15 times the text extraction: it may use half the time
+        # budget, then the remaining pages are read as prose (and the metadata says from where).
+        table_seconds = None if timeout is None else timeout / 2
+        table_time = 0.0
+        tables_found = 0
+        tables_stopped_at: int | None = None
         if b"%PDF" not in data[:1024]:
             raise CorruptFile(
                 f"{filename} is not a PDF (it does not start with %PDF); check the file or its "
@@ -162,7 +171,16 @@ class PdfParser(Parser):
                     if number == 1:
                         first_page = blocks
                     hyphenated_words(blocks, compounds)
-                    cleaned = page_text(blocks)
+                    tables = []
+                    if detect_tables and tables_stopped_at is None:
+                        if table_seconds is not None and table_time > table_seconds:
+                            tables_stopped_at = number
+                        else:
+                            began = time.monotonic()
+                            tables = find_tables(page)
+                            table_time += time.monotonic() - began
+                    tables_found += len(tables)
+                    cleaned = text_with_tables(blocks, tables) if tables else page_text(blocks)
                     text = cleaned.text
                     joins.extend((offset + at, key) for at, key in cleaned.joins)
                 del textpage, plain, layout
@@ -188,12 +206,19 @@ class PdfParser(Parser):
                     "first, for example: ocrmypdf in.pdf out.pdf",
                     filename=filename,
                 )
+            metadata: dict = {"page_count": page_count}
+            if tables_found:
+                metadata["tables"] = tables_found
+            if tables_stopped_at is not None:
+                metadata["tables_not_searched_from_page"] = tables_stopped_at
             title = (document.metadata or {}).get("title") or ""
             return ParsedDocument(
                 text=text,
                 content_type=self.content_type,
+                # Markdown when it holds tables, so the chunker keeps their rows whole.
+                format="markdown" if tables_found else "text",
                 # A file name or a tool's placeholder in the metadata loses to the heading.
                 title=pdf_title(title if isinstance(title, str) else "", first_page, text),
                 pages=pages,
-                metadata={"page_count": page_count},
+                metadata=metadata,
             )
