@@ -156,7 +156,7 @@ HOSTILE = [
     ),
 ]
 EXTRAS = {".docx": ("docx", "docx"), ".pptx": ("pptx", "pptx"), ".xlsx": ("openpyxl", "xlsx")}
-EXTRAS |= {".html": ("trafilatura", "html"), ".eml": ("docx", "docx")}
+EXTRAS |= {".html": ("trafilatura", "html"), ".eml": ("docx", "docx"), ".pdf": ("pymupdf", "pdf")}
 
 
 @needs("docx", "docx")
@@ -275,12 +275,25 @@ def html_entities() -> bytes:
     return LAUGHS + b"<html><body><article><p>&lol9;</p>" + b"<p>Real words here.</p>" * 40
 
 
+def pdf_drawing_bomb() -> bytes:
+    """A page with a line of text and 4 MB of line segments (200,000 paths): under the page's
+    content budget, but the table finder would spend 8 s and 560 MB on it."""
+    from tests.test_parsers_hostile import SHOW_TEXT, one_page_pdf, stream_object
+
+    ops = b"".join(
+        b"%d %d m %d %d l S\n" % (i % 500, i % 700, i % 500 + 1, i % 700 + 1)
+        for i in range(200_000)
+    )
+    return one_page_pdf(stream_object(SHOW_TEXT + ops), resources=b"/Font << /F1 5 0 R >>")
+
+
 HOSTILE += [
     ("xlsx_laughs", ".xlsx", {}, "corrupt_file", None),
     ("xlsx_wide_rows", ".xlsx", {"PARSE_TIMEOUT": 2}, "document_too_large", "PARSE_TIMEOUT"),
     ("csv_unclosed_quote", ".csv", {}, "corrupt_file", None),
     ("pptx_laughs", ".pptx", {}, "corrupt_file", None),
     ("eml_deep", ".eml", {}, "corrupt_file", None),
+    ("pdf_drawing_bomb", ".pdf", {}, "parsed", None),
     ("html_deep", ".html", {}, "empty_document", None),
     ("html_entities", ".html", {}, "empty_document", None),
     ("eml_carrying_a_bomb", ".eml", {}, "document_too_large", "MAX_ZIP_RATIO"),

@@ -24,7 +24,7 @@ from ..pdftext import (
 from ..titles import pdf_title
 from .base import Page, ParsedDocument, Parser, _limit, _too_many_chars
 from .pdfcost import _PageCost
-from .pdftables import find_tables, text_with_tables
+from .pdftables import TABLE_MAX_PAGE_BYTES, find_tables, text_with_tables
 
 
 class PdfParser(Parser):
@@ -61,6 +61,7 @@ class PdfParser(Parser):
         table_time = 0.0
         tables_found = 0
         tables_stopped_at: int | None = None
+        pages_too_busy = 0
         if b"%PDF" not in data[:1024]:
             raise CorruptFile(
                 f"{filename} is not a PDF (it does not start with %PDF); check the file or its "
@@ -175,6 +176,10 @@ class PdfParser(Parser):
                     if detect_tables and tables_stopped_at is None:
                         if table_seconds is not None and table_time > table_seconds:
                             tables_stopped_at = number
+                        elif _table_cost(page, cost if page_cost else None, document) > (
+                            TABLE_MAX_PAGE_BYTES
+                        ):
+                            pages_too_busy += 1  # read as prose: see TABLE_MAX_PAGE_BYTES
                         else:
                             began = time.monotonic()
                             tables = find_tables(page)
@@ -209,6 +214,8 @@ class PdfParser(Parser):
             metadata: dict = {"page_count": page_count}
             if tables_found:
                 metadata["tables"] = tables_found
+            if pages_too_busy:
+                metadata["tables_not_searched_on_pages"] = pages_too_busy
             if tables_stopped_at is not None:
                 metadata["tables_not_searched_from_page"] = tables_stopped_at
             title = (document.metadata or {}).get("title") or ""
@@ -222,3 +229,13 @@ class PdfParser(Parser):
                 pages=pages,
                 metadata=metadata,
             )
+
+
+def _table_cost(page, cost: int | None, document) -> int:
+    """The page's drawing cost (measured already when MAX_PDF_PAGE_CONTENT_BYTES is set)."""
+    if cost is not None:
+        return cost
+    try:
+        return _PageCost(document, TABLE_MAX_PAGE_BYTES)(page)
+    except Exception:
+        return TABLE_MAX_PAGE_BYTES + 1  # unmeasurable: no table search

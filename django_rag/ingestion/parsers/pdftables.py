@@ -11,6 +11,11 @@ from .common import markdown_table
 # A "table" with fewer filled cells than this share is a drawing's grid (a figure, a form's
 # boxes, a diagram), not data: its text stays prose.
 MIN_FILLED_SHARE = 0.5
+# Pages drawing more than this (bytes of content, as MAX_PDF_PAGE_CONTENT_BYTES counts them)
+# are not searched for tables: the finder builds a Python object per path segment, so 4 MB of
+# line drawings cost 8 s of CPU and 560 MB (measured, under load on a shared 2-core machine).
+# Below this a page costs at most about 2 s and 150 MB; its text is still read, as prose.
+TABLE_MAX_PAGE_BYTES = 1024 * 1024
 
 
 def find_tables(page: Any) -> list[tuple[tuple[float, float, float, float], str]]:
