@@ -24,29 +24,33 @@ def heading_level(style_name: str) -> int:
     return min(int(match.group(1)), 6) if match else 0
 
 
-def _list_level(paragraph: Any) -> int | None:
+def _list_level(paragraph: Any, style: str) -> int | None:
     """The nesting level (0-based) of a list item, None for an ordinary paragraph."""
     p_pr = paragraph._p.pPr
     num_pr = p_pr.numPr if p_pr is not None else None
     if num_pr is not None and num_pr.numId is not None and num_pr.numId.val:
         ilvl = num_pr.ilvl
         return min(int(ilvl.val) if ilvl is not None else 0, 8)
-    style = (paragraph.style.name if paragraph.style is not None else "") or ""
     if style.lower().startswith("list"):
         digits = re.search(r"(\d)$", style)
         return int(digits.group(1)) - 1 if digits else 0
     return None
 
 
-def paragraph_markdown(paragraph: Any) -> str:
+def style_names(document: Any) -> dict[str, str]:
+    """Style id -> name, read once: python-docx's ``paragraph.style`` scans every style of the
+    document for each paragraph (10 ms a paragraph on a 1,000-paragraph file)."""
+    return {style.style_id: style.name or "" for style in document.styles}
+
+
+def paragraph_markdown(paragraph: Any, style: str) -> str:
     text = " ".join((paragraph.text or "").split())
     if not text:
         return ""
-    style = paragraph.style.name if paragraph.style is not None else ""
     level = heading_level(style)
     if level:
         return f"{'#' * level} {text}"
-    depth = _list_level(paragraph)
+    depth = _list_level(paragraph, style)
     if depth is not None:
         marker = "1." if "number" in (style or "").lower() else "-"
         return f"{'  ' * depth}{marker} {text}"
@@ -91,17 +95,19 @@ class DocxParser(Parser):
                 for text in self._headers(document):
                     builder.add(text)
             in_list = False
+            names = style_names(document)
             for block in document.iter_inner_content():
                 if block.__class__.__name__ == "Table":
                     builder.add(table_markdown(block))
                     in_list = False
                     continue
-                text = paragraph_markdown(block)
+                style = names.get(block._p.style or "", "")
+                text = paragraph_markdown(block, style)
                 if not text:
                     continue
                 if text.startswith("#") and not first_heading:
                     first_heading = text.lstrip("#").strip()
-                item = _list_level(block) is not None and not text.startswith("#")
+                item = _list_level(block, style) is not None and not text.startswith("#")
                 builder.add(text, tight=item and in_list)
                 in_list = item
             if self.include_headers_footers:
