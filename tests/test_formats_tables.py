@@ -179,3 +179,74 @@ def _tokens(text: str) -> int:
     from django_rag.ingestion.chunkers import _FALLBACK_TOKEN
 
     return len(_FALLBACK_TOKEN.findall(text))
+
+
+# --- the PDF splice and its time budget ---------------------------------------------------------
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.integers(0, 40), st.integers(0, 40)), min_size=1, max_size=4),
+        min_size=1,
+        max_size=6,
+    ),
+    st.lists(
+        st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(1, 20), st.integers(1, 20)),
+        max_size=3,
+    ),
+)
+def test_the_pdf_splice_keeps_every_line_outside_tables_and_writes_each_table_once(layout, boxes):
+    from django_rag.ingestion.parsers.pdftables import text_with_tables
+    from django_rag.ingestion.pdftext import Block, Line
+
+    blocks, words = [], []
+    for b, lines in enumerate(layout):
+        block_lines = []
+        for n, (x, y) in enumerate(lines):
+            word = f"w{b}x{n}"
+            block_lines.append(Line(word, x * 10, y * 10, x * 10 + 8, y * 10 + 8))
+            words.append(block_lines[-1])
+        blocks.append(Block(block_lines))
+    tables = [
+        ((x * 10, y * 10, (x + w) * 10, (y + h) * 10), f"| T{i} | c |\n|---|---|\n| r{i} | v |")
+        for i, (x, y, w, h) in enumerate(boxes)
+    ]
+    text = text_with_tables(blocks, tables).text
+    for i in range(len(tables)):
+        assert text.count(f"| T{i} | c |") == 1
+    for line in words:
+        inside = any(
+            box[0] - 1 <= (line.x0 + line.x1) / 2 <= box[2] + 1
+            and box[1] - 1 <= (line.y0 + line.y1) / 2 <= box[3] + 1
+            for box, _ in tables
+        )
+        assert (line.text in text) != inside, line
+
+
+@pytest.mark.skipif(find_spec("pymupdf") is None, reason="the pdf extra is not installed")
+def test_the_table_finder_stops_after_half_the_parse_timeout(settings, monkeypatch):
+    """Pages after the finder's share of PARSE_TIMEOUT are read as prose, and the metadata
+    says from which page (the finder is slowed down here to stand for a heavy document)."""
+    import time
+
+    import pymupdf
+
+    from django_rag.ingestion.parsers import pdf
+
+    real = pdf.find_tables
+
+    def slow(page):
+        time.sleep(0.8)
+        return real(page)
+
+    monkeypatch.setattr(pdf, "find_tables", slow)
+    settings.DJANGO_RAG = {"PARSE_TIMEOUT": 4}
+    merged = pymupdf.open()
+    for _ in range(4):
+        merged.insert_pdf(pymupdf.open(stream=table_pdf(ROWS[:3]), filetype="pdf"))
+    parsed = parse_bytes(merged.tobytes(), filename="four.pdf")
+    assert parsed.metadata["tables_not_searched_from_page"] == 4
+    assert parsed.metadata["tables"] == 3
+    assert parsed.text.count("| City | Rainfall (mm) | Sunny days |") == 3
+    assert parsed.text.count("Town01") == 4  # the last page's table is still read, as prose
