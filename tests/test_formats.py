@@ -475,3 +475,30 @@ def test_mail_in_a_wrong_charset_is_read_with_replacements():
 def test_a_file_without_headers_is_not_an_email():
     with pytest.raises(CorruptFile, match="not an email"):
         parse_bytes(b"\r\n\r\njust text", filename="x.eml")
+
+
+@html
+@pytest.mark.django_db(transaction=True)
+def test_a_model_indexed_with_format_html_stores_its_rich_text_as_markdown(settings):
+    from django_rag import sync
+    from django_rag.models import Document
+    from tests.syncapp.models import Note
+
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "BACKGROUND": "inline"}
+    sync.unregister(Note)
+    try:
+        sync.indexed(text=["body"], collection="notes-html", format="html")(Note)
+        note = Note.objects.create(body="<h2>Opening hours</h2><p>Open <em>daily</em>.</p>")
+        document = Document.objects.get(source_id=f"syncapp.note:{note.pk}")
+        assert document.content == "## Opening hours\n\nOpen *daily*."
+        assert document.collection.name == "notes-html"
+        version = document.version
+        note.save()  # unchanged HTML: the stored Markdown is recognised, nothing re-indexed
+        assert Document.objects.get(source_id=f"syncapp.note:{note.pk}").version == version
+        note.body = "<p>Closed on Sundays.</p>"
+        note.save()
+        latest = Document.objects.filter(source_id=f"syncapp.note:{note.pk}").latest("version")
+        assert latest.content == "Closed on Sundays."
+    finally:
+        sync.unregister(Note)
+        sync.indexed(text=["body"], collection="notes", format="markdown")(Note)

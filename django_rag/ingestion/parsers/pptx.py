@@ -110,9 +110,12 @@ class PptxParser(Parser):
         )
 
     def _add_shape(self, builder: TextBuilder, shape: Any, depth: int) -> None:
+        from pptx.shapes.group import GroupShape
+
         if _placeholder_kind(shape) in _SKIPPED_PLACEHOLDERS:
             return
-        if getattr(shape, "shapes", None) is not None and shape.shape_type == 6:  # a group
+        # isinstance, not shape.shape_type: that raises for shapes of an unknown kind.
+        if isinstance(shape, GroupShape):
             if depth < MAX_GROUP_DEPTH:
                 for child in _reading_order(shape.shapes):
                     self._add_shape(builder, child, depth + 1)
