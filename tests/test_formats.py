@@ -6,6 +6,7 @@ its structure (Markdown headings and tables), the metadata and the page (slide, 
 from __future__ import annotations
 
 import io
+import sys
 from importlib.util import find_spec
 from pathlib import Path
 
@@ -502,3 +503,23 @@ def test_a_model_indexed_with_format_html_stores_its_rich_text_as_markdown(setti
     finally:
         sync.unregister(Note)
         sync.indexed(text=["body"], collection="notes", format="markdown")(Note)
+
+
+@pytest.mark.parametrize(
+    "filename, module, extra",
+    [
+        ("a.html", "trafilatura", "html"),
+        ("a.docx", "docx", "docx"),
+        ("a.pptx", "pptx", "pptx"),
+        ("a.xlsx", "openpyxl", "xlsx"),
+    ],
+)
+def test_a_format_whose_extra_is_missing_says_which_extra_to_install(
+    monkeypatch, filename, module, extra
+):
+    from django_rag.exceptions import MissingDependency
+
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    with pytest.raises(MissingDependency, match=rf"django-rag\[{extra}\]") as caught:
+        parse_bytes(b"PK\x05\x06" + b"\x00" * 18, filename=filename)
+    assert caught.value.details["extra"] == extra
