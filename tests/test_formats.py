@@ -523,3 +523,18 @@ def test_a_format_whose_extra_is_missing_says_which_extra_to_install(
     with pytest.raises(MissingDependency, match=rf"django-rag\[{extra}\]") as caught:
         parse_bytes(b"PK\x05\x06" + b"\x00" * 18, filename=filename)
     assert caught.value.details["extra"] == extra
+
+
+@docx_extra
+def test_two_tables_in_a_row_stay_two_tables():
+    from django_rag.ingestion.chunkers import markdown_tables
+
+    def build(document):
+        for header in ("First", "Second"):
+            table = document.add_table(rows=2, cols=2)
+            table.cell(0, 0).text, table.cell(0, 1).text = header, "b"
+            table.cell(1, 0).text, table.cell(1, 1).text = "1", "2"
+
+    text = parse_bytes(make_docx(build), filename="two.docx").text
+    assert text == ("| First | b |\n|---|---|\n| 1 | 2 |\n\n| Second | b |\n|---|---|\n| 1 | 2 |")
+    assert len(markdown_tables(text)) == 2

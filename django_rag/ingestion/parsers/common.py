@@ -51,14 +51,13 @@ class TextBuilder:
             )
 
     def add(self, text: str, *, tight: bool = False) -> None:
-        """Append a block (a paragraph, a heading, a table row...), separated by a blank line
-        from the previous one unless it is a table row continuing a table or ``tight`` (the
-        next item of a list)."""
+        """Append a block (a paragraph, a heading, a table...), separated by a blank line from
+        the previous one, or by a line break when ``tight`` (the next row of a table, the next
+        item of a list)."""
         if not text:
             return
         if self.parts:
-            row = text.startswith("|") and self.parts[-1].startswith("|")
-            joint = "\n" if row or tight else "\n\n"
+            joint = "\n" if tight else "\n\n"
             if self._page_start == self.length:
                 joint = ""  # the first block of a page: the page break already separates
             self.parts.append(joint)

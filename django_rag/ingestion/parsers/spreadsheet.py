@@ -50,7 +50,7 @@ def add_table(builder: TextBuilder, rows: Iterable[Iterable[Any]]) -> int:
             # A data row wider than the header: the extra cells join the last column, so
             # nothing is lost and the table keeps its shape.
             cells = [*cells[: width - 1], " ".join(cells[width - 1 :])]
-        builder.add(table_row(cells + [""] * (width - len(cells))))
+        builder.add(table_row(cells + [""] * (width - len(cells))), tight=True)
         count += 1
     return count
 
