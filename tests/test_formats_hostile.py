@@ -330,3 +330,35 @@ def test_hostile_files_are_refused_in_bounded_time_and_memory(
     assert (result["outcome"], result["setting"]) == (code, setting), result
     assert result["cpu_seconds"] < 10, result
     assert result["peak_mb"] < 400, result
+
+
+@needs("docx", "docx")
+def test_a_word_part_that_is_not_utf8_is_corrupt():
+    document = zipfile.ZipFile(io.BytesIO(docx_file())).read("word/document.xml")
+    broken = document.replace(b"<w:body>", b"<w:body><w:p><w:r><w:t>caf\xe9</w:t></w:r></w:p>")
+    with pytest.raises(CorruptFile, match="could not be read as a Word document"):
+        parse_bytes(rewrite(docx_file(), {"word/document.xml": broken}), filename="latin.docx")
+
+
+@needs("pptx", "pptx")
+def test_groups_nested_past_the_limit_are_skipped_not_recursed():
+    """A slide whose text sits inside 200 nested groups: python-pptx's XML parser takes 200
+    levels, the parser reads groups 16 deep and skips the rest (no recursion without end)."""
+    import pptx
+
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[6])
+    group = slide.shapes.add_group_shape()
+    group.shapes.add_textbox(0, 0, 100, 100).text_frame.text = "deep inside"
+    slide.shapes.add_textbox(0, 200, 100, 100).text_frame.text = "on the slide"
+    buffer = io.BytesIO()
+    deck.save(buffer)
+    data = buffer.getvalue()
+    xml = zipfile.ZipFile(io.BytesIO(data)).read("ppt/slides/slide1.xml")
+    start, end = xml.index(b"<p:grpSp>"), xml.index(b"</p:grpSp>") + len(b"</p:grpSp>")
+    group_xml = xml[start:end]
+    head = group_xml[: group_xml.index(b"<p:sp>")]
+    nested = head * 200 + group_xml[len(head) :] + b"</p:grpSp>" * 199
+    data = rewrite(data, {"ppt/slides/slide1.xml": xml[:start] + nested + xml[end:]})
+    parsed = parse_bytes(data, filename="nested.pptx")
+    assert parsed.text == "on the slide"
