@@ -185,7 +185,7 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "PDF_TABLES",
         True,
-        "Find tables on PDF pages and write them as Markdown tables (costs about 15 times the "
+        "Find tables on PDF pages and write them as Markdown tables (costs about 9 times the "
         "text extraction, within half of PARSE_TIMEOUT).",
         (bool,),
     ),

@@ -55,7 +55,7 @@ class PdfParser(Parser):
         max_page_bytes = _limit("MAX_PDF_PAGE_CONTENT_BYTES")
         timeout = _limit("PARSE_TIMEOUT", integer=False)
         detect_tables = bool(get_setting("PDF_TABLES"))
-        # The table finder costs ~15 times the text extraction: it may use half the time
+        # The table finder costs ~9 times the text extraction: it may use half the time
         # budget, then the remaining pages are read as prose (and the metadata says from where).
         table_seconds = None if timeout is None else timeout / 2
         table_time = 0.0

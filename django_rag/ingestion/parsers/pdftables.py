@@ -16,6 +16,26 @@ MIN_FILLED_SHARE = 0.5
 # line drawings cost 8 s of CPU and 560 MB (measured, under load on a shared 2-core machine).
 # Below this a page costs at most about 2 s and 150 MB; its text is still read, as prose.
 TABLE_MAX_PAGE_BYTES = 1024 * 1024
+# The finder (its "lines" strategy) builds cells from drawn lines and rectangles: a page with
+# fewer than this many has no ruled 2 x 2 table (a frame and one line each way is the least),
+# so it is not searched. Counting them costs a fraction of a search.
+MIN_RULES = 3
+
+
+def has_rules(page: Any) -> bool:
+    """Whether the page draws at least :data:`MIN_RULES` lines, rectangles or quads."""
+    try:
+        paths = page.get_cdrawings()
+    except Exception:
+        return True  # unknown: let the finder decide
+    count = 0
+    for path in paths:
+        for item in path.get("items", ()):
+            if item and item[0] in ("l", "re", "qu"):
+                count += 1
+                if count >= MIN_RULES:
+                    return True
+    return False
 
 
 def find_tables(page: Any) -> list[tuple[tuple[float, float, float, float], str]]:
@@ -29,6 +49,8 @@ def find_tables(page: Any) -> list[tuple[tuple[float, float, float, float], str]
     quiet = getattr(pymupdf, "no_recommend_layout", None)
     if quiet is not None:
         quiet()
+    if not has_rules(page):
+        return []
     try:
         found = page.find_tables()
     except Exception:
