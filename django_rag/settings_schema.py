@@ -149,7 +149,8 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "MAX_PDF_PAGES",
         2_000,
-        "PDFs with more pages are refused on opening (None: no limit).",
+        "PDFs with more pages (decks with more slides, workbooks with more sheets) are refused "
+        "(None: no limit).",
         INTEGER,
         nullable=True,
     ),
@@ -163,7 +164,7 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "PARSE_TIMEOUT",
         60,
-        "Seconds reading one PDF may take (None: no limit).",
+        "Seconds reading one file (PDF, office, mail) may take (None: no limit).",
         NUMBER,
         nullable=True,
     ),
@@ -186,6 +187,21 @@ SCHEMA: tuple[Setting, ...] = (
         100,
         "ZIP-based inputs: most times a member of 1 MiB or more may inflate (None: no limit).",
         NUMBER,
+        nullable=True,
+    ),
+    _s(
+        "PDF_TABLES",
+        True,
+        "Find tables on PDF pages and write them as Markdown tables (costs about 9 times the "
+        "text extraction, within half of PARSE_TIMEOUT).",
+        (bool,),
+    ),
+    _s(
+        "MAX_ATTACHMENT_DEPTH",
+        3,
+        "Emails: how deep attachments are read (1: the email's own; 2: also those of an "
+        "attached email...; None: no limit).",
+        INTEGER,
         nullable=True,
     ),
     _s(

@@ -146,15 +146,17 @@ def test_a_parser_added_in_settings_is_accepted_by_the_upload_form(staff, settin
     assert "Upload a" not in page
     doc = Document.objects.get(original_filename="page.html")
     assert doc.status == "completed" and "Refunds take 14 days." in doc.content
+    # The replaced .html parser is listed once; .htm keeps the built-in one, so it is named.
     assert (
-        "A .txt, .md, .pdf or .html file of at most" in staff.get(url("documents")).content.decode()
+        "A .txt, .md, .pdf, .html, .htm, .docx, .pptx, .xlsx, .eml or .csv file of at most"
+        in staff.get(url("documents")).content.decode()
     )
 
 
 def test_a_parser_disabled_in_settings_is_refused_by_the_upload_form(staff, settings):
     settings.DJANGO_RAG = {"EMBEDDER": "hashing", "PARSERS": {".pdf": None}}
     page = upload(staff, "manual.PDF", make_pdf(["Press the red button."]))
-    assert "Upload a .txt or .md file." in page
+    assert "Upload a .txt, .md, .html, .docx, .pptx, .xlsx, .eml or .csv file." in page
     assert not Document.objects.exists()
     assert "Upload a" not in upload(staff, "notes.markdown", b"# Notes\n\nBlue.")
     assert Document.objects.get().original_filename == "notes.markdown"

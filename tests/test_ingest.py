@@ -387,7 +387,7 @@ def test_ingest_many_still_refuses_options_wrong_for_every_document():
     before = counts()
     for options in (
         {"collection": "bad\x00"},
-        {"format": "html"},
+        {"format": "rtf"},
         {"chunk_size": 0},
         {"on_error": "ignore"},
     ):

@@ -120,7 +120,7 @@ def test_invalid_utf8_names_the_byte():
 
 def test_unknown_extension_lists_supported_types():
     with pytest.raises(UnsupportedFileType, match=r"\.md.*\.pdf"):
-        get_parser("slides.pptx")
+        get_parser("slides.key")
 
 
 def test_missing_file(tmp_path):

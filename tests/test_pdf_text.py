@@ -304,9 +304,9 @@ def test_pages_over_the_layout_limit_keep_mupdf_plain_text(monkeypatch):
     from django_rag.ingestion import parsers
 
     lines = ["The measured effects were strongly asso-", "ciated with the dose."]
-    monkeypatch.setattr(parsers, "MAX_LAYOUT_CHARS", 20)
+    monkeypatch.setattr(parsers.pdf, "MAX_LAYOUT_CHARS", 20)
     assert parse([column(LEFT, 72, lines)]) == "\n".join(lines)
-    monkeypatch.setattr(parsers, "MAX_LAYOUT_CHARS", 10_000)
+    monkeypatch.setattr(parsers.pdf, "MAX_LAYOUT_CHARS", 10_000)
     assert "associated" in parse([column(LEFT, 72, lines)])
 
 

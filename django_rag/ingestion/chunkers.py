@@ -6,6 +6,7 @@ Every chunk carries ``start``/``end`` character offsets such that
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import re
 from collections.abc import Callable, Sequence
@@ -99,6 +100,10 @@ class TokenChunker(Chunker):
             size = window
         overlap = min(self.chunk_overlap, size - 1)
         breaks = _break_strengths(text, spans, markdown=format == "markdown")
+        tables = markdown_tables(text) if format == "markdown" else []
+        starts = [table.start for table in tables]
+        if tables:
+            _keep_rows_whole(text, spans, breaks, tables)
 
         chunks: list[TextChunk] = []
         n = len(spans)
@@ -116,18 +121,96 @@ class TokenChunker(Chunker):
                             break
                 stop = best
             start_char, end_char = spans[i][0], spans[stop - 1][1]
-            chunks.append(
-                TextChunk(
-                    text=text[start_char:end_char],
-                    start=start_char,
-                    end=end_char,
-                    token_count=stop - i,
-                )
+            chunk = TextChunk(
+                text=text[start_char:end_char],
+                start=start_char,
+                end=end_char,
+                token_count=stop - i,
             )
+            header = _header_above(text, tables, starts, start_char) if tables else None
+            if header:
+                chunk.metadata["table_header"] = header
+            chunks.append(chunk)
             if stop >= n:
                 break
             i = _overlap_start(breaks, i, stop, overlap)
+            if tables and breaks[i] == NONE and i < stop:
+                i = stop  # an overlap starting inside a table row: no overlap instead
         return chunks
+
+
+# A GitHub-flavoured Markdown table's delimiter row: "|---|:--:|" (pipes, dashes, colons).
+_TABLE_RULE = re.compile(r"\|(?:[ \t]*:?-+:?[ \t]*\|)+[ \t]*$")
+
+
+@dataclass(frozen=True)
+class MarkdownTable:
+    start: int  # the header row's first character
+    body: int  # the first data row's first character (== end when there is none)
+    end: int  # just past the last row
+
+
+def markdown_tables(text: str) -> list[MarkdownTable]:
+    """The Markdown tables of ``text``: a line starting with ``|``, a delimiter row, and the
+    ``|`` lines that follow. One pass over the lines."""
+    tables: list[MarkdownTable] = []
+    position, length = 0, len(text)
+    previous: tuple[int, int] | None = None  # the last line, when it starts with "|"
+    while position < length:
+        line_end = text.find("\n", position)
+        if line_end < 0:
+            line_end = length
+        if text.startswith("|", position):
+            if previous is not None and _TABLE_RULE.match(text, position, line_end):
+                end = line_end
+                cursor = line_end + 1
+                while cursor < length and text.startswith("|", cursor):
+                    row_end = text.find("\n", cursor)
+                    end = length if row_end < 0 else row_end
+                    cursor = end + 1
+                body = min(line_end + 1, end)
+                tables.append(MarkdownTable(previous[0], body, end))
+                previous = None
+                position = cursor
+                continue
+            previous = (position, line_end)
+        else:
+            previous = None
+        position = line_end + 1
+    return tables
+
+
+def _keep_rows_whole(
+    text: str, spans: Sequence[tuple[int, int]], breaks: list[int], tables: list[MarkdownTable]
+) -> None:
+    """Inside a table a chunk may end only between rows, never inside one (unless the row is
+    longer than half a chunk); it ends inside the header rows only where nothing else fits.
+    Linear: each token looks back only across the gap since the previous token."""
+    index, count = 0, len(spans)
+    for table in tables:
+        while index < count and spans[index][0] <= table.start:
+            index += 1
+        previous_end = table.start
+        while index < count and spans[index][0] < table.end:
+            start = spans[index][0]
+            at_row_start = text.find("\n", previous_end, start) >= 0
+            if not at_row_start:
+                breaks[index] = NONE
+            elif start <= table.body:
+                breaks[index] = PUNCT  # the header's delimiter row, or the first data row
+            previous_end = spans[index][1]
+            index += 1
+
+
+def _header_above(text: str, tables: list[MarkdownTable], starts: list[int], start: int):
+    """The header rows (header and delimiter) of the table whose body ``start`` is in."""
+    at = bisect.bisect_right(starts, start) - 1
+    if at < 0:
+        return None
+    table = tables[at]
+    if table.body <= start < table.end:
+        return text[table.start : table.body].rstrip("\n")
+    return None
 
 
 def _overlap_start(breaks: list[int], start: int, stop: int, overlap: int) -> int:

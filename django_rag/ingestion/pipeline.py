@@ -42,7 +42,8 @@ from .prepare import PreparedChunk, attach_vectors, chunk_text, embed_texts
 logger = logging.getLogger(__name__)
 
 
-FORMATS = ("text", "markdown")
+# "html" is read into Markdown first (rich-text fields, CMS pages): see parsers.html.
+FORMATS = ("text", "markdown", "html")
 
 
 ON_CHUNK_ERROR = ("raise", "skip")
@@ -76,6 +77,14 @@ class Prepared:
 def text_document(text: Any, format: Any) -> ParsedDocument:
     if format not in FORMATS:
         raise InvalidOption(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
+    if format == "html":
+        from .parsers.html import html_to_markdown
+
+        if not isinstance(text, str):
+            raise InvalidOption(f"text must be a string, got {type(text).__name__}")
+        return ParsedDocument(
+            text=html_to_markdown(text), format="markdown", content_type="text/html"
+        )
     return ParsedDocument(
         text=text,
         format=format,

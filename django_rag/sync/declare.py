@@ -39,7 +39,8 @@ def indexed(
       default ``app_label.modelname``.
     - ``where`` (filter arguments or a ``Q``) and/or ``queryset`` (a function returning the
       base queryset): which rows are indexed; a row that leaves the set loses its document.
-    - ``format``: ``"text"`` or ``"markdown"``.
+    - ``format``: ``"text"``, ``"markdown"`` or ``"html"`` (a rich-text field: read into
+      Markdown, scripts and styles dropped, headings, lists, tables and link text kept).
     - ``m2m``: many-to-many fields whose changes re-index the row.
     - ``related``: ``{OtherModel: function(other_row) -> rows of this model}``: saving or
       deleting an ``OtherModel`` row re-indexes the rows the function returns (an author's

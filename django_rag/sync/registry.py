@@ -21,7 +21,7 @@ from ..exceptions import InvalidOption
 # One row's text, title or metadata: a field name, field names, or a function of the row.
 Getter = str | Sequence[str] | Callable[[Any], Any]
 
-FORMATS = ("text", "markdown")
+FORMATS = ("text", "markdown", "html")  # html: read into Markdown (rich-text fields)
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,12 @@ def sync_row(
         for name in sorted(stored_in - {collection}):  # the row moved to another collection
             delete_source(name, source_id, version=version)
         text = clean_text(document["text"])
+        format = spec.format
+        if format == "html":
+            # Converted before hashing: an unchanged field compares equal to what was stored.
+            from ..ingestion.parsers.html import html_to_markdown
+
+            text, format = html_to_markdown(text), "markdown"
         current = (
             Document.objects.using(write_db())
             .filter(
@@ -126,7 +132,7 @@ def sync_row(
             version=version,
             title=document["title"],
             metadata=document["metadata"],
-            format=spec.format,
+            format=format,
         )
         action = "superseded" if stored.superseded else "indexed"
         s.set(action=action, document_id=stored.pk)

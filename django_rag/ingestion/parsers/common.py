@@ -1,0 +1,174 @@
+"""Helpers the office, web and mail parsers share: building the text section by section
+within the budgets, Markdown tables, and the checks a ZIP-based (OOXML) file passes before a
+library opens it."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from ...exceptions import CorruptFile, DocumentTooLarge, MissingDependency
+from .base import Page, ParsedDocument, _limit, _too_many_chars
+
+
+def require(module: str, extra: str, what: str) -> Any:
+    """Import ``module`` or raise :class:`MissingDependency` naming the extra that installs it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise MissingDependency(module.split(".")[0], extra, what) from exc
+
+
+class TextBuilder:
+    """Collects a document's text part by part, with page (slide, sheet) spans, refusing it
+    as soon as it passes ``MAX_DOCUMENT_CHARS`` or ``PARSE_TIMEOUT`` or has more pages than
+    ``MAX_PDF_PAGES``: the budgets are counted on what extraction produces, while it runs."""
+
+    def __init__(self, filename: str, *, what: str = "page"):
+        self.filename = filename
+        self.what = what
+        self.started = time.monotonic()
+        self.max_chars = _limit("MAX_DOCUMENT_CHARS")
+        self.max_pages = _limit("MAX_PDF_PAGES")
+        self.timeout = _limit("PARSE_TIMEOUT", integer=False)
+        self.parts: list[str] = []
+        self.length = 0
+        self.pages: list[Page] = []
+        self._page_start: int | None = None
+
+    def check_time(self) -> None:
+        if self.timeout is not None and time.monotonic() - self.started > self.timeout:
+            raise DocumentTooLarge(
+                f"{self.filename}: reading its text took more than PARSE_TIMEOUT "
+                f"({self.timeout} s). Split the file, or raise DJANGO_RAG['PARSE_TIMEOUT'] "
+                "(seconds).",
+                filename=self.filename,
+                setting="PARSE_TIMEOUT",
+                limit=self.timeout,
+            )
+
+    def add(self, text: str, *, tight: bool = False) -> None:
+        """Append a block (a paragraph, a heading, a table...), separated by a blank line from
+        the previous one, or by a line break when ``tight`` (the next row of a table, the next
+        item of a list)."""
+        if not text:
+            return
+        if self.parts:
+            joint = "\n" if tight else "\n\n"
+            if self._page_start == self.length:
+                joint = ""  # the first block of a page: the page break already separates
+            self.parts.append(joint)
+            self.length += len(joint)
+        self.parts.append(text)
+        self.length += len(text)
+        if self.max_chars is not None and self.length > self.max_chars:
+            raise _too_many_chars(self.filename, self.length, self.max_chars)
+        self.check_time()
+
+    def start_page(self, number: int) -> None:
+        """Begin page (slide, sheet) ``number``; the previous one ends where its text ends."""
+        self.end_page()
+        if self.max_pages is not None and number > self.max_pages:
+            raise DocumentTooLarge(
+                f"{self.filename} has more than MAX_PDF_PAGES ({self.max_pages:,}) "
+                f"{self.what}s. Split it, or raise DJANGO_RAG['MAX_PDF_PAGES'] (it bounds "
+                "pages, slides and sheets alike).",
+                filename=self.filename,
+                setting="MAX_PDF_PAGES",
+                limit=self.max_pages,
+            )
+        if self.parts:
+            self.parts.append("\n\n")
+            self.length += 2
+        self._page_start = self.length
+        self.pages.append(Page(number=number, start=self.length, end=self.length))
+
+    def end_page(self) -> None:
+        if self.pages:
+            self.pages[-1].end = self.length
+
+    def result(self, **fields: Any) -> ParsedDocument:
+        self.end_page()
+        return ParsedDocument(text="".join(self.parts), pages=self.pages, **fields)
+
+
+_PIPE = re.compile(r"(\\*)\|")
+
+
+def cell_text(value: Any) -> str:
+    """One table cell on one line: pipes escaped, line breaks as spaces, so a Markdown table
+    row stays a single line however hostile the cell."""
+    if value is None:
+        return ""
+    text = " ".join(str(value).split())
+    if "|" in text:
+        # GitHub-flavoured Markdown: "\|" is a pipe inside a cell; backslashes right before a
+        # pipe are doubled so they stay backslashes (elsewhere a backslash is literal).
+        text = _PIPE.sub(lambda match: match.group(1) * 2 + "\\|", text)
+    return text
+
+
+def table_row(cells: list[Any]) -> str:
+    return "| " + " | ".join(cell_text(cell) for cell in cells) + " |"
+
+
+def header_rule(width: int) -> str:
+    return "|" + "---|" * max(width, 1)
+
+
+def markdown_table(rows: list[list[Any]]) -> str:
+    """Rows (the first is the header) as a GitHub-flavoured Markdown table; short rows are
+    padded so every row has the header's width."""
+    rows = [row for row in rows if any(cell_text(cell) for cell in row)]
+    if not rows:
+        return ""
+    width = max(len(row) for row in rows)
+    padded = [list(row) + [""] * (width - len(row)) for row in rows]
+    lines = [table_row(padded[0]), header_rule(width)]
+    lines.extend(table_row(row) for row in padded[1:])
+    return "\n".join(lines)
+
+
+_DOCTYPE_MARKS = (b"<!DOCTYPE", "<!DOCTYPE".encode("utf-16-le"), "<!DOCTYPE".encode("utf-16-be"))
+
+
+def check_ooxml(data: bytes, *, filename: str, required: str) -> None:
+    """Refuse an Office Open XML file (DOCX, PPTX, XLSX) before its library reads it:
+    the ZIP budgets (:func:`~django_rag.ingestion.archives.open_zip`: members, inflated
+    bytes, ratio), the part the format needs, and any XML part that declares a DTD. OOXML
+    parts never carry one; a DTD is how entity-expansion bombs ("billion laughs") and
+    external entities get in, so refusing it makes the XML parsers' own settings moot."""
+    from .archives import open_zip
+
+    with open_zip(data, filename=filename) as archive:
+        names = set()
+        for member in archive.infolist():
+            names.add(member.filename)
+            if not member.filename.endswith((".xml", ".rels", ".vml")):
+                continue
+            try:
+                with archive.open(member) as stream:
+                    content = stream.read()
+            except Exception as exc:
+                raise CorruptFile(
+                    f"{filename} is damaged: its part {member.filename[:200]!r} cannot be read "
+                    f"({exc}).",
+                    filename=filename,
+                ) from exc
+            if any(mark in content for mark in _DOCTYPE_MARKS):
+                raise CorruptFile(
+                    f"{filename}: its part {member.filename[:200]!r} declares a DTD, which "
+                    "Office files never do (it is how XML entity-expansion bombs work), so the "
+                    "file was not read. Re-save it from an office suite.",
+                    filename=filename,
+                    member=member.filename[:200],
+                )
+        if required not in names:
+            raise CorruptFile(
+                f"{filename} lacks {required}: it is not a valid file of its type (or has the "
+                "wrong extension). Re-save it from an office suite.",
+                filename=filename,
+            )

@@ -1,0 +1,97 @@
+"""The registry: which parser reads which file extension, and the entry points that use it."""
+
+from __future__ import annotations
+
+import mimetypes
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from ...conf import get_setting, import_string
+from ...exceptions import ConfigurationError, FileNotFound, UnsupportedFileType
+from .base import ParsedDocument, Parser, check_input_size, check_parsed
+
+BUILTIN_PARSERS: dict[str, str] = {
+    ".txt": "django_rag.ingestion.parsers.TextParser",
+    ".text": "django_rag.ingestion.parsers.TextParser",
+    ".md": "django_rag.ingestion.parsers.MarkdownParser",
+    ".markdown": "django_rag.ingestion.parsers.MarkdownParser",
+    ".pdf": "django_rag.ingestion.parsers.PdfParser",
+    # Formats read by an optional extra's library: the module is imported when the parser is
+    # first asked for, and parsing without the extra raises MissingDependency naming it.
+    ".html": "django_rag.ingestion.parsers.html.HtmlParser",
+    ".htm": "django_rag.ingestion.parsers.html.HtmlParser",
+    ".docx": "django_rag.ingestion.parsers.docx.DocxParser",
+    ".pptx": "django_rag.ingestion.parsers.pptx.PptxParser",
+    ".xlsx": "django_rag.ingestion.parsers.spreadsheet.XlsxParser",
+    ".xlsm": "django_rag.ingestion.parsers.spreadsheet.XlsxParser",
+    ".eml": "django_rag.ingestion.parsers.mail.EmlParser",
+    ".csv": "django_rag.ingestion.parsers.spreadsheet.CsvParser",
+    ".tsv": "django_rag.ingestion.parsers.spreadsheet.CsvParser",
+}
+
+
+def parser_registry() -> dict[str, Any]:
+    """The effective extension -> parser mapping (built-ins updated by the PARSERS setting)."""
+    configured = get_setting("PARSERS")
+    if not isinstance(configured, dict):
+        raise ConfigurationError("PARSERS", configured, "must be a dict of extension -> parser")
+    registry = {**BUILTIN_PARSERS}
+    for extension, parser in configured.items():
+        key = extension.lower() if extension.startswith(".") else f".{extension.lower()}"
+        registry[key] = parser
+    return {ext: parser for ext, parser in registry.items() if parser is not None}
+
+
+def get_parser(filename: str) -> Parser:
+    extension = Path(filename).suffix.lower()
+    registry = parser_registry()
+    spec = registry.get(extension)
+    if spec is None:
+        raise UnsupportedFileType(
+            f"No parser for {filename!r} (extension {extension or 'none'!r}). Supported: "
+            f"{', '.join(sorted(registry))}. Add one with DJANGO_RAG['PARSERS'].",
+            filename=filename,
+        )
+    if isinstance(spec, str):
+        spec = import_string(spec, setting="PARSERS")
+    if isinstance(spec, type) and issubclass(spec, Parser):
+        return spec()
+    if isinstance(spec, Parser):
+        return spec
+    raise ConfigurationError("PARSERS", spec, f"the parser for {extension} is not a Parser")
+
+
+def parse_bytes(data: bytes, *, filename: str) -> ParsedDocument:
+    parser = get_parser(filename)
+    parsed = check_parsed(parser.parse(data, filename=filename), parser=parser, filename=filename)
+    if not parsed.content_type or parsed.content_type == "application/octet-stream":
+        parsed.content_type = mimetypes.guess_type(filename)[0] or "application/octet-stream"
+    return parsed
+
+
+def parse_file(path: str | Path) -> ParsedDocument:
+    """Parse the file at ``path``; only regular files are read, and never more than needed."""
+    path = Path(path)
+    parser = get_parser(path.name)  # unsupported types fail before the file is read
+    try:
+        # O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused just below).
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except FileNotFoundError as exc:
+        raise FileNotFound(f"No such file: {path}", path=str(path)) from exc
+    except IsADirectoryError as exc:
+        raise FileNotFound(f"{path} is a directory; pass files (or use rag_ingest).") from exc
+    with open(descriptor, "rb") as file:
+        info = os.fstat(file.fileno())
+        if stat.S_ISDIR(info.st_mode):
+            raise FileNotFound(f"{path} is a directory; pass files (or use rag_ingest).")
+        if not stat.S_ISREG(info.st_mode):
+            raise FileNotFound(
+                f"{path} is not a regular file (a FIFO, socket or device); copy its content to "
+                "a file and ingest that.",
+                path=str(path),
+            )
+        check_input_size(parser, info.st_size, filename=path.name)
+        data = file.read()
+    return parse_bytes(data, filename=path.name)

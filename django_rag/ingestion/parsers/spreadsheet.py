@@ -1,0 +1,159 @@
+"""Spreadsheets: XLSX read with openpyxl (the ``xlsx`` extra) and CSV read with the standard
+library. Each sheet becomes a section (a "page" numbered from 1) holding a ``## Sheet name``
+heading and a Markdown table whose first row is the sheet's first non-empty row (its header)."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+from collections.abc import Iterable
+from typing import Any
+
+from ...exceptions import CorruptFile, RagError
+from .base import ParsedDocument, Parser, check_input_size, decode_text
+from .common import TextBuilder, check_ooxml, header_rule, require, table_row
+from .text import TextParser
+
+
+def cell_value(value: Any) -> str:
+    """A cell as text: dates in ISO 8601, whole floats without ".0", the rest as ``str``."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime.datetime | datetime.date | datetime.time):
+        if isinstance(value, datetime.datetime) and value.time() == datetime.time():
+            return value.date().isoformat()
+        return value.isoformat()
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return str(value)
+
+
+def add_table(builder: TextBuilder, rows: Iterable[Iterable[Any]]) -> int:
+    """Add ``rows`` as a Markdown table, one row at a time (so the budgets are checked as it
+    grows): empty rows skipped, trailing empty cells dropped, every row padded to the header's
+    width (or cut to the widest row seen). Returns the number of data rows."""
+    width = 0
+    count = 0
+    for raw in rows:
+        builder.check_time()  # also for runs of empty rows, which add nothing
+        cells = [cell_value(value) for value in raw]
+        while cells and not cells[-1].strip():
+            cells.pop()
+        if not cells:
+            continue
+        if not width:  # the header
+            width = len(cells)
+            builder.add(table_row(cells) + "\n" + header_rule(width))
+            continue
+        if len(cells) > width:
+            # A data row wider than the header: the extra cells join the last column, so
+            # nothing is lost and the table keeps its shape.
+            cells = [*cells[: width - 1], " ".join(cells[width - 1 :])]
+        builder.add(table_row(cells + [""] * (width - len(cells))), tight=True)
+        count += 1
+    return count
+
+
+class XlsxParser(Parser):
+    """An Excel workbook (.xlsx, .xlsm): one section per worksheet, in workbook order, with
+    the cells' values (for formulas, the value Excel last computed and saved). Charts, images,
+    comments, formatting and hidden sheets' visibility are ignored (hidden sheets are read)."""
+
+    content_type = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+
+    def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
+        openpyxl = require("openpyxl", "xlsx", "Reading Excel (.xlsx) files")
+        check_ooxml(data, filename=filename, required="xl/workbook.xml")
+        builder = TextBuilder(filename, what="sheet")
+        try:
+            workbook = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
+        except RagError:
+            raise
+        except Exception as exc:
+            raise CorruptFile(
+                f"{filename} could not be read as an Excel workbook ({exc}); it may be damaged "
+                "or saved in another format (.xls files must be converted to .xlsx first).",
+                filename=filename,
+            ) from exc
+        sheets: list[str] = []
+        try:
+            for number, sheet in enumerate(workbook.worksheets, start=1):
+                if not hasattr(sheet, "iter_rows"):
+                    continue  # a chart sheet
+                builder.start_page(number)
+                name = " ".join(str(sheet.title).split())[:200]
+                sheets.append(name)
+                builder.add(f"## {name}")
+                # The sheet's declared size (its <dimension>) is not trusted: each row is as
+                # wide as its cells.
+                sheet.reset_dimensions()
+                add_table(builder, sheet.iter_rows(values_only=True))
+        except RagError:
+            raise
+        except Exception as exc:
+            raise CorruptFile(
+                f"{filename} is damaged: reading its sheets failed ({exc}).", filename=filename
+            ) from exc
+        finally:
+            workbook.close()
+        properties = workbook.properties
+        metadata: dict[str, Any] = {"sheets": sheets}
+        if properties is not None and properties.creator:
+            metadata["author"] = str(properties.creator)[:500]
+        title = str(properties.title or "") if properties is not None else ""
+        return builder.result(
+            format="markdown",
+            content_type=self.content_type,
+            title=title.strip()[:500],
+            metadata=metadata,
+        )
+
+
+_DELIMITERS = ",;\t|"
+
+
+def guess_delimiter(text: str) -> str:
+    """The delimiter of a CSV file: whichever of comma, semicolon, tab and pipe occurs most
+    often outside quotes in its first line (a comma when none does). Linear in that line."""
+    quoted = False
+    counts = dict.fromkeys(_DELIMITERS, 0)
+    for char in text:
+        if char == '"':
+            quoted = not quoted
+        elif not quoted and char in "\r\n":
+            break
+        elif not quoted and char in counts:
+            counts[char] += 1
+    best = max(_DELIMITERS, key=lambda d: counts[d])
+    return best if counts[best] else ","
+
+
+class CsvParser(TextParser):
+    """A CSV (or TSV) file as one Markdown table, its first row the header. UTF-8 (with or
+    without BOM) or BOM-marked UTF-16, like text files; the delimiter is guessed from the
+    first line (comma, semicolon, tab or pipe)."""
+
+    content_type = "text/csv"
+
+    def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
+        check_input_size(self, len(data), filename=filename)
+        text = decode_text(data, filename=filename)
+        delimiter = "\t" if filename.lower().endswith(".tsv") else guess_delimiter(text)
+        builder = TextBuilder(filename)
+        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+        try:
+            rows = add_table(builder, reader)
+        except csv.Error as exc:
+            raise CorruptFile(
+                f"{filename} is not valid CSV at line {reader.line_num} ({exc}). A field longer "
+                f"than {csv.field_size_limit():,} characters usually means an unclosed quote; "
+                "fix the file or ingest it as text.",
+                filename=filename,
+                line=reader.line_num,
+            ) from exc
+        return builder.result(
+            format="markdown",
+            content_type=self.content_type,
+            metadata={"rows": rows, "delimiter": delimiter},
+        )

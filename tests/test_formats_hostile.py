@@ -1,0 +1,364 @@
+"""Hostile office, web and mail files: compression bombs, XML entity expansion, deep nesting,
+broken encodings and huge cells are refused with typed errors, within budget. The heavy ones
+are parsed in a fresh process whose CPU time and peak memory are measured (the pattern of
+tests/test_parsers_hostile.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from importlib.util import find_spec
+from pathlib import Path
+
+import pytest
+
+from django_rag.exceptions import CorruptFile, DocumentTooLarge
+from django_rag.ingestion.parsers import parse_bytes
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def needs(module: str, extra: str):
+    return pytest.mark.skipif(
+        find_spec(module) is None, reason=f"the {extra} extra ({module}) is not installed"
+    )
+
+
+def zip_with(members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def rewrite(data: bytes, replace: dict[str, bytes]) -> bytes:
+    """``data`` (a ZIP) with some members' bytes replaced."""
+    source = zipfile.ZipFile(io.BytesIO(data))
+    members = {info.filename: source.read(info.filename) for info in source.infolist()}
+    members.update(replace)
+    return zip_with(members)
+
+
+def docx_file(body_xml: bytes = b"", **replace: bytes) -> bytes:
+    """A real DOCX (python-docx's template) whose body is ``body_xml`` (WordprocessingML)."""
+    import docx
+
+    buffer = io.BytesIO()
+    docx.Document().save(buffer)
+    data = buffer.getvalue()
+    document = zipfile.ZipFile(io.BytesIO(data)).read("word/document.xml")
+    if body_xml:
+        start = document.index(b"<w:body>") + len(b"<w:body>")
+        document = document[:start] + body_xml + document[start:]
+    return rewrite(data, {"word/document.xml": document, **replace})
+
+
+LAUGHS = (
+    b'<?xml version="1.0"?>\n<!DOCTYPE lolz [<!ENTITY lol "lol">'
+    + b"".join(
+        b'<!ENTITY lol%d "%s">' % (i, (b"&lol%d;" % (i - 1) if i > 1 else b"&lol;") * 10)
+        for i in range(1, 10)
+    )
+    + b"]>\n"
+)
+
+
+def docx_laughs() -> bytes:
+    """Billion laughs: a document.xml whose DTD expands one entity to 10^9 'lol's."""
+    document = zipfile.ZipFile(io.BytesIO(docx_file())).read("word/document.xml")
+    body = document.split(b"?>", 1)[1].replace(
+        b"<w:body>", b"<w:body><w:p><w:r><w:t>&lol9;</w:t></w:r></w:p>"
+    )
+    return rewrite(docx_file(), {"word/document.xml": LAUGHS + body})
+
+
+def docx_deep() -> bytes:
+    """A paragraph nested 40,000 elements deep (smart tags inside smart tags; under 1 MiB,
+    so no ZIP budget stops it first)."""
+    depth = 40_000
+    return docx_file(b"<w:p>" + b"<w:smartTag>" * depth + b"</w:smartTag>" * depth + b"</w:p>")
+
+
+def docx_zip_bomb() -> bytes:
+    """A DOCX whose document.xml inflates 1,000 times (to 50 MB)."""
+    cell = b"<w:p><w:r><w:t>" + b"A" * 50_000_000 + b"</w:t></w:r></w:p>"
+    return docx_file(cell)
+
+
+def docx_huge_cell() -> bytes:
+    """A table cell of 4 million distinct-ish characters (it compresses poorly)."""
+    import random
+
+    rng = random.Random(7)
+    text = "".join(rng.choice("abcdefgh ") for _ in range(4_000_000)).encode()
+    row = b"<w:tr><w:tc><w:p><w:r><w:t>" + text + b"</w:t></w:r></w:p></w:tc></w:tr>"
+    return docx_file(b"<w:tbl>" + row + b"</w:tbl>")
+
+
+CHILD = """
+import json, resource, sys, time
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+from django.conf import settings
+settings.configure(DJANGO_RAG=json.loads(sys.argv[3]))
+from tests import test_formats_hostile as hostile
+from django_rag.ingestion.parsers import parse_bytes
+data = getattr(hostile, sys.argv[1])()
+started = time.process_time()
+try:
+    parse_bytes(data, filename="hostile" + sys.argv[2])
+    outcome, setting = "parsed", None
+except BaseException as exc:
+    outcome = getattr(exc, "code", type(exc).__name__)
+    setting = getattr(exc, "details", {}).get("setting")
+print(json.dumps({
+    "outcome": outcome,
+    "setting": setting,
+    "cpu_seconds": time.process_time() - started,
+    "peak_mb": next(
+        int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")
+    ) / 1024,
+    "size": len(data),
+}))
+"""
+
+
+def run_bounded(builder: str, extension: str, settings: dict | None = None) -> dict:
+    """Parse ``builder()``'s file in a fresh process: its outcome, CPU time and peak memory."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, builder, extension, json.dumps(settings or {})],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# builder, extension, settings, expected error code, expected setting (None: not a budget)
+HOSTILE = [
+    ("docx_laughs", ".docx", {}, "corrupt_file", None),
+    ("docx_deep", ".docx", {}, "corrupt_file", None),
+    ("docx_zip_bomb", ".docx", {}, "document_too_large", "MAX_ZIP_RATIO"),
+    (
+        "docx_huge_cell",
+        ".docx",
+        {"MAX_DOCUMENT_CHARS": 1_000_000},
+        "document_too_large",
+        "MAX_DOCUMENT_CHARS",
+    ),
+]
+EXTRAS = {".docx": ("docx", "docx"), ".pptx": ("pptx", "pptx"), ".xlsx": ("openpyxl", "xlsx")}
+EXTRAS |= {".html": ("trafilatura", "html"), ".eml": ("docx", "docx"), ".pdf": ("pymupdf", "pdf")}
+
+
+@needs("docx", "docx")
+def test_a_dtd_anywhere_in_an_office_file_is_refused_with_its_part_named():
+    data = rewrite(docx_file(), {"docProps/core.xml": LAUGHS + b"<x>&lol9;</x>"})
+    with pytest.raises(CorruptFile, match="docProps/core.xml.*declares a DTD") as caught:
+        parse_bytes(data, filename="laughs.docx")
+    assert caught.value.details["member"] == "docProps/core.xml"
+    # In UTF-16 too.
+    utf16 = '<?xml version="1.0" encoding="UTF-16"?><!DOCTYPE x [<!ENTITY a "b">]><x/>'
+    data = rewrite(docx_file(), {"docProps/app.xml": utf16.encode("utf-16")})
+    with pytest.raises(CorruptFile, match="declares a DTD"):
+        parse_bytes(data, filename="laughs16.docx")
+
+
+def xlsx_file(sheet_xml: bytes | None = None, **replace: bytes) -> bytes:
+    """A real XLSX (openpyxl) whose first sheet's XML is ``sheet_xml``."""
+    import openpyxl
+
+    buffer = io.BytesIO()
+    workbook = openpyxl.Workbook()
+    workbook.active.append(["header", "value"])
+    workbook.save(buffer)
+    members = dict(replace)
+    if sheet_xml is not None:
+        members["xl/worksheets/sheet1.xml"] = sheet_xml
+    return rewrite(buffer.getvalue(), members)
+
+
+SHEET = (
+    b'<?xml version="1.0" encoding="UTF-8"?><worksheet xmlns="http://schemas.openxmlformats.org/'
+    b'spreadsheetml/2006/main"><sheetData>%s</sheetData></worksheet>'
+)
+
+
+def xlsx_sparse() -> bytes:
+    """Two cells, A1 and XFD1048576: a sheet 16,384 columns by 1,048,576 rows once padded
+    (17 billion cells), in a few hundred bytes; each row is as wide as its own cells."""
+    rows = b'<row r="1"><c r="A1" t="inlineStr"><is><t>h</t></is></c></row>'
+    rows += b'<row r="1048576"><c r="XFD1048576"><v>1</v></c></row>'
+    return xlsx_file(SHEET % rows)
+
+
+def xlsx_wide_rows() -> bytes:
+    """300,000 rows each holding one cell in the last column (16,384 columns padded)."""
+    rows = b"".join(
+        b'<row r="%d"><c r="XFD%d"><v>1</v></c></row>' % (i, i) for i in range(1, 300_001)
+    )
+    return xlsx_file(SHEET % rows)
+
+
+def xlsx_laughs() -> bytes:
+    return xlsx_file(
+        LAUGHS + SHEET % b'<row r="1"><c r="A1" t="inlineStr"><is><t>&lol9;</t></is></c></row>'
+    )
+
+
+def csv_unclosed_quote() -> bytes:
+    """A quote opened and never closed: the rest of the file is one field."""
+    return b'name,notes\nAda,"' + b"lorem ipsum " * 400_000
+
+
+def pptx_file(slides: int = 1) -> bytes:
+    import pptx
+
+    deck = pptx.Presentation()
+    for number in range(slides):
+        deck.slides.add_slide(deck.slide_layouts[5]).shapes.title.text = f"Slide {number + 1}"
+    buffer = io.BytesIO()
+    deck.save(buffer)
+    return buffer.getvalue()
+
+
+def pptx_laughs() -> bytes:
+    data = pptx_file()
+    slide = zipfile.ZipFile(io.BytesIO(data)).read("ppt/slides/slide1.xml")
+    slide = slide.split(b"?>", 1)[1].replace(b">Slide 1<", b">&lol9;<")
+    return rewrite(data, {"ppt/slides/slide1.xml": LAUGHS + slide})
+
+
+def eml_deep() -> bytes:
+    """MIME parts nested 5,000 deep (the email package parses them recursively)."""
+    depth = 5_000
+    head = b"From: a@example.org\r\nSubject: deep\r\nMIME-Version: 1.0\r\n"
+    body = b"".join(
+        b'Content-Type: multipart/mixed; boundary="b%d"\r\n\r\n--b%d\r\n' % (i, i)
+        for i in range(depth)
+    )
+    body += b"Content-Type: text/plain\r\n\r\nhello\r\n"
+    body += b"".join(b"--b%d--\r\n" % i for i in reversed(range(depth)))
+    return head + body
+
+
+def eml_carrying_a_bomb() -> bytes:
+    """An email whose attachment is the DOCX compression bomb."""
+    from email.message import EmailMessage
+
+    message = EmailMessage()
+    message["Subject"] = "Quarterly numbers"
+    message.set_content("See attached.")
+    message.add_attachment(
+        docx_zip_bomb(), maintype="application", subtype="octet-stream", filename="numbers.docx"
+    )
+    return bytes(message)
+
+
+def html_deep() -> bytes:
+    """Text inside 200,000 nested elements (lxml stops building the tree at its depth limit)."""
+    depth = 200_000
+    return b"<html><body>" + b"<div>" * depth + b"deep text " * 50 + b"</div>" * depth
+
+
+def html_entities() -> bytes:
+    """An HTML page behind an XML declaration and a DTD of nested entities: nothing is
+    expanded (lxml's HTML parser ignores the internal subset) and no main content is found."""
+    return LAUGHS + b"<html><body><article><p>&lol9;</p>" + b"<p>Real words here.</p>" * 40
+
+
+def pdf_drawing_bomb() -> bytes:
+    """A page with a line of text and 4 MB of line segments (200,000 paths): under the page's
+    content budget, but the table finder would spend 8 s and 560 MB on it."""
+    from tests.test_parsers_hostile import SHOW_TEXT, one_page_pdf, stream_object
+
+    ops = b"".join(
+        b"%d %d m %d %d l S\n" % (i % 500, i % 700, i % 500 + 1, i % 700 + 1)
+        for i in range(200_000)
+    )
+    return one_page_pdf(stream_object(SHOW_TEXT + ops), resources=b"/Font << /F1 5 0 R >>")
+
+
+HOSTILE += [
+    ("xlsx_laughs", ".xlsx", {}, "corrupt_file", None),
+    ("xlsx_wide_rows", ".xlsx", {"PARSE_TIMEOUT": 2}, "document_too_large", "PARSE_TIMEOUT"),
+    ("csv_unclosed_quote", ".csv", {}, "corrupt_file", None),
+    ("pptx_laughs", ".pptx", {}, "corrupt_file", None),
+    ("eml_deep", ".eml", {}, "corrupt_file", None),
+    ("pdf_drawing_bomb", ".pdf", {}, "parsed", None),
+    ("html_deep", ".html", {}, "empty_document", None),
+    ("html_entities", ".html", {}, "empty_document", None),
+    ("eml_carrying_a_bomb", ".eml", {}, "document_too_large", "MAX_ZIP_RATIO"),
+]
+
+
+@needs("pptx", "pptx")
+def test_more_slides_than_the_page_budget_are_refused(settings):
+    settings.DJANGO_RAG = {"MAX_PDF_PAGES": 3}
+    assert len(parse_bytes(pptx_file(3), filename="ok.pptx").pages) == 3
+    with pytest.raises(DocumentTooLarge, match="MAX_PDF_PAGES.*slides"):
+        parse_bytes(pptx_file(4), filename="long.pptx")
+
+
+@needs("openpyxl", "xlsx")
+def test_a_sparse_sheet_is_read_as_its_cells_not_its_declared_size():
+    parsed = parse_bytes(xlsx_sparse(), filename="sparse.xlsx")
+    lines = parsed.text.splitlines()
+    assert lines[:4] == ["## Sheet", "", "| h |", "|---|"]
+    # The far cell joins the header's single column instead of widening the table.
+    assert lines[4].startswith("| ") and lines[4].endswith(" 1 |") and len(lines) == 5
+
+
+@pytest.mark.parametrize(
+    "builder, extension, settings, code, setting", HOSTILE, ids=[c[0] for c in HOSTILE]
+)
+def test_hostile_files_are_refused_in_bounded_time_and_memory(
+    builder, extension, settings, code, setting
+):
+    module, extra = EXTRAS.get(extension, (None, None))
+    if module and find_spec(module) is None:
+        pytest.skip(f"the {extra} extra ({module}) is not installed")
+    result = run_bounded(builder, extension, settings)
+    assert (result["outcome"], result["setting"]) == (code, setting), result
+    assert result["cpu_seconds"] < 10, result
+    assert result["peak_mb"] < 400, result
+
+
+@needs("docx", "docx")
+def test_a_word_part_that_is_not_utf8_is_corrupt():
+    document = zipfile.ZipFile(io.BytesIO(docx_file())).read("word/document.xml")
+    broken = document.replace(b"<w:body>", b"<w:body><w:p><w:r><w:t>caf\xe9</w:t></w:r></w:p>")
+    with pytest.raises(CorruptFile, match="could not be read as a Word document"):
+        parse_bytes(rewrite(docx_file(), {"word/document.xml": broken}), filename="latin.docx")
+
+
+@needs("pptx", "pptx")
+def test_groups_nested_past_the_limit_are_skipped_not_recursed():
+    """A slide whose text sits inside 200 nested groups: python-pptx's XML parser takes 200
+    levels, the parser reads groups 16 deep and skips the rest (no recursion without end)."""
+    import pptx
+
+    deck = pptx.Presentation()
+    slide = deck.slides.add_slide(deck.slide_layouts[6])
+    group = slide.shapes.add_group_shape()
+    group.shapes.add_textbox(0, 0, 100, 100).text_frame.text = "deep inside"
+    slide.shapes.add_textbox(0, 200, 100, 100).text_frame.text = "on the slide"
+    buffer = io.BytesIO()
+    deck.save(buffer)
+    data = buffer.getvalue()
+    xml = zipfile.ZipFile(io.BytesIO(data)).read("ppt/slides/slide1.xml")
+    start, end = xml.index(b"<p:grpSp>"), xml.index(b"</p:grpSp>") + len(b"</p:grpSp>")
+    group_xml = xml[start:end]
+    head = group_xml[: group_xml.index(b"<p:sp>")]
+    nested = head * 200 + group_xml[len(head) :] + b"</p:grpSp>" * 199
+    data = rewrite(data, {"ppt/slides/slide1.xml": xml[:start] + nested + xml[end:]})
+    parsed = parse_bytes(data, filename="nested.pptx")
+    assert parsed.text == "on the slide"
