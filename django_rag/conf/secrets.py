@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from .accessors import get_settings
+from .accessors import get_settings, on_reset
 
 REDACTED = "[REDACTED]"
 # Words that make an option, header or query parameter name a secret wherever they appear...
@@ -193,6 +193,9 @@ def configured_secrets() -> tuple[str, ...]:
         return tuple(secrets_in(get_settings()))
     except Exception:  # a broken setting is reported elsewhere; never fail while scrubbing
         return ()
+
+
+on_reset(configured_secrets.cache_clear)
 
 
 def scrub_text(text: Any, secrets: Any = ()) -> str:
