@@ -68,7 +68,7 @@ def test_a_bad_format_in_the_background_is_refused_before_anything_is_stored():
     from django_rag.models import Job
 
     with pytest.raises(InvalidOption, match="format"):
-        rag.ingest("Refunds.", collection="bg", format="html", background=True)
+        rag.ingest("Refunds.", collection="bg", format="rtf", background=True)
     assert not Document.objects.exists() and not Job.objects.exists()
 
 
