@@ -248,6 +248,12 @@ SCHEMA: tuple[Setting, ...] = (
                 INTEGER,
             ),
             _s(
+                "CONTEXT_WINDOW",
+                0,
+                "Chunks each side of a hit returned with it as its context (0: none).",
+                INTEGER,
+            ),
+            _s(
                 "RERANK_CANDIDATES",
                 3,
                 "With a reranker, RERANK_CANDIDATES x limit chunks are reranked.",

@@ -31,6 +31,7 @@ from ..validation import (
     clean_source_id,
 )
 from .aliases import accepts_aliases
+from .context import MAX_CONTEXT_WINDOW, with_context
 from .fusion import FUSIONS, rrf_merge
 from .rewriters import get_rewriter
 from .stores import PgVectorStore, collection_scope, get_vector_store, scoped_chunks
@@ -67,6 +68,8 @@ class SearchRequest:
     fulltext_weight: float = 0.5
     candidates: int = 4
     syntax: str = "natural"
+    # Chunks each side of a hit returned with it as its context (0: none; retrieval.context).
+    context_window: int = 0
     # The DATABASES alias the search reads (models.databases.search_db); None: resolve it then.
     database: str | None = None
 
@@ -126,6 +129,7 @@ def build_request(
     fulltext_weight: float | None = None,
     candidates: int | None = None,
     syntax: str | None = None,
+    context_window: int | None = None,
     database: str | None = None,
 ) -> SearchRequest:
     """The :class:`SearchRequest` these options describe, every option checked and every
@@ -149,6 +153,16 @@ def build_request(
     syntax = search_setting("SYNTAX") if syntax is None else syntax
     if syntax not in SYNTAXES:
         raise InvalidOption(f"syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
+    context_window = search_setting("CONTEXT_WINDOW") if context_window is None else context_window
+    if (
+        not isinstance(context_window, int)
+        or isinstance(context_window, bool)
+        or not 0 <= context_window <= MAX_CONTEXT_WINDOW
+    ):
+        raise InvalidOption(
+            f"context_window must be an integer from 0 to {MAX_CONTEXT_WINDOW} (chunks each "
+            f"side of a hit), got {context_window!r}"
+        )
     names = normalize_collections(collection)
     return SearchRequest(
         query=query,
@@ -170,6 +184,7 @@ def build_request(
         ),
         candidates=candidates,
         syntax=syntax,
+        context_window=context_window,
         database=search_db(database),
     )
 
@@ -190,6 +205,7 @@ def search(
     fulltext_weight: float | None = None,
     candidates: int | None = None,
     syntax: str | None = None,
+    context_window: int | None = None,
     reranker: Any = None,
     rewriter: Any = None,
     graph: bool | None = None,
@@ -228,6 +244,11 @@ def search(
     ``GRAPH["WEIGHT"]`` (``graph_score`` is set on them). When no entity matched with a score
     of at least ``GRAPH["MIN_MATCH_SCORE"]``, the graph list is left out.
 
+    ``context_window=k`` (default ``SEARCH["CONTEXT_WINDOW"]``, 0: off) returns each hit with
+    the text of the ``k`` chunks before and after it in its document as ``context`` (what
+    :func:`ask` and the agent then give the LLM); hits whose windows overlap are merged into
+    the best-ranked one (``merged_chunk_ids``), so fewer than ``limit`` results may come back.
+
     ``database`` is the ``DATABASES`` alias searched (default ``SEARCH["DATABASE"]``, else the
     routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
     to read a write that has not reached the replica yet.
@@ -246,6 +267,7 @@ def search(
         fulltext_weight=fulltext_weight,
         candidates=candidates,
         syntax=syntax,
+        context_window=context_window,
         database=database,
     )
     return search_request(
@@ -341,6 +363,15 @@ def search_request(
         if ranker is not None:
             results = _rerank(ranker, query_text, results, limit, s)
         results = results[:limit]
+        if request.context_window:
+            if not isinstance(store, PgVectorStore):
+                raise InvalidOption(
+                    "context_window needs the pgvector store (the neighbouring chunks are read "
+                    "from PostgreSQL); leave it 0 with another store."
+                )
+            results = with_context(
+                results, request.context_window, using=search_db(request.database)
+            )
         s.set(result_count=len(results), queries=len(queries), reranked=ranker is not None)
         return results, match
 
