@@ -122,6 +122,13 @@ SCHEMA: tuple[Setting, ...] = (
         "How documents are split (same forms as EMBEDDER; 'token' is the built-in splitter).",
     ),
     _s(
+        "CHUNK_HEADERS",
+        False,
+        "Embed and index new chunks with their document title and heading path before their "
+        "text (the stored text is unchanged).",
+        (bool,),
+    ),
+    _s(
         "PARSERS",
         {},
         "Parsers by file extension, merged over the built-ins; None disables one.",

@@ -64,6 +64,7 @@ from ..validation import (
     clean_title,
 )
 from .chunkers import TextChunk, get_chunker
+from .headers import embedding_inputs
 from .isolation import parse_isolated
 from .parsers import Page, ParsedDocument, check_input_size, get_parser, parse_bytes, parse_file
 from .prepare import (  # noqa: F401 (prepare_chunks is re-exported: older imports use this path)
@@ -218,9 +219,10 @@ def prepare_document(
         embedder=embedder,
         chunk_size=chunk_size,
         chunk_overlap=chunk_overlap,
+        title=pending.document.title,
     )
     vectors = embed_texts(
-        embedder, [chunk.text for chunk in chunks], on_error=on_chunk_error, progress=progress
+        embedder, embedding_inputs(chunks), on_error=on_chunk_error, progress=progress
     )
     return _prepared(pending, chunks, vectors, embedder, graph)
 
@@ -738,6 +740,7 @@ def _write_batched(
                 embedder=embedder,
                 chunk_size=chunk_size,
                 chunk_overlap=chunk_overlap,
+                title=item.document.title,
             )
         except RagError as exc:
             if errors is None:
@@ -753,7 +756,7 @@ def _write_batched(
     done = 0
 
     def embed(group) -> list:
-        texts = [chunk.text for _, item in group for chunk in item.chunks]
+        texts = [text for _, item in group for text in embedding_inputs(item.chunks)]
         before = done  # groups are embedded one after another
 
         def advance(count: int, _of: int) -> None:
@@ -789,7 +792,7 @@ def _write_batched(
                     count = len(item.chunks)
                     try:
                         if vectors is None:  # the group failed: find which document did
-                            own = embed_texts(embedder, [chunk.text for chunk in item.chunks])
+                            own = embed_texts(embedder, embedding_inputs(item.chunks))
                         else:
                             own = vectors[offset : offset + count]
                         prepared = _prepared(item, item.chunks, own, embedder, graph)

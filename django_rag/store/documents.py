@@ -45,6 +45,7 @@ from ..models.documents import VERSION_SEQUENCE
 from ..models.fulltext import LENGTH_SQL
 from ..signals import span
 from .graph import persist, sweep_orphans
+from .headers import indexed_sql
 from .statistics import compact_statistics
 from .vector_stores import _receiving_store, sync_deleted, sync_stored
 
@@ -573,7 +574,7 @@ def _copy_chunks(
              WITH ORDINALITY
              AS r(document_id, chunk_index, text, token_count, start_char, end_char,
                   page_start, page_end, metadata, embedding, n)
-             CROSS JOIN LATERAL to_tsvector(%s::regconfig, r.text) AS v
+             CROSS JOIN LATERAL to_tsvector(%s::regconfig, {indexed_sql("r.text", "r.metadata")}) AS v
         ORDER BY r.n
         RETURNING id, document_id, chunk_index
     """
