@@ -168,6 +168,21 @@ SCHEMA: tuple[Setting, ...] = (
         nullable=True,
     ),
     _s(
+        "OCR",
+        "auto",
+        "OCR of scanned PDF pages: 'auto' (RapidOCR if installed, else Tesseract if on the "
+        "PATH), 'rapidocr', 'tesseract' or 'off'.",
+        choices=("auto", "rapidocr", "tesseract", "off"),
+    ),
+    _s("OCR_DPI", 150, "Resolution scanned pages are rendered at for OCR.", INTEGER),
+    _s(
+        "OCR_MAX_PAGES",
+        200,
+        "Most scanned pages of one document read by OCR (None: no limit).",
+        INTEGER,
+        nullable=True,
+    ),
+    _s(
         "MAX_ZIP_MEMBERS",
         10_000,
         "ZIP-based inputs: most members, from the central directory (None: no limit).",

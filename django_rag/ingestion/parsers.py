@@ -27,9 +27,9 @@ from ..exceptions import (
     InvalidParserOutput,
     InvalidText,
     MissingDependency,
-    NoTextLayer,
     UnsupportedFileType,
 )
+from .ocr import ScannedPages
 from .pdftext import (
     MAX_LAYOUT_CHARS,
     blocks_from_dict,
@@ -531,6 +531,7 @@ class PdfParser(Parser):
             parts: list[str] = []
             pages: list[Page] = []
             first_page: list | None = None  # its blocks, in reading order, for the title
+            scans = ScannedPages(filename, started=started, timeout=timeout)  # OCR (ocr.py)
             offset = 0
             for number, page in enumerate(document, start=1):
                 elapsed = time.monotonic() - started
@@ -600,6 +601,8 @@ class PdfParser(Parser):
                     text = cleaned.text
                     joins.extend((offset + at, key) for at, key in cleaned.joins)
                 del textpage, plain, layout
+                if not text:  # a scanned page: read by OCR, or recorded as not read
+                    text = scans.read(page, number)
                 pages.append(Page(number=number, start=offset, end=offset + len(text)))
                 parts.append(text)
                 offset += len(text)
@@ -617,11 +620,7 @@ class PdfParser(Parser):
                     span.start += bisect.bisect_left(restored, span.start)
                     span.end += bisect.bisect_left(restored, span.end)
             if not text.strip():
-                raise NoTextLayer(
-                    f"{filename} has no text layer (it looks scanned or image-only). Run OCR "
-                    "first, for example: ocrmypdf in.pdf out.pdf",
-                    filename=filename,
-                )
+                raise scans.no_text_error()
             title = (document.metadata or {}).get("title") or ""
             return ParsedDocument(
                 text=text,
@@ -629,7 +628,7 @@ class PdfParser(Parser):
                 # A file name or a tool's placeholder in the metadata loses to the heading.
                 title=pdf_title(title if isinstance(title, str) else "", first_page, text),
                 pages=pages,
-                metadata={"page_count": page_count},
+                metadata={"page_count": page_count, **scans.metadata()},
             )
 
 
