@@ -322,6 +322,11 @@ def search_request(
         database=request.database,
     ) as s:
         store = get_vector_store(vector_store)
+        if request.context_window and not isinstance(store, PgVectorStore):
+            raise InvalidOption(
+                "context_window needs the pgvector store (the neighbouring chunks are read "
+                "from PostgreSQL); leave it 0 with another store."
+            )
         if isinstance(store, PgVectorStore):
             # Resolved once, before any model loads (an unknown collection is reported
             # first); the store, the chunk scope and the graph read the ids. Other stores
@@ -364,11 +369,6 @@ def search_request(
             results = _rerank(ranker, query_text, results, limit, s)
         results = results[:limit]
         if request.context_window:
-            if not isinstance(store, PgVectorStore):
-                raise InvalidOption(
-                    "context_window needs the pgvector store (the neighbouring chunks are read "
-                    "from PostgreSQL); leave it 0 with another store."
-                )
             results = with_context(
                 results, request.context_window, using=search_db(request.database)
             )
