@@ -223,6 +223,7 @@ def main() -> None:
     parser.add_argument("--skip-scifact", action="store_true")
     parser.add_argument("--skip-hotpot", action="store_true")
     parser.add_argument("--skip-headers", action="store_true", help="HotpotQA: the window only")
+    parser.add_argument("--skip-window", action="store_true", help="HotpotQA: the headers only")
     parser.add_argument(
         "--scifact-docs",
         type=int,
@@ -254,15 +255,16 @@ def main() -> None:
             q["_id"]: q["metadata"]["answers"]
             for q in map(json.loads, (args.hotpot / "queries.jsonl").open())
         }
-        window_report(
-            corpus,
-            hotpot_queries,
-            hotpot_qrels,
-            answers,
-            embedder,
-            args.window_chunk_size,
-            args.window_limit,
-        )
+        if not args.skip_window:
+            window_report(
+                corpus,
+                hotpot_queries,
+                hotpot_qrels,
+                answers,
+                embedder,
+                args.window_chunk_size,
+                args.window_limit,
+            )
         if not args.skip_headers:
             header_report(
                 "HotpotQA dev200",
