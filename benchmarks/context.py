@@ -112,10 +112,8 @@ def header_report(title: str, corpus, splits, embedder, dataset: str, variants=N
             + (f", ingested in {seconds[variant]:.0f} s" if seconds[variant] else "")
         )
     print()
-    print(
-        "| split | mode | text only | text + header | title in text | header − text only (95% CI) |"
-    )
-    print("|---|---|---|---|---|---|")
+    print(f"| split | mode | {' | '.join(variants)} | header − text only (95% CI) |")
+    print("|---|---|" + "---|" * len(variants) + "---|")
     for split, (queries, qrels) in splits.items():
         vectors = {text: embedder.embed_query(text) for text in queries.values()}
         cached = CachedQueries(embedder, vectors)
