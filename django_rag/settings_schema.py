@@ -123,7 +123,7 @@ SCHEMA: tuple[Setting, ...] = (
     ),
     _s(
         "CHUNK_HEADERS",
-        False,
+        True,
         "Embed and index new chunks with their document title and heading path before their "
         "text (the stored text is unchanged).",
         (bool,),

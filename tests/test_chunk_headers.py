@@ -19,6 +19,7 @@ from django_rag.testing import HashingEmbedder
 pytestmark = pytest.mark.django_db
 
 ON = {"EMBEDDER": "hashing", "CHUNK_HEADERS": True}
+OFF = {"EMBEDDER": "hashing", "CHUNK_HEADERS": False}
 
 GUIDE = """# Tomatoes
 
@@ -132,13 +133,17 @@ def test_headers_reach_the_embedding_and_index_but_not_the_stored_text():
     assert "handbook" not in hit.context
 
 
-def test_without_the_setting_nothing_changes():
+def test_headers_are_on_by_default_and_off_changes_nothing():
+    from django_rag.ingestion.headers import headers_enabled
+
+    assert headers_enabled()  # the default (docs/benchmarks.md: measured)
     embedder = RecordingEmbedder()
-    document = ingest_guide(embedder)
-    chunks = list(Chunk.objects.filter(document=document))
-    assert all("header" not in chunk.metadata for chunk in chunks)
-    assert sorted(embedder.inputs) == sorted(chunk.text for chunk in chunks)
-    assert rag.search("handbook", mode="fulltext", collection="garden") == []
+    with override_settings(DJANGO_RAG=OFF):
+        document = ingest_guide(embedder)
+        chunks = list(Chunk.objects.filter(document=document))
+        assert all("header" not in chunk.metadata for chunk in chunks)
+        assert sorted(embedder.inputs) == sorted(chunk.text for chunk in chunks)
+        assert rag.search("handbook", mode="fulltext", collection="garden") == []
 
 
 def test_reembedding_and_reindexing_keep_the_header():
@@ -153,16 +158,17 @@ def test_reembedding_and_reindexing_keep_the_header():
     old = HashingEmbedder(model_name="old-model")
     Chunk.objects.filter(document=document).update(embedding_model="old-model")
     Chunk.objects.filter(pk=chunk.pk).update(embedding=old.embed_documents(["other"])[0])
-    assert maintenance.reembed().done == Chunk.objects.filter(document=document).count()
-    chunk.refresh_from_db()
-    assert np.allclose(chunk.embedding, expected, atol=1e-6)
-    Chunk.objects.filter(pk=chunk.pk).update(embedding=old.embed_documents(["other"])[0])
-    maintenance.reembed_documents([document.pk])
-    chunk.refresh_from_db()
-    assert np.allclose(chunk.embedding, expected, atol=1e-6)
-    # Re-indexing (after a TEXT_SEARCH_CONFIG change) keeps the header's words.
-    Chunk.objects.filter(document=document).update(search_vector=None)
-    assert index_chunks(document_id=document.pk) >= 4
+    with override_settings(DJANGO_RAG=OFF):
+        assert maintenance.reembed().done == Chunk.objects.filter(document=document).count()
+        chunk.refresh_from_db()
+        assert np.allclose(chunk.embedding, expected, atol=1e-6)
+        Chunk.objects.filter(pk=chunk.pk).update(embedding=old.embed_documents(["other"])[0])
+        maintenance.reembed_documents([document.pk])
+        chunk.refresh_from_db()
+        assert np.allclose(chunk.embedding, expected, atol=1e-6)
+        # Re-indexing (after a TEXT_SEARCH_CONFIG change) keeps the header's words.
+        Chunk.objects.filter(document=document).update(search_vector=None)
+        assert index_chunks(document_id=document.pk) >= 4
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM django_rag_chunk WHERE document_id = %s "
