@@ -25,6 +25,7 @@ from .rerankers import get_reranker
 from .signals import span
 from .store import schema
 from .store.graph import write_entity_vectors
+from .store.headers import header_of, with_header
 from .store.vector_stores import sync_all_vectors
 
 logger = logging.getLogger(__name__)
@@ -64,6 +65,15 @@ def _embed(embedder: Embedder, texts: list[str], dimensions: int) -> list[list[f
             f"{dimensions}."
         )
     return vectors
+
+
+def _inputs(chunks) -> list[tuple[int, str]]:
+    """``(id, text to embed)`` of these chunks: the text with its chunk header, as at ingest
+    (django_rag.store.headers), so re-embedding keeps what ingest embedded."""
+    return [
+        (pk, with_header(text, header_of(metadata)))
+        for pk, text, metadata in chunks.values_list("pk", "text", "metadata")
+    ]
 
 
 def _run_batches(
@@ -188,7 +198,7 @@ def _reembed_in_place(collection, batch_size, concurrency, resume, progress, job
     try:
         with span("reembed", model=embedder.model_name, collection=collection) as s:
             _run_batches(
-                lambda limit: list(chunks.order_by("pk").values_list("pk", "text")[:limit]),
+                lambda limit: _inputs(chunks.order_by("pk")[:limit]),
                 embedder,
                 dimensions,
                 job,
@@ -221,9 +231,7 @@ def reembed_documents(document_ids: Sequence[int], *, batch_size: int = 64) -> J
     cursor = {"last": 0}
 
     def fetch(limit: int) -> list[tuple[int, str]]:
-        rows = list(
-            chunks.filter(pk__gt=cursor["last"]).order_by("pk").values_list("pk", "text")[:limit]
-        )
+        rows = _inputs(chunks.filter(pk__gt=cursor["last"]).order_by("pk")[:limit])
         if rows:
             cursor["last"] = rows[-1][0]
         return rows

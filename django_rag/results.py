@@ -86,9 +86,22 @@ class SearchResult:
     fulltext_score: float | None = None
     rerank_score: float | None = None
     graph_score: float | None = None
+    # With context_window=k (django_rag.retrieval.context): the text of chunks
+    # context_first..context_last of the document around this hit, and the ids of the other
+    # hits whose windows overlapped this one's and were merged into it.
+    context: str | None = None
+    context_first: int | None = None
+    context_last: int | None = None
+    merged_chunk_ids: list[Any] = field(default_factory=list)
     # The model row a hit of a registered model comes from, once loaded by
     # django_rag.sync.with_objects (never serialised).
     object: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def passage(self) -> str:
+        """What a reader (or an LLM's prompt) gets: the hit's window when the search returned
+        one (``context_window``), else the chunk's own text."""
+        return self.text if self.context is None else self.context
 
     @property
     def label(self) -> str:

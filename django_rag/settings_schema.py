@@ -123,6 +123,13 @@ SCHEMA: tuple[Setting, ...] = (
         "How documents are split (same forms as EMBEDDER; 'token' is the built-in splitter).",
     ),
     _s(
+        "CHUNK_HEADERS",
+        True,
+        "Embed and index new chunks with their document title and heading path before their "
+        "text (the stored text is unchanged).",
+        (bool,),
+    ),
+    _s(
         "PARSERS",
         {},
         "Parsers by file extension, merged over the built-ins; None disables one.",
@@ -166,6 +173,21 @@ SCHEMA: tuple[Setting, ...] = (
         60,
         "Seconds reading one file (PDF, office, mail) may take (None: no limit).",
         NUMBER,
+        nullable=True,
+    ),
+    _s(
+        "OCR",
+        "auto",
+        "OCR of scanned PDF pages: 'auto' (RapidOCR if installed, else Tesseract if on the "
+        "PATH), 'rapidocr', 'tesseract' or 'off'.",
+        choices=("auto", "rapidocr", "tesseract", "off"),
+    ),
+    _s("OCR_DPI", 150, "Resolution scanned pages are rendered at for OCR.", INTEGER),
+    _s(
+        "OCR_MAX_PAGES",
+        200,
+        "Most scanned pages of one document read by OCR (None: no limit).",
+        INTEGER,
         nullable=True,
     ),
     _s(
@@ -274,6 +296,12 @@ SCHEMA: tuple[Setting, ...] = (
                 "CANDIDATES",
                 2,
                 "Hybrid: each side's top CANDIDATES x limit chunks are fused.",
+                INTEGER,
+            ),
+            _s(
+                "CONTEXT_WINDOW",
+                0,
+                "Chunks each side of a hit returned with it as its context (0: none).",
                 INTEGER,
             ),
             _s(

@@ -1,5 +1,6 @@
 import pymupdf
 import pytest
+from django.test import override_settings
 
 from django_rag.exceptions import (
     CorruptFile,
@@ -156,7 +157,10 @@ def test_real_pdfs_from_shared_data():
     folder = Path(__file__).parent.parent / "../shared/data/pdfs"
     with pytest.raises(EncryptedPDF):
         parse_file(folder / "encrypted_password_openpassword.pdf")
-    with pytest.raises(NoTextLayer):
-        parse_file(folder / "scanned_image_only_no_text_layer.pdf")
+    with (
+        override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "OCR": "off"}),
+        pytest.raises(NoTextLayer),
+    ):
+        parse_file(folder / "scanned_image_only_no_text_layer.pdf")  # OCR: tests/test_ocr.py
     parsed = parse_file(folder / "paper_dpr_two_column_13p.pdf")
     assert len(parsed.pages) == 13 and "retrieval" in parsed.text.lower()

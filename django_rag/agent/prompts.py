@@ -165,7 +165,7 @@ def loop_sources(numbered: Sequence[tuple[int, SearchResult, bool]]) -> str:
         title = f' title="{attr(label)}"' if label else ""
         collection = f' collection="{attr(chunk.collection)}"' if chunk.collection else ""
         parts.append(
-            f'<source id="{number}"{title}{collection}{page_attributes(chunk)}>\n{quote(chunk.text)}\n'
+            f'<source id="{number}"{title}{collection}{page_attributes(chunk)}>\n{quote(chunk.passage)}\n'
             "</source>"
         )
     return "<sources>\n" + "\n".join(parts) + "\n</sources>"

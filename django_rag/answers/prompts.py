@@ -36,7 +36,7 @@ def sources_block(chunks: Sequence[SearchResult], numbers: Sequence[int] | None 
         label = chunk.title or chunk.filename or chunk.source_id
         title = f' title="{attr(label)}"' if label else ""
         parts.append(
-            f'<source id="{number}"{title}{page_attributes(chunk)}>\n{quote(chunk.text)}\n</source>'
+            f'<source id="{number}"{title}{page_attributes(chunk)}>\n{quote(chunk.passage)}\n</source>'
         )
     return "<sources>\n" + "\n".join(parts) + "\n</sources>"
 

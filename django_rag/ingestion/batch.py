@@ -26,6 +26,7 @@ from ..validation import clean_collection_name
 from .chunkers import get_chunker
 from .collections import apply_description, resolve_ingest_collection
 from .graphs import use_graph
+from .headers import embedding_inputs
 from .pipeline import (
     FORMATS,
     Pending,
@@ -257,6 +258,7 @@ def write_batched(
                 embedder=embedder,
                 chunk_size=chunk_size,
                 chunk_overlap=chunk_overlap,
+                title=item.document.title,
             )
         except RagError as exc:
             if errors is None:
@@ -272,7 +274,7 @@ def write_batched(
     done = 0
 
     def embed(group) -> list:
-        texts = [chunk.text for _, item in group for chunk in item.chunks]
+        texts = [text for _, item in group for text in embedding_inputs(item.chunks)]
         before = done  # groups are embedded one after another
 
         def advance(count: int, _of: int) -> None:
@@ -308,7 +310,7 @@ def write_batched(
                     count = len(item.chunks)
                     try:
                         if vectors is None:  # the group failed: find which document did
-                            own = embed_texts(embedder, [chunk.text for chunk in item.chunks])
+                            own = embed_texts(embedder, embedding_inputs(item.chunks))
                         else:
                             own = vectors[offset : offset + count]
                         prepared = assemble(item, item.chunks, own, embedder, graph)

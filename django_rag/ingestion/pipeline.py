@@ -36,6 +36,7 @@ from ..validation import (
 )
 from .chunkers import TextChunk
 from .graphs import extract_graph
+from .headers import embedding_inputs
 from .parsers import ParsedDocument
 from .prepare import PreparedChunk, attach_vectors, chunk_text, embed_texts
 
@@ -162,9 +163,10 @@ def prepare_document(
         embedder=embedder,
         chunk_size=chunk_size,
         chunk_overlap=chunk_overlap,
+        title=pending.document.title,
     )
     vectors = embed_texts(
-        embedder, [chunk.text for chunk in chunks], on_error=on_chunk_error, progress=progress
+        embedder, embedding_inputs(chunks), on_error=on_chunk_error, progress=progress
     )
     return assemble(pending, chunks, vectors, embedder, graph)
 

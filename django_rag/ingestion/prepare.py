@@ -16,6 +16,7 @@ from ..exceptions import EmbeddingFailed, EmptyDocument
 from ..store import ChunkRow
 from ..validation import check_vectors
 from .chunkers import TextChunk, get_chunker
+from .headers import add_headers, embedding_inputs, headers_enabled
 from .parsers import ParsedDocument
 
 
@@ -48,8 +49,11 @@ def chunk_text(
     embedder: Embedder,
     chunk_size: int | None = None,
     chunk_overlap: int | None = None,
+    title: str | None = None,
 ) -> list[TextChunk]:
-    """Split ``parsed.text`` with the chunker (per-call sizes override its options)."""
+    """Split ``parsed.text`` with the chunker (per-call sizes override its options). With
+    ``CHUNK_HEADERS`` on, each chunk gets its header (``title``, default the parsed title, and
+    its heading path; :mod:`.headers`)."""
     options = {
         key: value
         for key, value in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
@@ -60,6 +64,13 @@ def chunk_text(
     )
     if not chunks:
         raise EmptyDocument("The chunker produced no chunks for this document.")
+    if headers_enabled():
+        add_headers(
+            chunks,
+            title=parsed.title if title is None else title,
+            text=parsed.text,
+            format=parsed.format,
+        )
     return chunks
 
 
@@ -105,7 +116,7 @@ def prepare_chunks(
         chunk_size=chunk_size,
         chunk_overlap=chunk_overlap,
     )
-    vectors = embed_texts(embedder, [chunk.text for chunk in chunks], on_error=on_chunk_error)
+    vectors = embed_texts(embedder, embedding_inputs(chunks), on_error=on_chunk_error)
     return attach_vectors(parsed, chunks, vectors, embedder=embedder, dimensions=dimensions)
 
 

@@ -31,6 +31,7 @@ from ..validation import (
     clean_source_id,
 )
 from .aliases import accepts_aliases
+from .context import MAX_CONTEXT_WINDOW, with_context
 from .fusion import FUSIONS, rrf_merge
 from .rewriters import get_rewriter
 from .stores import PgVectorStore, collection_scope, get_vector_store, scoped_chunks
@@ -71,6 +72,8 @@ class SearchRequest:
     syntax: str = "natural"
     # The HNSW candidate list of this search (None: SEARCH["HNSW_EF_SEARCH"]).
     hnsw_ef_search: int | None = None
+    # Chunks each side of a hit returned with it as its context (0: none; retrieval.context).
+    context_window: int = 0
     # The DATABASES alias the search reads (models.databases.search_db); None: resolve it then.
     database: str | None = None
 
@@ -131,6 +134,7 @@ def build_request(
     candidates: int | None = None,
     syntax: str | None = None,
     hnsw_ef_search: int | None = None,
+    context_window: int | None = None,
     database: str | None = None,
 ) -> SearchRequest:
     """The :class:`SearchRequest` these options describe, every option checked and every
@@ -156,6 +160,16 @@ def build_request(
         raise InvalidOption(f"syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
     if hnsw_ef_search is not None:
         clean_positive_int("hnsw_ef_search", hnsw_ef_search, maximum=MAX_EF_SEARCH)
+    context_window = search_setting("CONTEXT_WINDOW") if context_window is None else context_window
+    if (
+        not isinstance(context_window, int)
+        or isinstance(context_window, bool)
+        or not 0 <= context_window <= MAX_CONTEXT_WINDOW
+    ):
+        raise InvalidOption(
+            f"context_window must be an integer from 0 to {MAX_CONTEXT_WINDOW} (chunks each "
+            f"side of a hit), got {context_window!r}"
+        )
     names = normalize_collections(collection)
     return SearchRequest(
         query=query,
@@ -178,6 +192,7 @@ def build_request(
         candidates=candidates,
         syntax=syntax,
         hnsw_ef_search=hnsw_ef_search,
+        context_window=context_window,
         database=search_db(database),
     )
 
@@ -199,6 +214,7 @@ def search(
     candidates: int | None = None,
     syntax: str | None = None,
     hnsw_ef_search: int | None = None,
+    context_window: int | None = None,
     reranker: Any = None,
     rewriter: Any = None,
     graph: bool | None = None,
@@ -241,6 +257,10 @@ def search(
     candidate list of this search's semantic side (semantic and hybrid modes): larger finds
     more of the true nearest neighbours, slower. It is set for the search's own transaction
     only (``SET LOCAL``) and raised to ``limit`` when smaller.
+    ``context_window=k`` (default ``SEARCH["CONTEXT_WINDOW"]``, 0: off) returns each hit with
+    the text of the ``k`` chunks before and after it in its document as ``context`` (what
+    :func:`ask` and the agent then give the LLM); hits whose windows overlap are merged into
+    the best-ranked one (``merged_chunk_ids``), so fewer than ``limit`` results may come back.
 
     ``database`` is the ``DATABASES`` alias searched (default ``SEARCH["DATABASE"]``, else the
     routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
@@ -261,6 +281,7 @@ def search(
         candidates=candidates,
         syntax=syntax,
         hnsw_ef_search=hnsw_ef_search,
+        context_window=context_window,
         database=database,
     )
     return search_request(
@@ -315,6 +336,11 @@ def search_request(
         database=request.database,
     ) as s:
         store = get_vector_store(vector_store)
+        if request.context_window and not isinstance(store, PgVectorStore):
+            raise InvalidOption(
+                "context_window needs the pgvector store (the neighbouring chunks are read "
+                "from PostgreSQL); leave it 0 with another store."
+            )
         if isinstance(store, PgVectorStore):
             # Resolved once, before any model loads (an unknown collection is reported
             # first); the store, the chunk scope and the graph read the ids. Other stores
@@ -356,6 +382,10 @@ def search_request(
         if ranker is not None:
             results = _rerank(ranker, query_text, results, limit, s)
         results = results[:limit]
+        if request.context_window:
+            results = with_context(
+                results, request.context_window, using=search_db(request.database)
+            )
         s.set(result_count=len(results), queries=len(queries), reranked=ranker is not None)
         return results, match
 

@@ -19,6 +19,7 @@ from ..conf import get_setting
 from ..models import Chunk, Collection, Document
 from ..models.databases import write_db
 from ..models.fulltext import LENGTH_SQL
+from .headers import indexed_sql
 
 
 @dataclass
@@ -100,7 +101,7 @@ def _copy_chunks(
              WITH ORDINALITY
              AS r(document_id, chunk_index, text, token_count, start_char, end_char,
                   page_start, page_end, metadata, embedding, n)
-             CROSS JOIN LATERAL to_tsvector(%s::regconfig, r.text) AS v
+             CROSS JOIN LATERAL to_tsvector(%s::regconfig, {indexed_sql("r.text", "r.metadata")}) AS v
         ORDER BY r.n
         RETURNING id, document_id, chunk_index
     """

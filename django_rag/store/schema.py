@@ -14,6 +14,7 @@ from pgvector.django import HnswIndex
 
 from ..models import Chunk, Entity
 from ..models.databases import write_db
+from .headers import indexed_sql
 from .vector_stores import sync_vectors
 
 CHUNKS = Chunk._meta.db_table
@@ -121,10 +122,12 @@ def shadow_progress() -> tuple[int, int]:
 
 
 def pending_shadow(limit: int) -> list[tuple[int, str]]:
-    """(id, text) of chunks without a shadow vector, by id."""
+    """(id, text to embed) of chunks without a shadow vector, by id (the text with its chunk
+    header, :mod:`.headers`)."""
     with _connection().cursor() as cursor:
         cursor.execute(
-            f"SELECT id, text FROM {CHUNKS} WHERE {NEXT} IS NULL ORDER BY id LIMIT %s", [limit]
+            f"SELECT id, {indexed_sql()} FROM {CHUNKS} WHERE {NEXT} IS NULL ORDER BY id LIMIT %s",
+            [limit],
         )
         return cursor.fetchall()
 

@@ -16,6 +16,7 @@ from django.db import connections, transaction
 
 from ..conf import get_setting
 from ..models.fulltext import LENGTH_SQL, STATISTICS_LOCK
+from .headers import indexed_sql
 
 _COMPACT_LOCK = STATISTICS_LOCK
 # A chunk's frequency of the lexeme ``u`` (as BM25 counts it: a lexeme without positions once).
@@ -213,7 +214,7 @@ def index_chunks(*, document_id=None, config: str | None = None, using: str = "d
         UPDATE django_rag_chunk c SET search_vector = s.vector, fts_length = s.length
         FROM (
             SELECT id, vector, {LENGTH_SQL.format(v="vector")} AS length
-            FROM (SELECT id, to_tsvector(%s::regconfig, text) AS vector
+            FROM (SELECT id, to_tsvector(%s::regconfig, {indexed_sql()}) AS vector
                   FROM django_rag_chunk {where}) t
         ) s
         WHERE c.id = s.id

@@ -11,8 +11,8 @@ from ...exceptions import (
     DocumentTooLarge,
     EncryptedPDF,
     MissingDependency,
-    NoTextLayer,
 )
+from ..ocr import ScannedPages
 from ..pdftext import (
     MAX_LAYOUT_CHARS,
     blocks_from_dict,
@@ -107,6 +107,7 @@ class PdfParser(Parser):
             parts: list[str] = []
             pages: list[Page] = []
             first_page: list | None = None  # its blocks, in reading order, for the title
+            scans = ScannedPages(filename, started=started, timeout=timeout)  # OCR (ocr.py)
             offset = 0
             for number, page in enumerate(document, start=1):
                 elapsed = time.monotonic() - started
@@ -189,6 +190,8 @@ class PdfParser(Parser):
                     text = cleaned.text
                     joins.extend((offset + at, key) for at, key in cleaned.joins)
                 del textpage, plain, layout
+                if not text:  # a scanned page: read by OCR, or recorded as not read
+                    text = scans.read(page, number)
                 pages.append(Page(number=number, start=offset, end=offset + len(text)))
                 parts.append(text)
                 offset += len(text)
@@ -206,12 +209,8 @@ class PdfParser(Parser):
                     span.start += bisect.bisect_left(restored, span.start)
                     span.end += bisect.bisect_left(restored, span.end)
             if not text.strip():
-                raise NoTextLayer(
-                    f"{filename} has no text layer (it looks scanned or image-only). Run OCR "
-                    "first, for example: ocrmypdf in.pdf out.pdf",
-                    filename=filename,
-                )
-            metadata: dict = {"page_count": page_count}
+                raise scans.no_text_error()
+            metadata: dict = {"page_count": page_count, **scans.metadata()}
             if tables_found:
                 metadata["tables"] = tables_found
             if pages_too_busy:
