@@ -152,8 +152,9 @@ def test_defaults_come_from_the_schema():
 
 
 def test_the_schema_choices_are_the_values_the_library_accepts():
+    from django_rag.models.fulltext import SYNTAXES
     from django_rag.modes import SearchMode
-    from django_rag.retrieval.service import FUSIONS, SYNTAXES
+    from django_rag.retrieval.fusion import FUSIONS
 
     assert set(settings_schema.lookup("SEARCH.FUSION").choices) == set(FUSIONS)
     assert set(settings_schema.lookup("SEARCH.SYNTAX").choices) == set(SYNTAXES)

@@ -33,6 +33,7 @@ from ..exceptions import ConfigurationError, LLMResponseError
 from ..llm import Completion, as_bool, get_llm, parse_json
 from ..llm.component import Component
 from ..results import SearchResult
+from ..retrieval.request import build_request, request_option_names
 from ..retrieval.rewriters import (  # noqa: F401 (re-exported: the agent's steps use them)
     REWRITERS,
     Decomposer,
@@ -41,7 +42,7 @@ from ..retrieval.rewriters import (  # noqa: F401 (re-exported: the agent's step
     Rewriter,
     get_rewriter,
 )
-from ..retrieval.service import build_request, request_option_names, search, search_request
+from ..retrieval.service import search, search_request
 from . import prompts
 
 

@@ -14,8 +14,8 @@ from ..llm import Usage
 from ..models import Collection
 from ..models.databases import search_db
 from ..results import Grounding, SearchResult
+from ..retrieval.request import normalize_collections
 from ..retrieval.service import check_search_options as check_options
-from ..retrieval.service import normalize_collections
 from ..validation import clean_query
 
 # What the agent sets itself on every search: never a search option of the caller's.

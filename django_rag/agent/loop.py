@@ -25,7 +25,7 @@ from ..llm import LLM, collect_usage, deadline, get_llm, tool_schema
 from ..models import Collection
 from ..results import SearchResult
 from ..retrieval.aliases import accepts_aliases
-from ..retrieval.service import SearchRequest, build_request, request_option_names
+from ..retrieval.request import SearchRequest, build_request, request_option_names
 from ..signals import span
 from ..validation import clean_query
 from . import prompts

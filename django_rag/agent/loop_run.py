@@ -15,7 +15,8 @@ from ..exceptions import AgentTimeout, InvalidOption, LLMError, LLMTimeout
 from ..llm import ToolCall, tool_message
 from ..llm.parsing import value_too_large
 from ..results import SearchResult
-from ..retrieval.service import normalize_collections, search_request
+from ..retrieval.request import normalize_collections
+from ..retrieval.service import search_request
 from ..signals import span
 from ..validation import clean_query
 from . import prompts

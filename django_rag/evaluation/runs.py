@@ -20,7 +20,8 @@ from ..exceptions import InvalidInput, InvalidOption, LLMError, UnknownCollectio
 from ..llm import collect_usage, get_llm, parse_json
 from ..models import Collection, Relevance, Run, TestCase
 from ..results import Answer, SearchResult
-from ..retrieval.service import MAX_LIMIT, normalize_collections, normalize_mode, search
+from ..retrieval.request import MAX_LIMIT, normalize_collections, normalize_mode
+from ..retrieval.service import search
 from ..signals import span
 from ..validation import clean_positive_int, clean_source_id
 from . import prompts

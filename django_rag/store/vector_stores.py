@@ -33,7 +33,7 @@ from ..results import SearchResult
 class VectorStore:
     """Base class of vector stores.
 
-    ``search(request)`` answers a :class:`~django_rag.retrieval.service.SearchRequest`
+    ``search(request)`` answers a :class:`~django_rag.retrieval.request.SearchRequest`
     (``request.mode`` is ``semantic``, ``fulltext`` or ``hybrid``; ``request.vector`` is the
     query embedding in semantic and hybrid mode); an unknown collection name raises
     :class:`~django_rag.exceptions.UnknownCollection`.

@@ -13,7 +13,7 @@ from ...evaluation.runs import resolve_retriever
 from ...exceptions import InvalidOption
 from ...models import Job, Run, TestCase
 from ...modes import MODES
-from ...retrieval.service import normalize_mode
+from ...retrieval.request import normalize_mode
 from ..access import check_collection, dashboard_view, object_id, param, scope
 from .common import _confirm, _context, _jobs, _polling, _start, grounded_segments
 

@@ -8,7 +8,7 @@ from django_rag.exceptions import RagError, UnknownCollection
 from django_rag.management.progress import RagCommand
 from django_rag.models import Collection
 from django_rag.models.databases import search_db
-from django_rag.retrieval.service import normalize_collections, normalize_mode
+from django_rag.retrieval.request import normalize_collections, normalize_mode
 from django_rag.validation import finite_float_arg, positive_int_arg
 
 PIPELINE_FLAGS = ("gate", "rewrite", "select", "expand", "decompose", "reason", "rerank")

@@ -1,0 +1,196 @@
+"""The search request: one value object, built and checked once (:func:`build_request`), its
+collection scope resolved to ids once (:func:`resolve_scope`), then passed down unchanged to
+the stores, the graph search and the Loop (:mod:`django_rag.retrieval.service` runs it)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..conf import search_setting
+from ..exceptions import InvalidOption
+from ..models.databases import search_db
+from ..models.fulltext import SYNTAXES
+from ..modes import ALIASES as _ALIASES
+from ..modes import MODES as _MODES
+from ..modes import SearchMode
+from ..validation import (
+    clean_collection_name,
+    clean_metadata,
+    clean_number,
+    clean_positive_int,
+    clean_query,
+    clean_source_id,
+)
+from .context import MAX_CONTEXT_WINDOW
+from .fusion import FUSIONS
+from .stores import collection_scope
+
+MODES = _MODES  # re-exported: the registry lives in django_rag.modes
+MODE_ALIASES = {alias: mode.value for alias, mode in _ALIASES.items()}
+MAX_LIMIT = 1000
+# Hybrid fuses each side's top candidates x limit chunks: bounded so one call cannot ask the
+# database for an unbounded pool (10**20 overflowed PostgreSQL's bigint LIMIT).
+MAX_CANDIDATES = 100
+# pgvector's own bounds for hnsw.ef_search.
+MAX_EF_SEARCH = 1000
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One search, built and validated once by :func:`build_request` and then only read: the
+    stores, the graph search and the Loop receive it; a step that needs a variant (another
+    query, a larger limit, the query's vector) makes one with :func:`dataclasses.replace`.
+
+    ``collections`` are the names asked for (None: every collection); ``collection_ids`` their
+    ids once resolved (:func:`resolve_scope`, one lookup per request), None until then."""
+
+    query: str
+    mode: SearchMode
+    limit: int
+    vector: tuple[float, ...] | list[float] | None = None
+    threshold: float | None = None
+    collections: tuple[str, ...] | None = None
+    collection_ids: tuple[int, ...] | None = None
+    source_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    fusion: str = "rrf"
+    rrf_k: int = 60
+    semantic_weight: float = 0.5
+    fulltext_weight: float = 0.5
+    candidates: int = 4
+    syntax: str = "natural"
+    # The HNSW candidate list of this search (None: SEARCH["HNSW_EF_SEARCH"]).
+    hnsw_ef_search: int | None = None
+    # Chunks each side of a hit returned with it as its context (0: none; retrieval.context).
+    context_window: int = 0
+    # The DATABASES alias the search reads (models.databases.search_db); None: resolve it then.
+    database: str | None = None
+
+    @property
+    def scope_resolved(self) -> bool:
+        """Whether the collections are known as ids (or none are named)."""
+        return self.collections is None or self.collection_ids is not None
+
+
+def resolve_scope(request: SearchRequest) -> SearchRequest:
+    """``request`` with its collection ids read (one query; an unknown name raises
+    :class:`~django_rag.exceptions.UnknownCollection`), or itself when already resolved."""
+    if request.scope_resolved:
+        return request
+    return replace(request, collection_ids=tuple(collection_scope(request) or ()))
+
+
+def normalize_mode(mode: str | None) -> SearchMode:
+    """The :class:`SearchMode` ``mode`` names (None: ``SEARCH["MODE"]``)."""
+    return SearchMode.parse(search_setting("MODE") if mode is None else mode)
+
+
+def normalize_collections(collection: Any) -> list[str] | None:
+    if collection is None:
+        return None
+    if isinstance(collection, str):
+        names = [collection]
+    elif isinstance(collection, bytes | bytearray | dict) or not hasattr(collection, "__iter__"):
+        raise InvalidOption(
+            f"collection must be a name or a list of names, got {type(collection).__name__}"
+        )
+    else:
+        names = list(collection)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise InvalidOption(f"collection names must be non-empty strings, got {name!r}")
+        clean_collection_name(name)
+    return names
+
+
+def _number(name: str, value: Any, *, minimum: float = 0.0) -> Any:
+    return clean_number(name, value, minimum=minimum)
+
+
+def build_request(
+    query: str,
+    *,
+    mode: str | None = None,
+    limit: int | None = None,
+    threshold: float | None = None,
+    collection: str | Sequence[str] | None = None,
+    source_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    fusion: str | None = None,
+    rrf_k: int | None = None,
+    semantic_weight: float | None = None,
+    fulltext_weight: float | None = None,
+    candidates: int | None = None,
+    syntax: str | None = None,
+    hnsw_ef_search: int | None = None,
+    context_window: int | None = None,
+    database: str | None = None,
+) -> SearchRequest:
+    """The :class:`SearchRequest` these options describe, every option checked and every
+    default read from ``SEARCH`` (the collections are resolved later, by :func:`resolve_scope`,
+    once the store is known: a store other than pgvector keeps its own collections)."""
+    search_mode = normalize_mode(mode)
+    limit = search_setting("LIMIT") if limit is None else limit
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
+        raise InvalidOption(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+    if threshold is not None:
+        clean_number("threshold", threshold)
+    query = clean_query(query)
+    if metadata is not None:
+        metadata = clean_metadata(metadata)
+    source_id = clean_source_id(source_id) or None
+    fusion = search_setting("FUSION") if fusion is None else fusion
+    if fusion not in FUSIONS:
+        raise InvalidOption(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
+    candidates = search_setting("CANDIDATES") if candidates is None else candidates
+    clean_positive_int("candidates", candidates, maximum=MAX_CANDIDATES)
+    syntax = search_setting("SYNTAX") if syntax is None else syntax
+    if syntax not in SYNTAXES:
+        raise InvalidOption(f"syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
+    if hnsw_ef_search is not None:
+        clean_positive_int("hnsw_ef_search", hnsw_ef_search, maximum=MAX_EF_SEARCH)
+    context_window = search_setting("CONTEXT_WINDOW") if context_window is None else context_window
+    if (
+        not isinstance(context_window, int)
+        or isinstance(context_window, bool)
+        or not 0 <= context_window <= MAX_CONTEXT_WINDOW
+    ):
+        raise InvalidOption(
+            f"context_window must be an integer from 0 to {MAX_CONTEXT_WINDOW} (chunks each "
+            f"side of a hit), got {context_window!r}"
+        )
+    names = normalize_collections(collection)
+    return SearchRequest(
+        query=query,
+        mode=search_mode,
+        limit=limit,
+        threshold=threshold,
+        collections=None if names is None else tuple(names),
+        source_id=source_id,
+        metadata=metadata,
+        fusion=fusion,
+        rrf_k=_number("rrf_k", search_setting("RRF_K") if rrf_k is None else rrf_k),
+        semantic_weight=_number(
+            "semantic_weight",
+            search_setting("SEMANTIC_WEIGHT") if semantic_weight is None else semantic_weight,
+        ),
+        fulltext_weight=_number(
+            "fulltext_weight",
+            search_setting("FULLTEXT_WEIGHT") if fulltext_weight is None else fulltext_weight,
+        ),
+        candidates=candidates,
+        syntax=syntax,
+        hnsw_ef_search=hnsw_ef_search,
+        context_window=context_window,
+        database=search_db(database),
+    )
+
+
+@functools.cache
+def request_option_names() -> frozenset[str]:
+    """The options that describe the request (:func:`build_request`'s), not its components."""
+    return frozenset(inspect.signature(build_request).parameters) - {"query"}
