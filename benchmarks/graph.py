@@ -356,7 +356,9 @@ def main() -> None:
     parser.add_argument(
         "--queries", type=int, default=300, help="train: how many queries to draw (seeded)"
     )
-    parser.add_argument("--extractor", choices=["capitalized", "ner", "spacy", "llm"], default="capitalized")
+    parser.add_argument(
+        "--extractor", choices=["capitalized", "ner", "spacy", "llm"], default="capitalized"
+    )
     parser.add_argument(
         "--ner-model", help="NER model or spaCy pipeline name or path (--extractor ner|spacy)"
     )
