@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import string
@@ -96,13 +97,52 @@ def citation_scores(cited: set[str], gold: set[str]) -> dict[str, float]:
     }
 
 
+#: Fallbacks that are logged rather than returned (the message's start -> the step).
+LOGGED_FALLBACKS = {
+    "LLM reranker": "rerank",
+    "django_rag agent step": "agent step",
+}
+LOOP_FALLBACKS = {
+    "the model answered in text": "loop: answered in text, not with the answer tool",
+    "the model asked for": "loop: too many tool calls in one reply",
+}
+
+
 def fallbacks(warnings: list[str]) -> list[str]:
-    """The steps that noted a fallback: the agent's warnings start ``step: ...``."""
+    """The steps that noted a fallback: the agent's warnings start ``step: ...``; the Loop's
+    and the logged ones are named from their text."""
     steps = []
     for warning in warnings:
-        head = warning.split(":", 1)[0].strip()
-        steps.append(head if head.isidentifier() and len(head) < 20 else "other")
+        for start, step in (LOGGED_FALLBACKS | LOOP_FALLBACKS).items():
+            if warning.startswith(start):
+                steps.append(step)
+                break
+        else:
+            head = warning.split(":", 1)[0].strip()
+            steps.append(head if head.isidentifier() and len(head) < 20 else "other")
     return steps
+
+
+class LoggedWarnings(logging.Handler):
+    """Collects django_rag's warnings while one answer is made (the LLM reranker logs a batch
+    it could not parse instead of returning a warning)."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        message = record.getMessage()
+        if any(message.startswith(start) for start in LOGGED_FALLBACKS):
+            self.messages.append(message)
+
+    def __enter__(self):
+        logging.getLogger("django_rag").addHandler(self)
+        logging.getLogger("django_rag").setLevel(logging.INFO)
+        return self
+
+    def __exit__(self, *exc):
+        logging.getLogger("django_rag").removeHandler(self)
 
 
 # --- the configurations ------------------------------------------------------------------------
@@ -144,8 +184,11 @@ def measure(name, qid, question, golds, gold_docs, graph, grounder, doc_ids):
     start = time.perf_counter()
     error = None
     try:
-        with rag_usage() as usage:
+        with rag_usage() as usage, LoggedWarnings() as logged:
             answer, warnings = run_config(name, question, graph)
+        # The agent's step fallbacks are in its warnings already; keep the logged ones that
+        # are not (the reranker's).
+        warnings += [m for m in logged.messages if not m.startswith("django_rag agent step")]
         text = answer.text or ""
         chunks = list(answer.chunks)
         cited = {doc_ids.get(c.chunk.document_id, "") for c in answer.citations}
