@@ -265,7 +265,7 @@ def report(rows: list[dict], configs: list[str]) -> None:
             mean, low, high = bootstrap_interval([r[metric] for r in results.values()])
             digits = 1 if metric in ("seconds", "tokens") else 3
             cells.append(f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]")
-        steps = Counter(step for r in results.values() for step in r["fallbacks"])
+        steps = Counter(step for r in results.values() for step in fallbacks(r["warnings"]))
         fell = ", ".join(f"{s} {n}" for s, n in steps.most_common()) or "none"
         errors = sum(1 for r in results.values() if r["error"])
         print(f"| {config} | {len(results)} | " + " | ".join(cells) + f" | {fell} | {errors} |")
