@@ -16,7 +16,7 @@ train sample is built like the test one (300 queries, 600 documents), in its own
 defaults on train, then report test untuned).
 
     python benchmarks/graph.py [--data ../shared/data/scifact] [--split test|train]
-        [--sample-docs 600] [--queries 300] [--extractor capitalized|ner|llm] [--sweep]
+        [--sample-docs 600] [--queries 300] [--extractor capitalized|ner|spacy|llm] [--sweep]
 
 Each split's sample is one collection (full-text search scoped to it ranks with its own BM25
 statistics); ``DJANGO_RAG_BENCHMARK_DB`` (benchmarks/settings.py) chooses the database.
@@ -103,6 +103,13 @@ def extractor_options(name: str, ner_model: str | None) -> dict:
         return {
             "extractor": None,
             "entity_extractor": graph_extractors.NEREntityExtractor(**options),
+            "relationship_extractor": TimedCooccurrence(max_entities=12),
+        }
+    if name == "spacy":
+        options = {"model": ner_model} if ner_model else {}
+        return {
+            "extractor": None,
+            "entity_extractor": graph_extractors.SpacyEntityExtractor(**options),
             "relationship_extractor": TimedCooccurrence(max_entities=12),
         }
     return {"extractor": "llm"}  # needs DJANGO_RAG["LLM"]
@@ -349,8 +356,12 @@ def main() -> None:
     parser.add_argument(
         "--queries", type=int, default=300, help="train: how many queries to draw (seeded)"
     )
-    parser.add_argument("--extractor", choices=["capitalized", "ner", "llm"], default="capitalized")
-    parser.add_argument("--ner-model", help="NER model name or local path (--extractor ner)")
+    parser.add_argument(
+        "--extractor", choices=["capitalized", "ner", "spacy", "llm"], default="capitalized"
+    )
+    parser.add_argument(
+        "--ner-model", help="NER model or spaCy pipeline name or path (--extractor ner|spacy)"
+    )
     parser.add_argument("--sweep", action="store_true", help="grid of weights and gates")
     parser.add_argument("--no-build", action="store_true", help="keep the stored graph")
     parser.add_argument("--dump", help="also write the captured lists to this pickle file")

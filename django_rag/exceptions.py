@@ -77,6 +77,28 @@ class MissingDependency(RagError, ImproperlyConfigured):
         self.extra = extra
 
 
+class MissingModel(MissingDependency):
+    """A model an optional component loads (a spaCy pipeline, ...) is not installed.
+
+    ``install`` is the command that installs it."""
+
+    code = "missing_model"
+
+    def __init__(self, model: str, feature: str, install: str, setting: str = ""):
+        RagError.__init__(
+            self,
+            f"{feature} needs the model {model!r}, which is not installed. Install it with: "
+            f"{install}"
+            + (f" (or name another one in DJANGO_RAG[{setting!r}])" if setting else ""),
+            model=model,
+            install=install,
+        )
+        self.package = model
+        self.extra = ""
+        self.model = model
+        self.install = install
+
+
 class EmbeddedServerError(RagError, ImproperlyConfigured):
     """The embedded PostgreSQL (``django_rag.embedded``) cannot start or upgrade."""
 

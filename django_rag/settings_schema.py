@@ -393,6 +393,12 @@ SCHEMA: tuple[Setting, ...] = (
                 "cooccurrence",
                 "Relationship extractor used when EXTRACTOR is None.",
             ),
+            _s(
+                "SPACY_MODEL",
+                "en_core_web_sm",
+                "spaCy pipeline the 'spacy' entity extractor loads (a package name or a path).",
+                (str,),
+            ),
             _s("CONCURRENCY", 3, "Chunks extracted at once.", INTEGER),
             _s(
                 "MAX_ENTITIES_PER_CHUNK",

@@ -3,7 +3,8 @@
 Three kinds, each a base class with built-ins; plain functions work too:
 
 - ``GraphExtractor``: ``extract(text) -> (entities, relationships)`` in one go (``"llm"``).
-- ``EntityExtractor``: ``extract(text) -> entities`` (``"llm"``, ``"ner"``, ``"capitalized"``).
+- ``EntityExtractor``: ``extract(text) -> entities`` (``"llm"``, ``"ner"``, ``"spacy"``,
+  ``"capitalized"``).
 - ``RelationshipExtractor``: ``extract(text, entities) -> relationships`` (``"llm"``,
   ``"cooccurrence"``).
 """
@@ -19,7 +20,13 @@ from typing import Any
 
 from ..conf import build_component, get_setting, graph_setting
 from ..embeddings.loading import load_model
-from ..exceptions import InvalidInput, LLMResponseError, MissingDependency
+from ..exceptions import (
+    ConfigurationError,
+    InvalidInput,
+    LLMResponseError,
+    MissingDependency,
+    MissingModel,
+)
 from ..llm import get_llm, parse_json
 from ..llm.prompting import quote
 from ..signals import span
@@ -388,6 +395,104 @@ class NEREntityExtractor(EntityExtractor):
             return entities
 
 
+#: spaCy's entity labels (OntoNotes, as in ``en_core_web_*``) as django_rag entity types.
+SPACY_TYPES = {
+    "PERSON": "person",
+    "ORG": "organization",
+    "GPE": "location",
+    "LOC": "location",
+    "FAC": "location",
+    "NORP": "concept",
+    "EVENT": "event",
+    "PRODUCT": "product",
+    "WORK_OF_ART": "publication",
+    "LAW": "publication",
+    "LANGUAGE": "concept",
+}
+#: Labels left out by default: dates, amounts and ordinals become hubs that join unrelated
+#: chunks ("1975", "two") instead of naming things a question is about.
+SPACY_SKIPPED = ("DATE", "TIME", "PERCENT", "MONEY", "QUANTITY", "ORDINAL", "CARDINAL")
+
+
+class SpacyEntityExtractor(EntityExtractor):
+    """Named entities from a spaCy pipeline (``GRAPH["SPACY_MODEL"]``, default
+    ``en_core_web_sm``).
+
+    Loaded lazily, once per process, with only the components NER needs. ``labels`` limits
+    the entity labels kept (default: every label but dates, times, amounts and ordinals).
+    Without spaCy it raises :class:`~django_rag.exceptions.MissingDependency` (extra
+    ``ner``); without the model, :class:`~django_rag.exceptions.MissingModel` with the command
+    that installs it.
+    """
+
+    #: Pipeline components NER does not use (turned off when present).
+    UNUSED = ("parser", "tagger", "lemmatizer", "attribute_ruler", "senter")
+
+    def __init__(self, *, model: str | None = None, labels: Sequence[str] | None = None):
+        self.model = model
+        self.labels = set(labels) if labels is not None else None
+
+    @property
+    def model_name(self) -> str:
+        return self.model or graph_setting("SPACY_MODEL")
+
+    @property
+    def nlp(self):
+        name = self.model_name
+
+        def load():
+            try:
+                import spacy
+            except ImportError as exc:
+                raise MissingDependency("spacy", "ner", "The spaCy entity extractor") from exc
+            try:
+                nlp = spacy.load(name)
+            except OSError as exc:
+                raise MissingModel(
+                    name,
+                    "The spaCy entity extractor",
+                    f"python -m spacy download {name}",
+                    "GRAPH.SPACY_MODEL",
+                ) from exc
+            if "ner" not in nlp.pipe_names:
+                raise ConfigurationError(
+                    "GRAPH.SPACY_MODEL", name, "the spaCy pipeline has no 'ner' component"
+                )
+            for component in self.UNUSED:
+                if component in nlp.pipe_names:
+                    nlp.disable_pipe(component)
+            return nlp
+
+        return load_model(("spacy", name), load, model=name, kind="ner", hugging_face=False)
+
+    def _keep(self, label: str) -> bool:
+        if self.labels is not None:
+            return label in self.labels
+        return label not in SPACY_SKIPPED
+
+    def extract(self, text: str) -> list[ExtractedEntity]:
+        if not text.strip():
+            return []
+        nlp = self.nlp
+        with span("graph.ner", text=text, model=self.model_name) as s:
+            # spaCy refuses texts over nlp.max_length; a chunk never comes near it, so a longer
+            # text is cut there rather than failing the build.
+            doc = nlp(text[: nlp.max_length])
+            entities = [
+                ExtractedEntity(
+                    ent.text.strip(),
+                    SPACY_TYPES.get(ent.label_, "other"),
+                    span_start=ent.start_char,
+                    span_end=ent.end_char,
+                )
+                for ent in doc.ents
+                if self._keep(ent.label_) and ent.text.strip()
+            ]
+            entities = dedupe_entities(entities)
+            s.set(entity_count=len(entities))
+            return entities
+
+
 # Words joined by spaces or tabs only (never across a line break: a heading is not part of
 # the next paragraph's name), with at most one connector word between them. The separators
 # cannot overlap, so matching stays linear on long runs of whitespace.
@@ -467,6 +572,7 @@ GRAPH_ALIASES = {"llm": "django_rag.graph.extractors.LLMGraphExtractor"}
 ENTITY_ALIASES = {
     "llm": "django_rag.graph.extractors.LLMEntityExtractor",
     "ner": "django_rag.graph.extractors.NEREntityExtractor",
+    "spacy": "django_rag.graph.extractors.SpacyEntityExtractor",
     "capitalized": "django_rag.graph.extractors.CapitalizedEntityExtractor",
 }
 RELATIONSHIP_ALIASES = {

@@ -133,6 +133,48 @@ class ToolCompletion(Completion):
         return message
 
 
+_TOOL_TAG = "<tool_call>"
+
+
+def tool_calls_in_text(
+    text: str, tools: list[dict[str, Any]], *, id_prefix: str = "call"
+) -> list[ToolCall]:
+    """Tool calls a model wrote as text instead of through the provider's tool channel.
+
+    Small local models often reply with ``{"name": ..., "arguments": {...}}`` (bare, in a
+    Markdown fence, or in ``<tool_call>`` tags) when the server does not parse them. Only a
+    reply that *is* such a call (it starts with ``{``, a fence or the tag) and names one of the
+    offered ``tools`` counts, so an answer that merely quotes JSON stays an answer. Bounded by
+    :func:`~django_rag.llm.parsing.parse_json`'s caps; at most 8 calls.
+    """
+    names = {(tool.get("function") or {}).get("name") for tool in tools if isinstance(tool, dict)}
+    stripped = (text or "").strip()
+    if not names or not stripped or len(stripped) > MAX_JSON_CHARS:
+        return []
+    if not stripped.startswith(("{", "```", _TOOL_TAG)):
+        return []
+    bodies = (
+        [part.split("</tool_call>", 1)[0] for part in stripped.split(_TOOL_TAG)[1:9]]
+        if stripped.startswith(_TOOL_TAG)
+        else [stripped]
+    )
+    calls: list[ToolCall] = []
+    for index, body in enumerate(bodies):
+        try:
+            value = parse_json(body)
+        except LLMResponseError:
+            continue
+        items = value.get("tool_calls") if isinstance(value.get("tool_calls"), list) else [value]
+        for item in items[:8]:
+            if not isinstance(item, dict) or item.get("name") not in names:
+                continue
+            arguments = item.get("arguments", item.get("parameters", {}))
+            calls.append(
+                ToolCall.parse(f"{id_prefix}_{index}_{len(calls)}", item["name"], arguments)
+            )
+    return calls[:8]
+
+
 def tool_message(call_id: str, content: str) -> dict[str, Any]:
     """The message that gives the model the result of its tool call ``call_id``."""
     return {"role": "tool", "tool_call_id": call_id, "content": content}

@@ -12,7 +12,16 @@ from typing import Any
 
 from ..conf import scrub_text, secrets_in
 from ..exceptions import LLMAuthenticationError, LLMError, LLMResponseError, MissingDependency
-from .base import LLM, Completion, Messages, ToolCall, ToolCompletion, Usage, remaining_time
+from .base import (
+    LLM,
+    Completion,
+    Messages,
+    ToolCall,
+    ToolCompletion,
+    Usage,
+    remaining_time,
+    tool_calls_in_text,
+)
 from .errors import LLMStreamError, LLMTimeout
 
 logger = logging.getLogger(__name__)
@@ -339,12 +348,20 @@ class LiteLLM(LLM):
                     _field(function, "arguments"),
                 )
             )
+        text = text if isinstance(text, str) else ""
+        finish = getattr(choices[0], "finish_reason", None)
+        if tools and not calls:
+            # A model that wrote its call as text (a small local one, or a server that does
+            # not parse its tool format) still gets its call made.
+            calls = tool_calls_in_text(text, tools, id_prefix=f"call_{len(messages)}")
+            if calls:
+                text, finish = "", "tool_calls"
         return ToolCompletion(
-            text if isinstance(text, str) else "",
+            text,
             self._usage(getattr(response, "usage", None)),
             self.model_name,
             tool_calls=calls,
-            finish_reason=getattr(choices[0], "finish_reason", None),
+            finish_reason=finish,
         )
 
     def _stream(self, messages: Messages, **options: Any) -> Iterator[str | Usage]:
