@@ -328,11 +328,37 @@ def test_an_answer_llm_rewrites_the_controllers_answer_from_the_sources(corpus):
 
 
 def test_a_plain_text_reply_is_the_answer_and_an_empty_one_is_nudged(corpus):
-    llm = ScriptedLLM(ToolCompletion(""), "Refunds take 14 days.")
+    llm = ScriptedLLM(
+        ToolCompletion(""), ("search", {"query": "refunds"}), "Refunds take 14 days [1]."
+    )
     result = rag.Loop("refunds?", llm=llm).run()
-    assert result.stop_reason == "answer" and result.text == "Refunds take 14 days."
-    assert result.iterations == 2 and "answered in text" in result.warnings[0]
+    assert result.stop_reason == "answer" and result.text == "Refunds take 14 days [1]."
+    assert result.iterations == 3 and result.warnings == [
+        "the model answered in text, not with the answer tool"
+    ]
     assert "Call one of the tools" in llm.calls[1]["messages"][-1]["content"]
+    assert [c.chunk.chunk_id for c in result.citations] == [result.chunks[0].chunk_id]
+
+
+def test_a_text_answer_before_any_search_is_sent_back_once(corpus):
+    """Small models answer from memory on their first turn (Qwen2.5-Coder-1.5B did on 6 of 6
+    HotpotQA questions): the Loop asks once for a search, then takes what the model does."""
+    llm = ScriptedLLM(
+        "I believe it is 30 days.",
+        ("search", {"query": "refund period"}),
+        ("answer", {"text": "Refunds take 14 days [1]."}),
+    )
+    result = rag.Loop("refunds?", llm=llm).run()
+    assert result.stop_reason == "answer" and result.text == "Refunds take 14 days [1]."
+    assert "call search first" in llm.calls[1]["messages"][-1]["content"]
+    assert result.citations[0].chunk.source_id == "refunds"
+    assert "answered before searching" in result.warnings[0]
+    # A model that answers in text again has answered; so does one on its last turn.
+    stubborn = ScriptedLLM("Hello!", "Hello again!")
+    again = rag.Loop("hi", llm=stubborn).run()
+    assert again.text == "Hello again!" and again.iterations == 2
+    last = rag.Loop("hi", llm=ScriptedLLM("Hello!"), max_iterations=1).run()
+    assert last.text == "Hello!" and last.iterations == 1
 
 
 def test_provider_errors_never_raise(corpus):

@@ -64,6 +64,7 @@ class Run:
             {"role": "user", "content": loop.question},
         ]
         self.done = False
+        self.sent_back = False  # a text answer before any search was sent back once
 
     # --- the controller's turns
 
@@ -105,6 +106,8 @@ class Run:
             result.messages.append(reply.message())
             if not calls:
                 if reply.text.strip():
+                    if self.answers_unread(reply.text):
+                        continue
                     # A model that answers in plain text has answered.
                     result.warnings.append("the model answered in text, not with the answer tool")
                     self.set_answer(reply.text)
@@ -133,6 +136,28 @@ class Run:
                 result.messages.append(tool_message(call.id, step.result))
             if timed_out:
                 return
+
+    def answers_unread(self, text: str) -> bool:
+        """Whether a text answer came before any search, with turns left: it is sent back
+        once, asking for a search (small models answer from memory on their first turn; a
+        model that answers in text again has answered)."""
+        loop, result = self.loop_, self.result
+        if (
+            self.sent_back
+            or result.iterations >= loop.max_iterations
+            or any(step.name == "search" for step in result.tool_calls)
+        ):
+            return False
+        self.sent_back = True
+        result.warnings.append("the model answered before searching; it was asked to search")
+        result.messages.append(
+            {
+                "role": "user",
+                "content": "Do not answer from memory: call search first, then answer with "
+                "the answer tool, citing the sources as [n].",
+            }
+        )
+        return True
 
     def deadline_passed(self) -> bool:
         """True (and the run stopped on its deadline) once the deadline has passed."""
