@@ -60,8 +60,8 @@ def test_the_chat_box_streams_answers_and_links_citations(page):
 
     driver, server, stub = page
     stub.rules = {
-        "<latest>\nAnd for opened ones?": "refund policy for opened products",
-        "refund policy for opened products": "Opened products can come back within 30 days, minus a 10% fee [1].",
+        "<latest>\nAnd for opened ones?": "returning opened products",
+        "returning opened products": "Opened products can come back within 30 days, minus a 10% fee [1].",
     }
     stub.default = "Refunds are paid within 14 days [1]."
     driver.get(server.url + "/host/chat/")
