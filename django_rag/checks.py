@@ -400,14 +400,16 @@ def _has_middleware(base_path: str) -> bool:
 @checks.register(checks.Tags.urls, checks.Tags.security)
 def check_api(app_configs=None, **kwargs):
     """E012: ``API["AUTHENTICATE"]`` does not import or is not callable. When the API is mounted
-    and no hook is set (every caller then signs in through Django's session): W004, sessions or
-    authentication missing; W005, ``CsrfViewMiddleware`` missing."""
+    and callers need Django's session (no hook is set, or ``API["ANONYMOUS"]`` lets visitors
+    chat, their conversations kept in the session): W004, sessions or authentication missing;
+    W005, ``CsrfViewMiddleware`` missing."""
     from django.apps import apps
 
     try:
-        hook = get_settings()["API"].get("AUTHENTICATE")
+        api = get_settings()["API"]
     except ConfigurationError:
         return []  # reported as E005 by check_settings
+    hook = api.get("AUTHENTICATE")
     if isinstance(hook, str):
         try:
             hook = import_string(hook, setting="API.AUTHENTICATE")
@@ -429,8 +431,13 @@ def check_api(app_configs=None, **kwargs):
                 id="django_rag.E012",
             )
         ]
-    if hook is not None or not _api_mounted():
+    anonymous = bool(api.get("ANONYMOUS"))
+    if (hook is not None and not anonymous) or not _api_mounted():
         return []
+    if hook is None:
+        why = "has no API['AUTHENTICATE'] hook, so callers sign in through Django's session"
+    else:
+        why = "lets anonymous visitors in (API['ANONYMOUS']), their chats kept in the session"
     errors = []
     missing = []
     if not apps.is_installed("django.contrib.sessions"):
@@ -442,22 +449,23 @@ def check_api(app_configs=None, **kwargs):
     if missing:
         errors.append(
             checks.Warning(
-                "The django_rag API is mounted without an API['AUTHENTICATE'] hook, so callers "
-                "sign in through Django's session, but " + ", ".join(missing) + " is missing: "
-                "every request would answer 401 (or fail, for anonymous chat).",
+                f"The django_rag API is mounted and {why}, but " + ", ".join(missing) + " is "
+                "missing: session callers would answer 401 and anonymous ones fail.",
                 hint="Add django.contrib.sessions, SessionMiddleware and AuthenticationMiddleware "
-                "(in that order), or set API['AUTHENTICATE'] for token auth (docs/api.md).",
+                "(in that order), or set API['AUTHENTICATE'] for token auth and leave "
+                "API['ANONYMOUS'] off (docs/api.md).",
                 id="django_rag.W004",
             )
         )
     if not _has_middleware("django.middleware.csrf.CsrfViewMiddleware"):
         errors.append(
             checks.Warning(
-                "The django_rag API is mounted without an API['AUTHENTICATE'] hook and without "
-                "CsrfViewMiddleware: browsers never receive the csrftoken cookie, so every "
-                "POST and DELETE through the session answers 403 csrf_failed.",
+                f"The django_rag API is mounted and {why}, but CsrfViewMiddleware is missing: "
+                "browsers never receive the csrftoken cookie, so every POST and DELETE through "
+                "the session (or anonymous) answers 403 csrf_failed.",
                 hint="Add 'django.middleware.csrf.CsrfViewMiddleware' to MIDDLEWARE, or set "
-                "API['AUTHENTICATE'] for token auth (docs/api.md).",
+                "API['AUTHENTICATE'] for token auth and leave API['ANONYMOUS'] off "
+                "(docs/api.md).",
                 id="django_rag.W005",
             )
         )

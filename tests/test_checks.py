@@ -282,6 +282,10 @@ def test_a_token_hook_makes_sessions_and_csrf_optional(settings):
     assert ids(api_checks()) == ["django_rag.W004", "django_rag.W005"]
     settings.DJANGO_RAG = {"API": {"AUTHENTICATE": "tests.test_api.token_user"}}
     assert api_checks() == []
+    # ... unless anonymous visitors are let in: their chats live in the session.
+    settings.DJANGO_RAG = {"API": {"AUTHENTICATE": "tests.test_api.token_user", "ANONYMOUS": True}}
+    warning, _ = api_checks()
+    assert warning.id == "django_rag.W004" and "API['ANONYMOUS']" in warning.msg
 
 
 @needs_api
