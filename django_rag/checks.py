@@ -13,6 +13,7 @@ from .conf import (
     fulltext_backend_setting,
     get_setting,
     get_settings,
+    import_string,
     validate_settings,
 )
 from .embeddings import get_embedder
@@ -362,3 +363,110 @@ def check_fulltext_backend(app_configs=None, databases=None, **kwargs):
             )
         ]
     return []
+
+
+def _api_mounted() -> bool:
+    from django.conf import settings
+    from django.urls import NoReverseMatch, reverse
+
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return False
+    try:
+        reverse("django_rag_api:search")
+    except NoReverseMatch:
+        return False
+    return True
+
+
+def _has_middleware(base_path: str) -> bool:
+    """Whether MIDDLEWARE holds ``base_path`` or a subclass of it (a project's own session
+    middleware usually extends Django's)."""
+    from django.conf import settings
+    from django.utils.module_loading import import_string as django_import
+
+    base = django_import(base_path)
+    for entry in getattr(settings, "MIDDLEWARE", None) or ():
+        if entry == base_path:
+            return True
+        try:
+            found = django_import(entry)
+        except ImportError:
+            continue  # Django itself reports a middleware that does not import
+        if isinstance(found, type) and issubclass(found, base):
+            return True
+    return False
+
+
+@checks.register(checks.Tags.urls, checks.Tags.security)
+def check_api(app_configs=None, **kwargs):
+    """E012: ``API["AUTHENTICATE"]`` does not import or is not callable. When the API is mounted
+    and callers need Django's session (no hook is set, or ``API["ANONYMOUS"]`` lets visitors
+    chat, their conversations kept in the session): W004, sessions or authentication missing;
+    W005, ``CsrfViewMiddleware`` missing."""
+    from django.apps import apps
+
+    try:
+        api = get_settings()["API"]
+    except ConfigurationError:
+        return []  # reported as E005 by check_settings
+    hook = api.get("AUTHENTICATE")
+    if isinstance(hook, str):
+        try:
+            hook = import_string(hook, setting="API.AUTHENTICATE")
+        except ConfigurationError as exc:
+            return [
+                checks.Error(
+                    str(exc),
+                    hint="Give API['AUTHENTICATE'] the dotted path of a function "
+                    "(request) -> user or None, or the function itself (docs/api.md).",
+                    id="django_rag.E012",
+                )
+            ]
+    if hook is not None and not callable(hook):
+        return [
+            checks.Error(
+                f"DJANGO_RAG['API']['AUTHENTICATE'] is {hook!r}, which is not callable.",
+                hint="Give it a function (request) -> user or None, or its dotted path "
+                "(docs/api.md).",
+                id="django_rag.E012",
+            )
+        ]
+    anonymous = bool(api.get("ANONYMOUS"))
+    if (hook is not None and not anonymous) or not _api_mounted():
+        return []
+    if hook is None:
+        why = "has no API['AUTHENTICATE'] hook, so callers sign in through Django's session"
+    else:
+        why = "lets anonymous visitors in (API['ANONYMOUS']), their chats kept in the session"
+    errors = []
+    missing = []
+    if not apps.is_installed("django.contrib.sessions"):
+        missing.append("'django.contrib.sessions' in INSTALLED_APPS")
+    if not _has_middleware("django.contrib.sessions.middleware.SessionMiddleware"):
+        missing.append("SessionMiddleware in MIDDLEWARE")
+    if not _has_middleware("django.contrib.auth.middleware.AuthenticationMiddleware"):
+        missing.append("AuthenticationMiddleware in MIDDLEWARE")
+    if missing:
+        errors.append(
+            checks.Warning(
+                f"The django_rag API is mounted and {why}, but " + ", ".join(missing) + " is "
+                "missing: session callers would answer 401 and anonymous ones fail.",
+                hint="Add django.contrib.sessions, SessionMiddleware and AuthenticationMiddleware "
+                "(in that order), or set API['AUTHENTICATE'] for token auth and leave "
+                "API['ANONYMOUS'] off (docs/api.md).",
+                id="django_rag.W004",
+            )
+        )
+    if not _has_middleware("django.middleware.csrf.CsrfViewMiddleware"):
+        errors.append(
+            checks.Warning(
+                f"The django_rag API is mounted and {why}, but CsrfViewMiddleware is missing: "
+                "browsers never receive the csrftoken cookie, so every POST and DELETE through "
+                "the session (or anonymous) answers 403 csrf_failed.",
+                hint="Add 'django.middleware.csrf.CsrfViewMiddleware' to MIDDLEWARE, or set "
+                "API['AUTHENTICATE'] for token auth and leave API['ANONYMOUS'] off "
+                "(docs/api.md).",
+                id="django_rag.W005",
+            )
+        )
+    return errors

@@ -337,3 +337,61 @@ def test_the_openapi_description_lists_every_endpoint(site):
         "/chunks/{chunk_id}",
     ):
         assert "/rag/api" + path in schema["paths"]
+
+
+def test_the_openapi_description_names_the_session_csrf_and_token_schemes(site):
+    schema = requests.get(site.api + "/openapi.json").json()
+    schemes = schema["components"]["securitySchemes"]
+    assert schemes["session"] == {
+        "type": "apiKey",
+        "in": "cookie",
+        "name": "sessionid",
+        "description": schemes["session"]["description"],
+    }
+    assert (schemes["csrf"]["in"], schemes["csrf"]["name"]) == ("header", "X-CSRFToken")
+    assert (schemes["token"]["type"], schemes["token"]["scheme"]) == ("http", "bearer")
+    paths = schema["paths"]
+    # Reads: the token, or the session alone. Writes: the token, or the session with the header.
+    assert paths["/rag/api/documents"]["get"]["security"] == [{"token": []}, {"session": []}]
+    assert paths["/rag/api/documents"]["post"]["security"] == [
+        {"token": []},
+        {"session": [], "csrf": []},
+    ]
+    assert paths["/rag/api/documents/{document_id}"]["delete"]["security"] == [
+        {"token": []},
+        {"session": [], "csrf": []},
+    ]
+    for path, methods in paths.items():
+        for method, operation in methods.items():
+            assert operation["security"], f"{method} {path} says nothing about authentication"
+
+
+class KeyHook:
+    """A hook that declares its own scheme, as django-ninja's auth classes do."""
+
+    openapi_security_schema = {"type": "apiKey", "in": "header", "name": "X-API-Key"}
+
+    def __call__(self, request):
+        return None
+
+
+def test_without_a_hook_only_the_session_is_described_and_anonymous_use_shows(client, settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "API": {"ANONYMOUS": True}}
+    schema = client.get("/rag/api/openapi.json").json()
+    assert set(schema["components"]["securitySchemes"]) == {"session", "csrf"}
+    paths = schema["paths"]
+    assert paths["/rag/api/search"]["post"]["security"] == [
+        {"session": [], "csrf": []},
+        {"csrf": []},  # an anonymous visitor still sends the CSRF header
+    ]
+    assert paths["/rag/api/conversations"]["get"]["security"] == [{"session": []}, {}]
+    # Listing documents always needs a login, anonymous use or not.
+    assert paths["/rag/api/documents"]["get"]["security"] == [{"session": []}]
+
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "API": {"AUTHENTICATE": KeyHook()}}
+    schema = client.get("/rag/api/openapi.json").json()
+    assert schema["components"]["securitySchemes"]["token"] == KeyHook.openapi_security_schema
+    assert schema["paths"]["/rag/api/conversations"]["get"]["security"] == [
+        {"token": []},
+        {"session": []},
+    ]

@@ -2,6 +2,7 @@ import sys
 
 import pytest
 from django.conf import settings
+from django.contrib.sessions.middleware import SessionMiddleware
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection
@@ -217,3 +218,100 @@ def test_a_project_without_urls_passes_the_dashboard_check():
 
     with override_settings(ROOT_URLCONF=None):
         assert check_dashboard() == []
+
+
+# --- the HTTP API (W004, W005, E012) -----------------------------------------------------------
+
+SESSION_MW = "django.contrib.sessions.middleware.SessionMiddleware"
+AUTH_MW = "django.contrib.auth.middleware.AuthenticationMiddleware"
+CSRF_MW = "django.middleware.csrf.CsrfViewMiddleware"
+
+
+def api_checks():
+    from django_rag.checks import check_api
+
+    return check_api()
+
+
+needs_api = pytest.mark.skipif(
+    __import__("importlib").util.find_spec("ninja") is None,
+    reason="the API needs the 'api' extra (django-ninja); tests.urls mounts it only then",
+)
+
+
+def without(*names):
+    return [entry for entry in settings.MIDDLEWARE if entry not in names]
+
+
+@needs_api
+def test_the_test_site_mounts_the_api_and_passes():
+    assert api_checks() == []
+
+
+@needs_api
+def test_api_without_sessions_and_no_hook_is_w004(settings):
+    settings.MIDDLEWARE = without(SESSION_MW, AUTH_MW)
+    (warning,) = api_checks()
+    assert warning.id == "django_rag.W004"
+    assert "SessionMiddleware" in warning.msg and "AuthenticationMiddleware" in warning.msg
+    settings.INSTALLED_APPS = [a for a in settings.INSTALLED_APPS if a != "django.contrib.sessions"]
+    (warning,) = api_checks()
+    assert "django.contrib.sessions" in warning.msg
+
+
+@needs_api
+def test_api_without_csrf_middleware_and_no_hook_is_w005(settings):
+    settings.MIDDLEWARE = without(CSRF_MW)
+    assert ids(api_checks()) == ["django_rag.W005"]
+    with pytest.raises(SystemCheckError, match="W005"):
+        call_command("check", "--fail-level", "WARNING")
+
+
+@needs_api
+def test_a_subclass_of_the_middleware_counts(settings):
+    settings.MIDDLEWARE = [
+        "tests.test_checks.OwnSessionMiddleware" if m == SESSION_MW else m
+        for m in settings.MIDDLEWARE
+    ]
+    assert api_checks() == []
+
+
+@needs_api
+def test_a_token_hook_makes_sessions_and_csrf_optional(settings):
+    settings.MIDDLEWARE = without(SESSION_MW, AUTH_MW, CSRF_MW)
+    assert ids(api_checks()) == ["django_rag.W004", "django_rag.W005"]
+    settings.DJANGO_RAG = {"API": {"AUTHENTICATE": "tests.test_api.token_user"}}
+    assert api_checks() == []
+    # ... unless anonymous visitors are let in: their chats live in the session.
+    settings.DJANGO_RAG = {"API": {"AUTHENTICATE": "tests.test_api.token_user", "ANONYMOUS": True}}
+    warning, _ = api_checks()
+    assert warning.id == "django_rag.W004" and "API['ANONYMOUS']" in warning.msg
+
+
+@needs_api
+def test_unmounted_api_is_not_checked(settings):
+    settings.MIDDLEWARE = without(SESSION_MW, AUTH_MW, CSRF_MW)
+    settings.ROOT_URLCONF = "tests.test_checks"  # a urlconf without the API
+    assert api_checks() == []
+
+
+urlpatterns: list = []  # ROOT_URLCONF of the test above
+
+
+def test_authenticate_hook_that_does_not_import_is_e012(settings):
+    settings.DJANGO_RAG = {"API": {"AUTHENTICATE": "myproject.nope.api_key_user"}}
+    (error,) = api_checks()
+    assert error.id == "django_rag.E012"
+    assert "myproject.nope" in error.msg and "API.AUTHENTICATE" in error.msg
+    settings.DJANGO_RAG = {"API": {"AUTHENTICATE": "tests.test_checks.no_such_function"}}
+    assert ids(api_checks()) == ["django_rag.E012"]
+
+
+def test_authenticate_hook_that_is_not_callable_is_e012(settings):
+    settings.DJANGO_RAG = {"API": {"AUTHENTICATE": 42}}
+    (error,) = api_checks()
+    assert error.id == "django_rag.E012" and "42" in error.msg
+
+
+class OwnSessionMiddleware(SessionMiddleware):
+    """A project's own session middleware, as many projects have."""

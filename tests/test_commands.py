@@ -280,10 +280,10 @@ def test_ingest_progress_on_a_tty_only(files):
 
 
 def test_ingest_summarises_skipped_files_by_reason(files):
-    (files / "docs" / "photo.png").write_bytes(b"\x89PNG")
+    (files / "docs" / "photo.gif").write_bytes(b"\x89PNG")
     output = run("rag_ingest", str(files / "docs"), "--collection", "skip")
     assert (
-        "2 other file(s) in the directories skipped (no parser for their type: 1 .png, 1 .xyz"
+        "2 other file(s) in the directories skipped (no parser for their type: 1 .gif, 1 .xyz"
         in output
     )
     assert sum(line.startswith("ingested ") for line in output.splitlines()) == 3

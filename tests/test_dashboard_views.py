@@ -140,7 +140,7 @@ def upload(client, name: str, data: bytes) -> str:
 
 
 def test_a_parser_added_in_settings_is_accepted_by_the_upload_form(staff, settings):
-    settings.DJANGO_RAG = {"EMBEDDER": "hashing",
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "OCR": "off",  # off: no image types listed
                            "PARSERS": {".HTML": "tests.test_dashboard_views.HtmlParser"}}  # fmt: skip
     page = upload(staff, "page.html", b"<p>Refunds take 14 days.</p>")
     assert "Upload a" not in page
@@ -154,7 +154,7 @@ def test_a_parser_added_in_settings_is_accepted_by_the_upload_form(staff, settin
 
 
 def test_a_parser_disabled_in_settings_is_refused_by_the_upload_form(staff, settings):
-    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "PARSERS": {".pdf": None}}
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "PARSERS": {".pdf": None}, "OCR": "off"}
     page = upload(staff, "manual.PDF", make_pdf(["Press the red button."]))
     assert "Upload a .txt, .md, .html, .docx, .pptx, .xlsx, .eml or .csv file." in page
     assert not Document.objects.exists()

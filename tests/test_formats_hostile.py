@@ -300,6 +300,68 @@ HOSTILE += [
 ]
 
 
+def png_chunk(kind: bytes, body: bytes) -> bytes:
+    import struct
+    import zlib
+
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def png_declaring(width: int, height: int) -> bytes:
+    """A PNG of a few kilobytes whose header declares ``width`` x ``height`` grey pixels."""
+    import struct
+    import zlib
+
+    rows = zlib.compress(b"\x00" + b"\xff" * min(width, 4096), 9) * 4  # a few rows, not all
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+        + png_chunk(b"IDAT", rows)
+        + png_chunk(b"IEND", b"")
+    )
+
+
+def png_gigapixel_bomb() -> bytes:
+    return png_declaring(100_000, 100_000)  # 10 GP: past Pillow's own cap
+
+
+def png_100mp_bomb() -> bytes:
+    return png_declaring(10_000, 10_000)  # under Pillow's error cap, over django_rag's
+
+
+def jpeg_declaring_65k_square() -> bytes:
+    """A small JPEG whose frame header is rewritten to 65,000 x 65,000 (4 GP, refused from the
+    header before any pixel is decoded)."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("L", (16, 16), 255).save(out, "JPEG")
+    data = bytearray(out.getvalue())
+    at = data.index(b"\xff\xc0") + 5
+    data[at : at + 4] = (65_000).to_bytes(2, "big") * 2
+    return bytes(data)
+
+
+def png_truncated() -> bytes:
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (800, 600), "white")
+    ImageDraw.Draw(image).text((10, 10), "cut short " * 20, fill="black")
+    out = io.BytesIO()
+    image.save(out, "PNG", compress_level=0)
+    data = out.getvalue()
+    return data[: len(data) // 2]
+
+
+HOSTILE += [
+    ("png_gigapixel_bomb", ".png", {}, "document_too_large", None),
+    ("png_100mp_bomb", ".png", {}, "document_too_large", None),
+    ("jpeg_declaring_65k_square", ".jpg", {}, "document_too_large", None),
+    ("png_truncated", ".png", {}, "corrupt_file", None),
+]
+EXTRAS |= {ext: ("rapidocr_onnxruntime", "ocr") for ext in (".png", ".jpg")}
+
+
 @needs("pptx", "pptx")
 def test_more_slides_than_the_page_budget_are_refused(settings):
     settings.DJANGO_RAG = {"MAX_PDF_PAGES": 3}

@@ -700,7 +700,7 @@ def test_rag_ingest_reports_a_failure_once_and_goes_on(tmp_path, quiet):
 
     (tmp_path / "a_broken.txt").write_bytes(b"\xff\xfe" + "ok".encode("utf-16-le") + b"\x00\xd8")
     (tmp_path / "b_good.txt").write_text("Refunds are paid within 14 days.")
-    (tmp_path / "c_image.png").write_bytes(b"\x89PNG")
+    (tmp_path / "c_image.gif").write_bytes(b"\x89PNG")
     (tmp_path / "d_notes.xyz").write_text("unsupported")
     out, err, error = run_command(
         "rag_ingest", str(tmp_path), "--collection", "hostile", *(["--quiet"] if quiet else [])
@@ -717,10 +717,10 @@ def test_rag_ingest_reports_a_failure_once_and_goes_on(tmp_path, quiet):
 @pytest.mark.django_db
 def test_rag_ingest_lists_unsupported_files_at_verbosity_2(tmp_path):
     (tmp_path / "good.md").write_text("# Title\n\nbody text")
-    (tmp_path / "image.png").write_bytes(b"\x89PNG")
+    (tmp_path / "image.gif").write_bytes(b"\x89PNG")
     out, _, error = run_command("rag_ingest", str(tmp_path), "-v", "2")
     assert error is None
-    assert f"skipped {tmp_path / 'image.png'}: no parser for this file type" in out
+    assert f"skipped {tmp_path / 'image.gif'}: no parser for this file type" in out
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")

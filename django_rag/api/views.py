@@ -10,7 +10,7 @@ from typing import Literal
 
 from django.db.models import Count
 from django.http import HttpResponse
-from ninja import File, Form, NinjaAPI, Query, Schema
+from ninja import File, Form, Query, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.files import UploadedFile
 from pydantic import Field
@@ -35,9 +35,10 @@ from .errors import (
     not_found,
     rag_error_response,
 )
+from .openapi import RagNinjaAPI
 from .sse import stream_events
 
-api = NinjaAPI(
+api = RagNinjaAPI(
     title="django_rag",
     version=__version__,
     description="Search, answers, conversations and documents of django_rag (docs/api.md).",

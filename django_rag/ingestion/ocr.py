@@ -19,6 +19,9 @@ budgets) an image-only page is not read, and the document says so, page by page:
 says why and what to do (the dashboard's document page shows them). A PDF none of whose pages
 could be read still fails with :class:`~django_rag.exceptions.NoTextLayer`.
 
+Image files (PNG, JPEG, TIFF) come through :meth:`ScannedPages.read_image` too, from
+``parsers/image.py``: one page each, same engine and budgets.
+
 Budgets: a page is rendered at ``OCR_DPI`` but at most :data:`MAX_PIXELS` pixels (a huge page
 is rendered at a lower resolution: memory and time per page stay bounded); at most
 ``OCR_MAX_PAGES`` pages of a document are read; and OCR time counts towards the document's
@@ -33,6 +36,7 @@ import math
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..conf import get_setting
@@ -146,13 +150,19 @@ class ScannedPages:
                 return ""  # a blank page (or vector drawings only): nothing to read
         except Exception:
             return ""
+        return self.read_image(lambda: self._render(page), number)
+
+    def read_image(self, render: Callable[[], bytes], number: int) -> str:
+        """The OCR text of the image ``render()`` returns (PNG or JPEG bytes, already within
+        :data:`MAX_PIXELS`), as page ``number``; "" when it is not read (recorded). Scanned
+        PDF pages and image files (``parsers/image.py``) both come through here."""
         reason = self._refusal()
         if reason:
             self.unread[number] = reason
             return ""
         begun = time.monotonic()
         try:
-            png = self._render(page)
+            png = render()
             if self.engine == "rapidocr":
                 text = read_rapidocr(png)
             else:
@@ -215,12 +225,7 @@ class ScannedPages:
         reason, numbers = group
         pages = _page_list(numbers)
         if reason == "no OCR engine":
-            advice = (
-                "install the OCR extra (pip install 'django-rag[ocr]') or Tesseract, then "
-                "ingest the file again"
-                if get_setting("OCR") != "off"
-                else "DJANGO_RAG['OCR'] is 'off'"
-            )
+            advice = no_engine_advice()
             return f"{pages}: scanned image without a text layer, not read ({advice})."
         if reason.startswith("PARSE_TIMEOUT"):
             return (
@@ -249,6 +254,16 @@ class ScannedPages:
             "OCR first, for example: ocrmypdf in.pdf out.pdf",
             filename=self.filename,
         )
+
+
+def no_engine_advice() -> str:
+    """What to do when no OCR engine reads images: install one, or turn OCR back on."""
+    if get_setting("OCR") == "off":
+        return "DJANGO_RAG['OCR'] is 'off'"
+    return (
+        "install the OCR extra (pip install 'django-rag[ocr]') or Tesseract, then ingest the "
+        "file again"
+    )
 
 
 def _page_list(numbers: list[int]) -> str:

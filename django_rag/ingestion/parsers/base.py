@@ -56,6 +56,8 @@ def check_input_size(parser: Parser, size: int, *, filename: str) -> None:
     """Raise :class:`DocumentTooLarge` when ``size`` bytes exceed the parser's input budget."""
     limit = parser.max_input_bytes() if hasattr(parser, "max_input_bytes") else None
     if limit is not None and size > limit:
+        if hasattr(parser, "input_too_large"):  # a parser whose limit is not about characters
+            raise parser.input_too_large(size, limit, filename=filename)
         raise DocumentTooLarge(
             f"{filename} has {size:,} bytes: more than MAX_DOCUMENT_CHARS characters even at 4 "
             f"bytes a character ({limit:,} bytes), so it was refused unread. Split it into "

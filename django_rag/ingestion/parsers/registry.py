@@ -9,7 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from ...conf import get_setting, import_string
-from ...exceptions import ConfigurationError, FileNotFound, UnsupportedFileType
+from ...exceptions import (
+    ConfigurationError,
+    FileNotFound,
+    MissingDependency,
+    UnsupportedFileType,
+)
 from .base import ParsedDocument, Parser, check_input_size, check_parsed
 
 BUILTIN_PARSERS: dict[str, str] = {
@@ -30,6 +35,20 @@ BUILTIN_PARSERS: dict[str, str] = {
     ".csv": "django_rag.ingestion.parsers.spreadsheet.CsvParser",
     ".tsv": "django_rag.ingestion.parsers.spreadsheet.CsvParser",
 }
+IMAGE_PARSER = "django_rag.ingestion.parsers.image.ImageParser"
+# Images have no text but what OCR reads: they are registered only while an OCR engine is
+# available (ocr.engine_name()), so without one a folder's photos are skipped as an unsupported
+# type, and an upload of one is refused with UnsupportedFileType naming the ocr extra.
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+
+
+def _ocr_available() -> bool:
+    from ..ocr import engine_name
+
+    try:
+        return engine_name() is not None
+    except MissingDependency:
+        return True  # an engine named in OCR but absent: parsing says so, naming the extra
 
 
 def parser_registry() -> dict[str, Any]:
@@ -38,6 +57,8 @@ def parser_registry() -> dict[str, Any]:
     if not isinstance(configured, dict):
         raise ConfigurationError("PARSERS", configured, "must be a dict of extension -> parser")
     registry = {**BUILTIN_PARSERS}
+    if _ocr_available():
+        registry.update(dict.fromkeys(IMAGE_EXTENSIONS, IMAGE_PARSER))
     for extension, parser in configured.items():
         key = extension.lower() if extension.startswith(".") else f".{extension.lower()}"
         registry[key] = parser
@@ -49,9 +70,14 @@ def get_parser(filename: str) -> Parser:
     registry = parser_registry()
     spec = registry.get(extension)
     if spec is None:
+        hint = "Add one with DJANGO_RAG['PARSERS']."
+        if extension in IMAGE_EXTENSIONS:
+            from ..ocr import no_engine_advice
+
+            hint = f"Images are read by OCR, and no OCR engine is available: {no_engine_advice()}."
         raise UnsupportedFileType(
             f"No parser for {filename!r} (extension {extension or 'none'!r}). Supported: "
-            f"{', '.join(sorted(registry))}. Add one with DJANGO_RAG['PARSERS'].",
+            f"{', '.join(sorted(registry))}. {hint}",
             filename=filename,
         )
     if isinstance(spec, str):
