@@ -9,7 +9,8 @@ import pytest
 from django.test import override_settings
 
 import django_rag as rag
-from django_rag.graph.extractors import _CAPITALIZED, get_extractor
+from django_rag.graph.extractors import get_extractor
+from django_rag.graph.local_extractors import _CAPITALIZED
 from django_rag.models import Entity, Relationship
 from django_rag.testing import ScriptedLLM
 
