@@ -30,5 +30,7 @@ Done. To browse documents and chunks in the dashboard and the Django admin:
   cd example_project
   ../.venv/bin/python manage.py createsuperuser
   ../.venv/bin/python manage.py runserver
-and open http://127.0.0.1:8000/rag/ (dashboard) or http://127.0.0.1:8000/admin/
+and open http://127.0.0.1:8000/rag/ (dashboard) or http://127.0.0.1:8000/admin/;
+http://127.0.0.1:8000/chat/ is the embeddable chat box (it answers once DJANGO_RAG["LLM"]
+names a model: docs/chat.md) and /rag/api/ the HTTP API (docs/api.md).
 MSG
