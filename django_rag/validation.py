@@ -191,17 +191,22 @@ def clean_query(query: Any) -> str:
     return "" if is_blank(query) else query
 
 
-def clean_positive_int(name: str, value: Any, *, maximum: int | None = None) -> int:
-    """An int >= 1 (and <= ``maximum``); bools and strings are refused."""
+def clean_int(name: str, value: Any, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """An int >= ``minimum`` (and <= ``maximum``); bools and strings are refused."""
     if (
         isinstance(value, bool)
         or not isinstance(value, int)
-        or value < 1
+        or value < minimum
         or (maximum is not None and value > maximum)
     ):
-        bound = f" from 1 to {maximum}" if maximum is not None else " >= 1"
+        bound = f" from {minimum} to {maximum}" if maximum is not None else f" >= {minimum}"
         raise InvalidOption(f"{name} must be an integer{bound}, got {value!r}")
     return value
+
+
+def clean_positive_int(name: str, value: Any, *, maximum: int | None = None) -> int:
+    """An int >= 1 (and <= ``maximum``); bools and strings are refused."""
+    return clean_int(name, value, maximum=maximum)
 
 
 def clean_number(

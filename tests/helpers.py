@@ -274,3 +274,57 @@ def wait_for(condition, timeout=60, what="condition", log=None):
         time.sleep(0.2)
     detail = log.read_text()[-3000:] if log and log.exists() else ""
     raise AssertionError(f"timed out waiting for {what}\n{detail}")
+
+
+_BOUNDED_PARSE = """
+import importlib, json, resource, sys, time
+# A fence for the machine running the tests: without the budgets a bomb asks for 10+ GB.
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
+from django.conf import settings
+settings.configure(DJANGO_RAG=json.loads(sys.argv[4]))
+from django_rag.ingestion.parsers import parse_bytes
+data = getattr(importlib.import_module(sys.argv[1]), sys.argv[2])()
+started = time.process_time()
+try:
+    parse_bytes(data, filename="hostile" + sys.argv[3])
+    outcome, setting = "parsed", None
+except BaseException as exc:
+    outcome = getattr(exc, "code", type(exc).__name__)
+    setting = getattr(exc, "details", {}).get("setting")
+print(json.dumps({
+    "outcome": outcome,
+    "setting": setting,
+    "cpu_seconds": time.process_time() - started,
+    "peak_mb": next(
+        int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")
+    ) / 1024,
+    "size": len(data),
+}))
+"""
+
+
+def parse_in_bounded_child(
+    module: str, builder: str, extension: str, settings: dict | None = None
+) -> dict:
+    """Parse the file ``module.builder()`` makes, as ``hostile<extension>``, in a fresh process
+    (address space fenced at 4 GiB) with ``DJANGO_RAG = settings``: its outcome (``"parsed"``
+    or the error's code), the budget setting it names, CPU seconds and peak memory."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _BOUNDED_PARSE,
+            module,
+            builder,
+            extension,
+            json.dumps(settings or {}),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -6,20 +6,13 @@ tests/test_parsers_hostile.py)."""
 from __future__ import annotations
 
 import io
-import json
-import os
-import subprocess
-import sys
 import zipfile
 from importlib.util import find_spec
-from pathlib import Path
 
 import pytest
 
 from django_rag.exceptions import CorruptFile, DocumentTooLarge
 from django_rag.ingestion.parsers import parse_bytes
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def needs(module: str, extra: str):
@@ -100,46 +93,12 @@ def docx_huge_cell() -> bytes:
     return docx_file(b"<w:tbl>" + row + b"</w:tbl>")
 
 
-CHILD = """
-import json, resource, sys, time
-resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
-from django.conf import settings
-settings.configure(DJANGO_RAG=json.loads(sys.argv[3]))
-from tests import test_formats_hostile as hostile
-from django_rag.ingestion.parsers import parse_bytes
-data = getattr(hostile, sys.argv[1])()
-started = time.process_time()
-try:
-    parse_bytes(data, filename="hostile" + sys.argv[2])
-    outcome, setting = "parsed", None
-except BaseException as exc:
-    outcome = getattr(exc, "code", type(exc).__name__)
-    setting = getattr(exc, "details", {}).get("setting")
-print(json.dumps({
-    "outcome": outcome,
-    "setting": setting,
-    "cpu_seconds": time.process_time() - started,
-    "peak_mb": next(
-        int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")
-    ) / 1024,
-    "size": len(data),
-}))
-"""
-
-
 def run_bounded(builder: str, extension: str, settings: dict | None = None) -> dict:
     """Parse ``builder()``'s file in a fresh process: its outcome, CPU time and peak memory."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, builder, extension, json.dumps(settings or {})],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    # Imported here: the child process imports this module before Django's apps are ready.
+    from tests.helpers import parse_in_bounded_child
+
+    return parse_in_bounded_child("tests.test_formats_hostile", builder, extension, settings)
 
 
 # builder, extension, settings, expected error code, expected setting (None: not a budget)

@@ -331,47 +331,17 @@ def cmap_bomb_pdf(codes: int = 4_000_000, characters: int = 128) -> bytes:
     )
 
 
-BOUNDED_CHILD = """
-import json, resource, sys, time
-# A fence for the machine running the tests: without the budget the parse asks for 10+ GB.
-resource.setrlimit(resource.RLIMIT_AS, (4 << 30, resource.RLIM_INFINITY))
-from django.conf import settings
-settings.configure(DJANGO_RAG={"PARSERS": {".docx": "tests.test_parsers_hostile.DocxTextParser"}})
-from tests import test_parsers_hostile as hostile
-from django_rag.ingestion.parsers import parse_bytes
-data = getattr(hostile, sys.argv[1])()
-started = time.process_time()
-try:
-    parse_bytes(data, filename="bomb" + sys.argv[2])
-    outcome, setting = "parsed", None
-except BaseException as exc:
-    outcome = getattr(exc, "code", type(exc).__name__)
-    setting = getattr(exc, "details", {}).get("setting")
-print(json.dumps({
-    "outcome": outcome,
-    "setting": setting,
-    "cpu_seconds": time.process_time() - started,
-    "peak_mb": next(
-        int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM")
-    ) / 1024,
-    "size": len(data),
-}))
-"""
-
-
 def run_bounded(builder: str, extension: str) -> dict:
     """Parse ``builder()``'s file in a fresh process; its outcome, CPU time and peak memory."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    env.pop("DJANGO_SETTINGS_MODULE", None)
-    proc = subprocess.run(
-        [sys.executable, "-c", BOUNDED_CHILD, builder, extension],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
+    # Imported here: the child process imports this module before Django's apps are ready.
+    from tests.helpers import parse_in_bounded_child
+
+    return parse_in_bounded_child(
+        "tests.test_parsers_hostile",
+        builder,
+        extension,
+        {"PARSERS": {".docx": "tests.test_parsers_hostile.DocxTextParser"}},
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 # The hostile-file table: each file is parsed in a fresh process (address space fenced at

@@ -10,24 +10,12 @@ from django.db.models import QuerySet
 
 from ..exceptions import DocumentNotFound, InvalidOption
 from ..models import Document
-from ..validation import clean_metadata, clean_source_id
+from ..validation import clean_int, clean_metadata, clean_source_id
 
 #: The largest page :func:`list_documents` returns.
 MAX_PAGE = 1000
 DEFAULT_PAGE = 50
 STATUSES = tuple(Document.Status.values)
-
-
-def _non_negative(name: str, value: Any, maximum: int | None = None) -> int:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < 0
-        or (maximum is not None and value > maximum)
-    ):
-        bound = f" from 0 to {maximum}" if maximum is not None else " >= 0"
-        raise InvalidOption(f"{name} must be an integer{bound}, got {value!r}")
-    return value
 
 
 def _names(collection: str | Sequence[str] | None) -> list[str] | None:
@@ -90,8 +78,8 @@ def list_documents(
     (0 to 1000, default 50) and ``offset`` (>= 0) page through them; anything else raises
     :class:`~django_rag.exceptions.InvalidOption`. The documents' text is not read (a
     page of long documents stays small): ``document.content`` loads it on access."""
-    limit = _non_negative("limit", limit, MAX_PAGE)
-    offset = _non_negative("offset", offset)
+    limit = clean_int("limit", limit, minimum=0, maximum=MAX_PAGE)
+    offset = clean_int("offset", offset, minimum=0)
     documents = _documents(collection, status, source_id, metadata)
     page = (
         documents.select_related("collection")

@@ -19,6 +19,7 @@ from ..modes import MODES as _MODES
 from ..modes import SearchMode
 from ..validation import (
     clean_collection_name,
+    clean_int,
     clean_metadata,
     clean_number,
     clean_positive_int,
@@ -154,15 +155,7 @@ def build_request(
     if hnsw_ef_search is not None:
         clean_positive_int("hnsw_ef_search", hnsw_ef_search, maximum=MAX_EF_SEARCH)
     context_window = search_setting("CONTEXT_WINDOW") if context_window is None else context_window
-    if (
-        not isinstance(context_window, int)
-        or isinstance(context_window, bool)
-        or not 0 <= context_window <= MAX_CONTEXT_WINDOW
-    ):
-        raise InvalidOption(
-            f"context_window must be an integer from 0 to {MAX_CONTEXT_WINDOW} (chunks each "
-            f"side of a hit), got {context_window!r}"
-        )
+    clean_int("context_window", context_window, minimum=0, maximum=MAX_CONTEXT_WINDOW)
     names = normalize_collections(collection)
     return SearchRequest(
         query=query,
