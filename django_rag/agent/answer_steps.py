@@ -10,7 +10,7 @@ from ..answers.grounding import get_grounder, ground_text
 from ..answers.service import make_answer, parse_citations
 from ..exceptions import LLMError, LLMResponseError
 from ..graph.global_search import global_answer as answer_globally
-from ..llm import Completion, as_bool, get_llm, parse_json
+from ..llm import Completion, get_llm, json_flag, parse_json
 from ..results import SearchResult
 from ..signals import span
 from . import prompts
@@ -67,14 +67,16 @@ def _self_correct(ctx, chunks: list[SearchResult], max_corrections, judge_prompt
                     model.complete(
                         (judge_prompt or prompts.groundedness_prompt)(
                             ctx.question, chunks, ctx.answer
-                        )
+                        ),
+                        json_object=True,
                     ).text
                 )
+                grounded = json_flag(verdict, "grounded")
             except LLMError as exc:
                 _fallback(ctx, "answer", exc, "keeping the answer")
                 s.set(result="eval_failed")
                 return
-            if as_bool(verdict.get("grounded", True)):
+            if grounded:
                 s.set(result="accepted")
                 return
             feedback = str(verdict.get("feedback") or "").strip() or (

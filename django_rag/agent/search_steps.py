@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import LLMError
-from ..llm import as_bool, get_llm, parse_json
+from ..llm import get_llm, json_flag, parse_json
 from ..rerankers import LLMReranker, Reranker, get_reranker
 from ..retrieval.stores import PgVectorStore, get_vector_store
 from ..signals import span
@@ -64,7 +64,7 @@ def _dedupe_results(ctx: Context) -> None:
 def _judge(ctx: Context, llm: Any, prompt: Any) -> dict[str, Any]:
     """Ask whether the chunks so far answer the question (first 10 chunks shown)."""
     text = get_llm(_llm(ctx, llm), feature="The sufficiency check").complete(
-        (prompt or prompts.sufficiency_prompt)(ctx.question, ctx.chunks[:10])
+        (prompt or prompts.sufficiency_prompt)(ctx.question, ctx.chunks[:10]), json_object=True
     )
     return parse_json(text.text)
 
@@ -170,7 +170,7 @@ def _search_until_sufficient(
     while getattr(ctx, counter) < max_iterations:
         try:
             verdict = _judge(ctx, llm, prompt)
-            if as_bool(verdict.get("sufficient", True)):
+            if json_flag(verdict, "sufficient"):
                 return
             query = next_query(verdict).strip().strip('"')
         except LLMError as exc:

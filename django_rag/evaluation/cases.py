@@ -145,7 +145,7 @@ def generate_test_cases(
             Chunk.objects.filter(pk__in=picked).select_related("collection"), start=1
         ):
             try:
-                data = parse_json(model.complete(build(chunk.text)).text)
+                data = parse_json(model.complete(build(chunk.text), json_object=True).text)
                 question = str(data.get("question") or "").strip()
                 if not question:
                     raise LLMError("the JSON had no question")

@@ -72,7 +72,7 @@ def _config(mode: str, limit: int, options: dict[str, Any], **extra: Any) -> dic
 
 def _judge(llm, prompt: str) -> tuple[float | None, str]:
     try:
-        data = parse_json(llm.complete(prompt).text)
+        data = parse_json(llm.complete(prompt, json_object=True).text)
         score = float(data["score"])
     except (LLMError, KeyError, TypeError, ValueError, OverflowError) as exc:
         return None, f"not scored: {scrub_text(exc)[:200]}"

@@ -104,8 +104,9 @@ class _LLMComponent:
         self.llm = llm
         self.prompt = prompt
 
-    def _ask(self, prompt: str) -> str:
-        return get_llm(self.llm, feature="Graph extraction").complete(prompt).text
+    def _ask(self, prompt: str, *, json_object: bool = False) -> str:
+        llm = get_llm(self.llm, feature="Graph extraction")
+        return llm.complete(prompt, json_object=json_object).text
 
 
 class LLMGraphExtractor(_LLMComponent, GraphExtractor):
@@ -113,7 +114,8 @@ class LLMGraphExtractor(_LLMComponent, GraphExtractor):
 
     def extract(self, text: str) -> Extraction:
         with span("graph.extraction", text=text) as s:
-            data = parse_json(self._ask((self.prompt or graph_prompt)(text)), expect=dict)
+            prompt = (self.prompt or graph_prompt)(text)
+            data = parse_json(self._ask(prompt, json_object=True), expect=dict)
             if not isinstance(data.get("entities"), list):
                 raise LLMResponseError("The graph JSON had no 'entities' list.")
             entities = dedupe_entities(

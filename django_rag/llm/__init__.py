@@ -25,7 +25,7 @@ from .base import (
 from .callable import CallableLLM
 from .errors import AgentTimeout, LLMAuthenticationError, LLMStreamError, LLMTimeout
 from .litellm import LiteLLM
-from .parsing import as_bool, parse_json
+from .parsing import as_bool, json_flag, parse_json
 
 ALIASES = {
     "litellm": "django_rag.llm.litellm.LiteLLM",
@@ -89,6 +89,7 @@ __all__ = [
     "deadline",
     "remaining_time",
     "as_bool",
+    "json_flag",
     "Usage",
     "collect_usage",
     "get_llm",

@@ -293,9 +293,23 @@ class LLM:
 
     model_name: str = "custom"
 
-    def complete(self, prompt: str, *, system: str | None = None, **options: Any) -> Completion:
-        """Send ``prompt`` (the user message) with an optional ``system`` message."""
+    def complete(
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        json_object: bool = False,
+        **options: Any,
+    ) -> Completion:
+        """Send ``prompt`` (the user message) with an optional ``system`` message.
+
+        ``json_object=True`` says the caller wants one JSON object back: backends that can
+        enforce it (see :meth:`json_options`) are asked to; the reply is still parsed
+        tolerantly, so backends that cannot lose nothing.
+        """
         messages = build_messages(prompt, system)
+        if json_object:
+            options = {**self.json_options(messages), **options}
         with span("llm.complete", **self._span_metadata(messages)) as s:
             end = _answer_deadline()
             if end is not None and time.monotonic() >= end:
@@ -343,6 +357,12 @@ class LLM:
             self._finish(s, completion)
             s.set(tool_calls=[call.name for call in completion.tool_calls])
         return completion
+
+    def json_options(self, messages: Messages) -> dict[str, Any]:
+        """The options that make this backend reply with one JSON object (JSON mode), sent
+        with :meth:`complete` ``(json_object=True)``. None here; a backend that can constrain
+        its output overrides it."""
+        return {}
 
     def _complete(self, messages: Messages, **options: Any) -> Completion:
         raise NotImplementedError

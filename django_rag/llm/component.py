@@ -18,9 +18,9 @@ class Component:
         self.llm = llm
         self.prompt = prompt or type(self).default_prompt
 
-    def complete(self, prompt: str, *, system: str | None = None) -> str:
+    def complete(self, prompt: str, *, system: str | None = None, json_object: bool = False) -> str:
         llm = get_llm(self.llm, feature=f"The {type(self).__name__}")
-        return llm.complete(prompt, system=system).text.strip()
+        return llm.complete(prompt, system=system, json_object=json_object).text.strip()
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"

@@ -213,6 +213,12 @@ class LiteLLM(LLM):
     (a ``Retry-After`` header is honoured up to ``max_backoff``). Other options (``temperature``,
     ``max_tokens``, ``extra``) are sent with every call. ``api_key`` never appears in ``repr``,
     logs or error messages.
+
+    ``json_mode`` decides whether calls that want JSON (:meth:`~LLM.complete` with
+    ``json_object=True``) send ``response_format={"type": "json_object"}``: None (the default)
+    when litellm lists ``response_format`` among the model's parameters, True always, False
+    never. A provider that refuses the parameter gets the call again without it, and no
+    JSON mode from this instance after that.
     """
 
     def __init__(
@@ -228,6 +234,7 @@ class LiteLLM(LLM):
         temperature: float | None = None,
         max_tokens: int | None = None,
         extra: dict[str, Any] | None = None,
+        json_mode: bool | None = None,
     ):
         if not isinstance(model, str) or not model:
             raise ValueError("model must be a non-empty litellm model string")
@@ -241,6 +248,24 @@ class LiteLLM(LLM):
         self.temperature = temperature
         self.max_tokens = max_tokens
         self.extra = dict(extra or {})
+        if json_mode is not None and not isinstance(json_mode, bool):
+            raise ValueError("json_mode must be None (decide from the model), True or False")
+        self.json_mode = json_mode
+        self._json_refused = False
+
+    def json_options(self, messages: Messages) -> dict[str, Any]:
+        if self._json_refused or not self._supports_json_mode():
+            return {}
+        # OpenAI refuses JSON mode unless the messages mention JSON; every prompt of ours that
+        # wants JSON says so, and a custom one that does not simply goes without.
+        if not any("json" in str(m.get("content") or "").lower() for m in messages):
+            return {}
+        return {"response_format": {"type": "json_object"}}
+
+    def _supports_json_mode(self) -> bool:
+        if self.json_mode is not None:
+            return self.json_mode
+        return _takes_response_format(self.model_name)
 
     def _kwargs(self, messages: Messages, options: dict[str, Any]) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -301,7 +326,18 @@ class LiteLLM(LLM):
         return Usage.of_call(self.model_name, prompt_tokens, completion_tokens, cost)
 
     def _complete(self, messages: Messages, **options: Any) -> Completion:
-        response = self._call(self._kwargs(messages, options))
+        try:
+            response = self._call(self._kwargs(messages, options))
+        except LLMError as exc:
+            if not _json_mode_refused(exc, options):
+                raise
+            logger.warning(
+                "LLM %s refused JSON mode (response_format); calling again without it",
+                self.model_name,
+            )
+            self._json_refused = True
+            options = {k: v for k, v in options.items() if k != "response_format"}
+            response = self._call(self._kwargs(messages, options))
         choices = getattr(response, "choices", None) or []
         message = getattr(choices[0], "message", None) if choices else None
         text = getattr(message, "content", None) if message is not None else None
@@ -420,6 +456,29 @@ class LiteLLM(LLM):
 
 
 @functools.cache
+@functools.lru_cache(maxsize=128)
+def _takes_response_format(model: str) -> bool:
+    """Whether litellm lists ``response_format`` among ``model``'s parameters."""
+    try:
+        params = _litellm().get_supported_openai_params(model=model) or []
+    except Exception:  # an unknown model or provider: no JSON mode
+        return False
+    return "response_format" in params
+
+
+def _json_mode_refused(exc: LLMError, options: dict[str, Any]) -> bool:
+    """Whether a call that sent ``response_format`` failed at once because the provider
+    does not take it (a bad request, not a transient or credential failure)."""
+    if "response_format" not in options or isinstance(exc, LLMTimeout | LLMAuthenticationError):
+        return False
+    message = str(exc)
+    return (
+        exc.attempts == 1
+        and any(name in message for name in ("BadRequestError", "UnsupportedParamsError"))
+        and any(word in message.lower() for word in ("response_format", "json"))
+    )
+
+
 def _mcp_missing() -> bool:
     """Whether litellm's MCP bridge cannot load. litellm (1.106) imports it for every call
     with ``tools``, and it needs the ``mcp`` package, which only its proxy extra installs; the

@@ -235,6 +235,28 @@ def value_too_large(
     return None
 
 
+_YES = ("true", "yes", "1")
+_NO = ("false", "no", "0")
+
+
+def json_flag(data: dict[str, Any], key: str) -> bool:
+    """The yes/no field ``key`` of an LLM's JSON object, read strictly: a boolean, 0/1 or
+    true/false/yes/no. Raises :class:`~django_rag.exceptions.LLMResponseError` when the field
+    is missing or says neither, so the caller takes (and reports) its fallback instead of
+    silently reading a default."""
+    value = data.get(key)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int | float) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str) and value.strip().lower() in _YES + _NO:
+        return value.strip().lower() in _YES
+    raise LLMResponseError(
+        f"The LLM's JSON had no readable {key!r} (true or false): got {str(value)[:80]!r}.",
+        text=str(data)[:500],
+    )
+
+
 def as_bool(value: Any) -> bool:
     """A yes/no field of LLM JSON: only explicit negatives (false, "no", "0", "") are False."""
     if isinstance(value, str):

@@ -62,7 +62,7 @@ class LLMReranker(Reranker):
 
         def score_batch(batch):
             try:
-                text = llm.complete(self.prompt(query, batch)).text
+                text = llm.complete(self.prompt(query, batch), json_object=True).text
                 values = parse_json(text, expect=dict)
             except LLMError as exc:
                 logger.warning("LLM reranker: a batch of %d failed: %s", len(batch), exc)

@@ -101,7 +101,7 @@ class Decomposer(Component):
         self.max_sub_questions = max_sub_questions
 
     def __call__(self, query: str) -> list[str]:
-        data = parse_json(self.complete(self.prompt(query)))
+        data = parse_json(self.complete(self.prompt(query), json_object=True))
         for key in ("sub_questions", "subquestions", "questions"):
             items = data.get(key)
             if isinstance(items, list):

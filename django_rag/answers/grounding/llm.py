@@ -111,7 +111,8 @@ class LLMGrounder(Grounder):
         model = get_llm(self.llm, feature="The LLM grounder")
         sentences = [text[a:b] for a, b in offsets]
         data = parse_json(
-            model.complete(self.prompt(question, chunks, sentences)).text, expect=None
+            model.complete(self.prompt(question, chunks, sentences), json_object=True).text,
+            expect=None,
         )
         claims = self._claims(data)
         verdicts: dict[int, str] = {}
