@@ -361,6 +361,44 @@ def test_a_text_answer_before_any_search_is_sent_back_once(corpus):
     assert last.text == "Hello!" and last.iterations == 1
 
 
+def test_a_repeated_search_is_not_run_again_and_a_loop_of_them_stops(corpus):
+    """Small models loop on one call: a search repeated with the same arguments gets a note
+    instead of running again, and after two repeats the run stops and writes its answer from
+    what it found."""
+    llm = ScriptedLLM(
+        ("search", {"query": "refund period"}),
+        ("search", {"query": "refund period"}),
+        ("search", {"query": "shipping"}),
+        ("search", {"query": "refund period"}),
+        "Refunds take 14 days [1].",  # the answer written from the sources found
+    )
+    result = rag.Loop("refunds?", llm=llm).run()
+    assert result.stop_reason == "repeated_calls"
+    assert result.text == "Refunds take 14 days [1]."
+    assert result.citations[0].chunk.source_id == "refunds"
+    notes = [step.result for step in result.tool_calls]
+    assert notes[1].startswith("Not run: you already searched") and "turn 1" in notes[1]
+    assert not notes[2].startswith("Not run") and notes[3].startswith("Not run")
+    # Only the new searches ran (a repeated one finds nothing: it is not run).
+    assert [bool(step.chunk_ids) for step in result.tool_calls] == [True, False, True, False]
+    assert "repeated a search it had run 2 times" in result.warnings[-1]
+    # A different limit is a different search, and a single repeat does not stop the run.
+    again = ScriptedLLM(
+        ("search", {"query": "refund period"}),
+        ("search", {"query": "refund period", "limit": 2}),
+        ("search", {"query": "refund period"}),
+        ("answer", {"text": "14 days [1]."}),
+    )
+    result = rag.Loop("refunds?", llm=again).run()
+    assert result.stop_reason == "answer" and result.text == "14 days [1]."
+    assert [s.result.startswith("Not run") for s in result.tool_calls] == [
+        False,
+        False,
+        True,
+        False,
+    ]
+
+
 def test_provider_errors_never_raise(corpus):
     llm = ScriptedLLM(("search", {"query": "refunds"}), LLMError("provider down"))
     result = rag.Loop("refunds?", llm=llm).run()

@@ -27,7 +27,9 @@ def test_public_names_still_import_from_the_loop_module():
 
 
 def test_arcana_defaults_ten_turns_and_thirty_sources(corpus):
-    loop = Loop("refunds?", llm=ScriptedLLM(default=("search", {"query": "refunds"})))
+    # Ten different searches: a repeated one would stop the run early (repeated_calls).
+    searches = [("search", {"query": f"refunds {turn}"}) for turn in range(10)]
+    loop = Loop("refunds?", llm=ScriptedLLM(*searches, default="Refunds take 14 days [1]."))
     assert loop.max_iterations == 10 and loop.max_chunks == 30
     result = loop.run()
     assert result.stop_reason == "max_iterations" and result.iterations == 10

@@ -30,6 +30,9 @@ logger = logging.getLogger("django_rag.agent.loop")
 #: The longest custom tool result the answer's writer is shown (each; the controller saw it
 #: all, up to ``max_tool_result_chars``).
 MAX_FINDING_CHARS = 10_000
+#: Searches repeated with the same arguments after which a run stops and writes its answer
+#: from what it found (``stop_reason="repeated_calls"``).
+MAX_REPEATED_SEARCHES = 2
 
 
 class Run:
@@ -65,6 +68,8 @@ class Run:
         ]
         self.done = False
         self.sent_back = False  # a text answer before any search was sent back once
+        self.searches: dict[str, int] = {}  # each search's arguments -> the turn it ran
+        self.repeats = 0
 
     # --- the controller's turns
 
@@ -135,6 +140,16 @@ class Run:
                 result.tool_calls.append(step)
                 result.messages.append(tool_message(call.id, step.result))
             if timed_out:
+                return
+            cut_short = result.iterations < loop.max_iterations
+            if self.repeats >= MAX_REPEATED_SEARCHES and not self.done and cut_short:
+                result.stop_reason = "repeated_calls"
+                result.warnings.append(
+                    f"the model repeated a search it had run {self.repeats} times; the answer "
+                    "was written from the sources found"
+                )
+                if loop.fallback_synthesis:
+                    self.synthesise()
                 return
 
     def answers_unread(self, text: str) -> bool:
@@ -210,10 +225,14 @@ class Run:
                 problem = _check_arguments(arguments, self.parameters[call.name])
                 if problem:
                     raise ToolError(f"bad arguments for {call.name}: {problem}")
-                text, found = self.dispatch(call.name, arguments)
-                step = self.step(call, text)
-                if found is not None:
-                    step.chunk_ids, step.new_chunk_ids = found
+                repeated = self.repeated(call)
+                if repeated:
+                    step = self.step(call, repeated)
+                else:
+                    text, found = self.dispatch(call.name, arguments)
+                    step = self.step(call, text)
+                    if found is not None:
+                        step.chunk_ids, step.new_chunk_ids = found
             except Exception as exc:
                 message = (
                     scrub_text(exc)[:1000]
@@ -231,6 +250,24 @@ class Run:
                 new_chunk_count=len(step.new_chunk_ids),
             )
         return step
+
+    def repeated(self, call: ToolCall) -> str | None:
+        """The note sent instead of running a search the model already ran with the same
+        arguments (small models loop on one call); None for a new call. Only ``search`` is
+        checked: a custom tool may be meant to run twice."""
+        if call.name != "search":
+            return None
+        key = json.dumps(call.arguments, sort_keys=True, default=str)
+        turn = self.searches.get(key)
+        if turn is None:
+            self.searches[key] = self.result.iterations
+            return None
+        self.repeats += 1
+        return (
+            f"Not run: you already searched with these arguments (turn {turn}); its results "
+            "are above. Answer with the answer tool, citing the sources as [n], or search for "
+            "something different."
+        )
 
     def capped(self, text: str) -> str:
         """``text`` cut at ``max_tool_result_chars``, with a note saying so."""
