@@ -253,8 +253,8 @@ def report(rows: list[dict], configs: list[str]) -> None:
     print(
         "| configuration | n | "
         + " | ".join(METRICS)
-        + " | steps falling back | errors |\n|"
-        + "---|" * (len(METRICS) + 4)
+        + " | answers citing nothing | steps falling back | errors |\n|"
+        + "---|" * (len(METRICS) + 5)
     )
     for config in configs:
         results = by_config.get(config)
@@ -268,7 +268,14 @@ def report(rows: list[dict], configs: list[str]) -> None:
         steps = Counter(step for r in results.values() for step in fallbacks(r["warnings"]))
         fell = ", ".join(f"{s} {n}" for s, n in steps.most_common()) or "none"
         errors = sum(1 for r in results.values() if r["error"])
-        print(f"| {config} | {len(results)} | " + " | ".join(cells) + f" | {fell} | {errors} |")
+        # An answer with text and no [n] marker: the answer step's citation fallback.
+        answered = [r for r in results.values() if r["answer"].strip()]
+        uncited = sum(1 for r in answered if not _CITATION.search(r["answer"]))
+        print(
+            f"| {config} | {len(results)} | "
+            + " | ".join(cells)
+            + f" | {uncited}/{len(answered)} | {fell} | {errors} |"
+        )
     base = by_config.get("ask", {})
     for config in configs:
         other = by_config.get(config, {})

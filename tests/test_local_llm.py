@@ -141,9 +141,11 @@ def test_the_local_model_answers_calls_a_tool_and_reads_its_result(local_server)
     final = llm.chat(messages, tools=tools, tool_choice="none", max_tokens=120)
     assert "Spielberg" in final.text and not final.tool_calls
     started = time.monotonic()
+    # JSON mode as the library's steps ask for it: litellm lists response_format for
+    # openai/..., so LiteLLM sends it and the server enforces it with a grammar.
     reply = llm.complete(
         'Reply with a JSON object {"city": ...} naming the capital of France.',
-        response_format={"type": "json_object"},
+        json_object=True,
         max_tokens=40,
     )
     assert json.loads(reply.text)["city"] == "Paris", (reply.text, time.monotonic() - started)
