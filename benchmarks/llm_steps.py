@@ -16,8 +16,8 @@ Uses the ``hotpot`` collection that ``benchmarks/answers.py`` stores (the first
   local server reuses its prompt cache). A step "falls back" when the library would take its
   fallback: a typed ``LLMError``, a reranker batch left unscored, a judge verdict not
   understood. ``rewrite`` (one line, no JSON) runs once.
-- the judge's agreement: the sentence "The answer to <question> is <gold answer>." judged
-  against the gold paragraphs (should be supported) and against the two best non-gold
+- the judge's agreement: the sentence "The answer is <gold answer>." (with the question)
+  judged against the gold paragraphs (should be supported) and against the two best non-gold
   paragraphs (should not be), JSON mode on.
 - ``rerank``: the LLM reranker scores the 30 best hybrid candidates (batches of 10, JSON mode
   on); nDCG@10 of the gold paragraphs for the hybrid order, the reranked order, and the
@@ -42,6 +42,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 import django  # noqa: E402
 
 django.setup()
+
+from django.test import override_settings  # noqa: E402
 
 import django_rag as rag  # noqa: E402
 from benchmarks.answers import COLLECTION  # noqa: E402
@@ -161,6 +163,9 @@ def main() -> None:
         for line in args.out.open():
             row = json.loads(line)
             done[tuple(row["key"])] = row
+    # A local model on a loaded CPU is slow: no answer deadline cuts a step short.
+    settings = override_settings(DJANGO_RAG={"LLM_DEADLINE": 900, "AGENT_DEADLINE": 1800})
+    settings.enable()
     for qid in [] if args.report_only else qids:
         question, gold = queries[qid], raw[qid]["metadata"]["answers"][0]
         candidates = rag.search(question, collection=COLLECTION, mode="hybrid", limit=30)
@@ -171,7 +176,9 @@ def main() -> None:
         ]
         gold_chunks = list({r.source_id: r for r in gold_chunks}.values())
         others = [r for r in candidates if r.source_id not in qrels[qid]][:2]
-        sentence = f'The answer to "{question}" is {gold}.'
+        # One sentence (a question inside it would split it in two); the judge is given
+        # the question separately.
+        sentence = f"The answer is {gold}."
         if args.part in ("steps", "both") and gold_chunks:
             context = (question, candidates[:10], gold_chunks, sentence)
             measure(

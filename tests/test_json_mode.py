@@ -17,7 +17,7 @@ from django_rag.rerankers import get_reranker
 from django_rag.testing import ScriptedLLM
 from tests.conftest import stub_llm
 from tests.helpers import ingest_agent_corpus
-from tests.stub_openai import Failure
+from tests.stub_openai import Failure, Raw
 
 JSON_OBJECT = {"type": "json_object"}
 
@@ -167,3 +167,43 @@ def test_a_verdict_missing_its_field_is_a_reported_fallback(step, reply, note):
         steps.answer(ctx, self_correct=True)
         assert ctx.answer == "The X200 drill [1]." and ctx.error is None
     assert any(w.startswith(note) and "no readable" in w for w in ctx.warnings), ctx.warnings
+
+
+# --- a reply cut at the token limit ----------------------------------------------------------------
+
+
+def _cut(content: str) -> Raw:
+    return Raw(
+        {
+            "id": "cut",
+            "object": "chat.completion",
+            "model": "gpt-4o-mini",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "length",
+                }
+            ],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 512, "total_tokens": 522},
+        }
+    )
+
+
+def test_json_cut_at_the_token_limit_says_so_instead_of_parsing_a_fragment(stub_llm_server):
+    """A 1.5B model in JSON mode pretty-prints a graph past max_tokens: the fragment's first
+    whole inner object must not be taken for the answer."""
+    from django_rag.graph.extractors import LLMGraphExtractor
+
+    stub_llm_server.chat = [
+        _cut(
+            '{\n  "entities": [\n    {"name": "Band of Skulls", "type": "organization"},\n    {"na'
+        ),
+        _cut('{"entities": [{"name": "Southampton", "type": "location"}], "relationships": []}'),
+    ]
+    extractor = LLMGraphExtractor(llm=stub_llm(stub_llm_server))
+    with pytest.raises(LLMResponseError, match="cut at its token limit \\(512 tokens\\)"):
+        extractor.extract("Band of Skulls are an English rock band from Southampton.")
+    # Cut after the JSON ended (trailing prose or nothing): the JSON is whole and is used.
+    extraction = extractor.extract("Southampton is a city.")
+    assert [e.name for e in extraction.entities] == ["Southampton"]

@@ -10,7 +10,7 @@ from ..answers.grounding import get_grounder, ground_text
 from ..answers.service import make_answer, parse_citations
 from ..exceptions import LLMError, LLMResponseError
 from ..graph.global_search import global_answer as answer_globally
-from ..llm import Completion, get_llm, json_flag, parse_json
+from ..llm import Completion, get_llm, json_flag
 from ..results import SearchResult
 from ..signals import span
 from . import prompts
@@ -63,13 +63,8 @@ def _self_correct(ctx, chunks: list[SearchResult], max_corrections, judge_prompt
     for attempt in range(1, max_corrections + 1):
         with span("agent.self_correct", attempt=attempt) as s:
             try:
-                verdict = parse_json(
-                    model.complete(
-                        (judge_prompt or prompts.groundedness_prompt)(
-                            ctx.question, chunks, ctx.answer
-                        ),
-                        json_object=True,
-                    ).text
+                verdict = model.complete_json(
+                    (judge_prompt or prompts.groundedness_prompt)(ctx.question, chunks, ctx.answer)
                 )
                 grounded = json_flag(verdict, "grounded")
             except LLMError as exc:

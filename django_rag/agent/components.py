@@ -30,7 +30,7 @@ from typing import Any
 
 from ..answers.service import answer_messages
 from ..exceptions import ConfigurationError, LLMResponseError
-from ..llm import Completion, get_llm, json_flag, parse_json
+from ..llm import Completion, get_llm, json_flag
 from ..llm.component import Component
 from ..results import SearchResult
 from ..retrieval.request import build_request, request_option_names
@@ -52,7 +52,7 @@ class Gatekeeper(Component):
     default_prompt = staticmethod(prompts.gate_prompt)
 
     def __call__(self, question: str) -> tuple[bool, str | None]:
-        data = parse_json(self.complete(self.prompt(question), json_object=True))
+        data = self.complete_json(self.prompt(question))
         reasoning = data.get("reasoning")
         return json_flag(data, "needs_retrieval"), reasoning if reasoning else None
 
@@ -65,7 +65,7 @@ class Selector(Component):
     def __call__(
         self, question: str, collections: Sequence[tuple[str, str]], context: Any = None
     ) -> tuple[list[str], str | None]:
-        data = parse_json(self.complete(self.prompt(question, collections), json_object=True))
+        data = self.complete_json(self.prompt(question, collections))
         names = data.get("collections")
         if not isinstance(names, list):
             raise LLMResponseError("The selector's JSON had no 'collections' list.")

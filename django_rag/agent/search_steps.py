@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import LLMError
-from ..llm import get_llm, json_flag, parse_json
+from ..llm import get_llm, json_flag
 from ..rerankers import LLMReranker, Reranker, get_reranker
 from ..retrieval.stores import PgVectorStore, get_vector_store
 from ..signals import span
@@ -63,10 +63,9 @@ def _dedupe_results(ctx: Context) -> None:
 
 def _judge(ctx: Context, llm: Any, prompt: Any) -> dict[str, Any]:
     """Ask whether the chunks so far answer the question (first 10 chunks shown)."""
-    text = get_llm(_llm(ctx, llm), feature="The sufficiency check").complete(
-        (prompt or prompts.sufficiency_prompt)(ctx.question, ctx.chunks[:10]), json_object=True
+    return get_llm(_llm(ctx, llm), feature="The sufficiency check").complete_json(
+        (prompt or prompts.sufficiency_prompt)(ctx.question, ctx.chunks[:10])
     )
-    return parse_json(text.text)
 
 
 @step("search")

@@ -12,7 +12,7 @@ from django.db import transaction
 
 from ..conf import get_setting
 from ..exceptions import InvalidInput, LLMError, UnknownCollection
-from ..llm import get_llm, parse_json
+from ..llm import get_llm
 from ..models import Chunk, Collection, Document, Relevance, TestCase
 from ..models.databases import write_db
 from ..signals import span
@@ -145,7 +145,7 @@ def generate_test_cases(
             Chunk.objects.filter(pk__in=picked).select_related("collection"), start=1
         ):
             try:
-                data = parse_json(model.complete(build(chunk.text), json_object=True).text)
+                data = model.complete_json(build(chunk.text))
                 question = str(data.get("question") or "").strip()
                 if not question:
                     raise LLMError("the JSON had no question")

@@ -17,7 +17,7 @@ from ..answers.service import answer_messages
 from ..conf import scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
 from ..exceptions import InvalidInput, InvalidOption, LLMError, UnknownCollection
-from ..llm import collect_usage, get_llm, parse_json
+from ..llm import collect_usage, get_llm
 from ..models import Collection, Relevance, Run, TestCase
 from ..results import Answer, SearchResult
 from ..retrieval.request import MAX_LIMIT, normalize_collections, normalize_mode
@@ -72,7 +72,7 @@ def _config(mode: str, limit: int, options: dict[str, Any], **extra: Any) -> dic
 
 def _judge(llm, prompt: str) -> tuple[float | None, str]:
     try:
-        data = parse_json(llm.complete(prompt, json_object=True).text)
+        data = llm.complete_json(prompt)
         score = float(data["score"])
     except (LLMError, KeyError, TypeError, ValueError, OverflowError) as exc:
         return None, f"not scored: {scrub_text(exc)[:200]}"

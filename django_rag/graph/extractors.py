@@ -21,7 +21,7 @@ from ..conf import build_component, get_setting, graph_setting
 from ..exceptions import (
     LLMResponseError,
 )
-from ..llm import get_llm, parse_json
+from ..llm import get_llm
 from ..llm.prompting import quote
 from ..signals import span
 from .extraction import (  # noqa: F401 (re-exported: the extractors' types are importable from here)
@@ -104,9 +104,8 @@ class _LLMComponent:
         self.llm = llm
         self.prompt = prompt
 
-    def _ask(self, prompt: str, *, json_object: bool = False) -> str:
-        llm = get_llm(self.llm, feature="Graph extraction")
-        return llm.complete(prompt, json_object=json_object).text
+    def _ask(self, prompt: str, expect: type) -> Any:
+        return get_llm(self.llm, feature="Graph extraction").complete_json(prompt, expect=expect)
 
 
 class LLMGraphExtractor(_LLMComponent, GraphExtractor):
@@ -114,8 +113,7 @@ class LLMGraphExtractor(_LLMComponent, GraphExtractor):
 
     def extract(self, text: str) -> Extraction:
         with span("graph.extraction", text=text) as s:
-            prompt = (self.prompt or graph_prompt)(text)
-            data = parse_json(self._ask(prompt, json_object=True), expect=dict)
+            data = self._ask((self.prompt or graph_prompt)(text), dict)
             if not isinstance(data.get("entities"), list):
                 raise LLMResponseError("The graph JSON had no 'entities' list.")
             entities = dedupe_entities(
@@ -132,7 +130,7 @@ class LLMGraphExtractor(_LLMComponent, GraphExtractor):
 class LLMEntityExtractor(_LLMComponent, EntityExtractor):
     def extract(self, text: str) -> list[ExtractedEntity]:
         with span("graph.entity_extraction", text=text) as s:
-            data = parse_json(self._ask((self.prompt or entity_prompt)(text)), expect=list)
+            data = self._ask((self.prompt or entity_prompt)(text), list)
             entities = dedupe_entities([_entity(e) for e in data if isinstance(e, dict | str)])
             s.set(entity_count=len(entities))
             return entities
@@ -144,7 +142,7 @@ class LLMRelationshipExtractor(_LLMComponent, RelationshipExtractor):
             return []
         with span("graph.relationship_extraction", text=text) as s:
             prompt = (self.prompt or relationship_prompt)(text, entities)
-            data = parse_json(self._ask(prompt), expect=list)
+            data = self._ask(prompt, list)
             relationships = valid_relationships(
                 [_relationship(r) for r in data if isinstance(r, dict)], entities
             )

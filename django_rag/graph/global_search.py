@@ -8,7 +8,7 @@ from typing import Any
 
 from ..conf import graph_setting
 from ..exceptions import InvalidInput, LLMError
-from ..llm import collect_usage, get_llm, map_concurrently, parse_json
+from ..llm import collect_usage, get_llm, map_concurrently
 from ..llm.prompting import quote
 from ..models import Community
 from ..models.databases import search_db
@@ -72,7 +72,7 @@ def global_answer(
 
     def extract(batch) -> list[tuple[float, str]]:
         try:
-            items = parse_json(model.complete(map_prompt(question, batch)).text, expect=list)
+            items = model.complete_json(map_prompt(question, batch), expect=list)
         except LLMError:
             return []
         points = []

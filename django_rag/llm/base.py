@@ -33,6 +33,9 @@ class Completion:
     text: str
     usage: Usage = field(default_factory=Usage)
     model: str = ""
+    #: Why the model stopped, as the provider says (``"stop"``, ``"length"`` when the token
+    #: limit cut the reply, ``"tool_calls"``...); None when the backend does not say.
+    finish_reason: str | None = field(default=None, kw_only=True)
 
 
 @dataclass
@@ -123,7 +126,6 @@ class ToolCompletion(Completion):
     """What :meth:`LLM.chat` returns: text and/or the tool calls the model asked for."""
 
     tool_calls: list[ToolCall] = field(default_factory=list)
-    finish_reason: str | None = None
 
     def message(self) -> dict[str, Any]:
         """The assistant message to append to the conversation before the tools' results."""
@@ -277,6 +279,11 @@ def _answer_deadline() -> float | None:
 Messages = list[dict[str, Any]]
 
 
+def _ends_json(text: str) -> bool:
+    """Whether a reply ends as a JSON value (or a fence around one) does."""
+    return text.rstrip().rstrip("`").rstrip().endswith(("}", "]"))
+
+
 def build_messages(prompt: str, system: str | None) -> Messages:
     messages = [{"role": "system", "content": system}] if system else []
     messages.append({"role": "user", "content": prompt})
@@ -322,6 +329,27 @@ class LLM:
                 completion = self._complete(messages, **options)
             self._finish(s, completion)
         return completion
+
+    def complete_json(
+        self, prompt: str, *, system: str | None = None, expect: type | None = dict, **options: Any
+    ) -> Any:
+        """:meth:`complete`, then :func:`~django_rag.llm.parse_json` of the reply: the JSON
+        value of type ``expect`` (``dict``, ``list`` or None for any). An object is asked for
+        in JSON mode where the backend has one (``json_object=True``). A reply the token limit
+        cut before its JSON ended raises
+        :class:`~django_rag.exceptions.LLMResponseError` saying so (not a parse error about a
+        fragment)."""
+        completion = self.complete(prompt, system=system, json_object=expect is dict, **options)
+        text = completion.text
+        if completion.finish_reason == "length" and not _ends_json(text):
+            raise LLMResponseError(
+                f"The LLM's reply was cut at its token limit "
+                f"({completion.usage.completion_tokens or '?'} tokens) before its JSON ended; "
+                "raise the LLM's max_tokens.",
+                text=text,
+                model=completion.model or self.model_name,
+            )
+        return parse_json(text, expect=expect)
 
     def stream(self, prompt: str, *, system: str | None = None, **options: Any) -> TextStream:
         """Like :meth:`complete`, but iterate over the returned stream to get text as it arrives.

@@ -18,9 +18,15 @@ class Component:
         self.llm = llm
         self.prompt = prompt or type(self).default_prompt
 
-    def complete(self, prompt: str, *, system: str | None = None, json_object: bool = False) -> str:
-        llm = get_llm(self.llm, feature=f"The {type(self).__name__}")
-        return llm.complete(prompt, system=system, json_object=json_object).text.strip()
+    def complete(self, prompt: str, *, system: str | None = None) -> str:
+        return self._llm().complete(prompt, system=system).text.strip()
+
+    def complete_json(self, prompt: str, *, expect: type | None = dict) -> Any:
+        """The JSON value of the reply (see :meth:`~django_rag.llm.LLM.complete_json`)."""
+        return self._llm().complete_json(prompt, expect=expect)
+
+    def _llm(self):
+        return get_llm(self.llm, feature=f"The {type(self).__name__}")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__}>"

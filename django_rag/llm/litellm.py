@@ -351,7 +351,12 @@ class LiteLLM(LLM):
                 + "; try again, or check the provider's content filters and the max_tokens option.",
                 model=self.model_name,
             )
-        return Completion(text, self._usage(getattr(response, "usage", None)), self.model_name)
+        return Completion(
+            text,
+            self._usage(getattr(response, "usage", None)),
+            self.model_name,
+            finish_reason=getattr(choices[0], "finish_reason", None),
+        )
 
     def _chat(
         self, messages: Messages, tools: list[dict[str, Any]], **options: Any

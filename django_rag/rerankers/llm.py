@@ -6,7 +6,7 @@ import logging
 from collections.abc import Callable
 
 from ..exceptions import LLMError
-from ..llm import get_llm, map_concurrently, parse_json
+from ..llm import get_llm, map_concurrently
 from ..llm.prompting import quote
 from ..results import SearchResult
 from .base import Reranker
@@ -62,8 +62,7 @@ class LLMReranker(Reranker):
 
         def score_batch(batch):
             try:
-                text = llm.complete(self.prompt(query, batch), json_object=True).text
-                values = parse_json(text, expect=dict)
+                values = llm.complete_json(self.prompt(query, batch))
             except LLMError as exc:
                 logger.warning("LLM reranker: a batch of %d failed: %s", len(batch), exc)
                 return [None] * len(batch)

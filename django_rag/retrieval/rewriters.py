@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from ..exceptions import ConfigurationError, LLMResponseError
-from ..llm import parse_json
 from ..llm.component import Component, one_line
 from ..llm.prompting import quote
 
@@ -101,7 +100,7 @@ class Decomposer(Component):
         self.max_sub_questions = max_sub_questions
 
     def __call__(self, query: str) -> list[str]:
-        data = parse_json(self.complete(self.prompt(query), json_object=True))
+        data = self.complete_json(self.prompt(query))
         for key in ("sub_questions", "subquestions", "questions"):
             items = data.get(key)
             if isinstance(items, list):

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...exceptions import LLMResponseError
-from ...llm import get_llm, parse_json
+from ...llm import get_llm
 from ...llm.prompting import quote
 from ...results import GroundedSpan, Grounding, SearchResult
 from ..prompts import DATA_NOTICE, sources_block
@@ -110,10 +110,7 @@ class LLMGrounder(Grounder):
             return make_grounding([], self.name, ["the answer has no sentence to ground"])
         model = get_llm(self.llm, feature="The LLM grounder")
         sentences = [text[a:b] for a, b in offsets]
-        data = parse_json(
-            model.complete(self.prompt(question, chunks, sentences), json_object=True).text,
-            expect=None,
-        )
+        data = model.complete_json(self.prompt(question, chunks, sentences), expect=None)
         claims = self._claims(data)
         verdicts: dict[int, str] = {}
         sources: dict[int, list[int]] = {}
