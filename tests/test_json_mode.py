@@ -72,7 +72,11 @@ def test_steps_that_want_json_send_json_mode_and_the_answer_does_not(stub_llm_se
     }
     stub_llm_server.default = "The X200 has a two-year warranty [1]."
     agent = (
-        rag.Agent("Which drill has the longer warranty?", llm=stub_llm(stub_llm_server), limit=2)
+        rag.Agent(
+            "Which drill has the longer warranty?",
+            llm=stub_llm(stub_llm_server, json_mode=None),  # auto: litellm lists it for gpt-4o
+            limit=2,
+        )
         .decompose()
         .search()
         .reason()
@@ -88,17 +92,18 @@ def test_the_llm_reranker_asks_for_json_mode_over_http(stub_llm_server):
     ingest_agent_corpus()
     stub_llm_server.default = '{"1": 9, "2": 1}'
     results = rag.search("drill warranty", limit=2)
-    reranker = get_reranker({"BACKEND": "llm", "OPTIONS": {"llm": stub_llm(stub_llm_server)}})
+    llm = stub_llm(stub_llm_server, json_mode=True)
+    reranker = get_reranker({"BACKEND": "llm", "OPTIONS": {"llm": llm}})
     reranked = reranker.rerank("drill warranty", results)
     assert reranked and reranked[0].chunk_id == results[0].chunk_id
     assert _formats(stub_llm_server) == [JSON_OBJECT]
 
 
-def test_json_mode_off_and_prompts_without_json_send_none(stub_llm_server):
+def test_json_mode_is_off_by_default_and_needs_json_in_the_prompt(stub_llm_server):
     stub_llm_server.default = '{"ok": true}'
-    off = get_llm(stub_llm(stub_llm_server, json_mode=False))
-    off.complete("Reply with JSON only.", json_object=True)
-    auto = get_llm(stub_llm(stub_llm_server))
+    default = get_llm(stub_llm(stub_llm_server))
+    assert default.complete_json("Reply with JSON only.") == {"ok": True}
+    auto = get_llm(stub_llm(stub_llm_server, json_mode=None))
     # OpenAI refuses JSON mode unless the messages say JSON: a custom prompt that does not
     # is sent without it.
     auto.complete("Say yes or no.", json_object=True)
@@ -109,7 +114,7 @@ def test_json_mode_off_and_prompts_without_json_send_none(stub_llm_server):
 def test_a_provider_refusing_json_mode_is_called_again_without_it(stub_llm_server, caplog):
     stub_llm_server.chat = [Failure(400, "response_format is not supported by this model")]
     stub_llm_server.default = '{"ok": true}'
-    llm = get_llm(stub_llm(stub_llm_server))
+    llm = get_llm(stub_llm(stub_llm_server, json_mode=True))
     with caplog.at_level(logging.WARNING, logger="django_rag.llm.litellm"):
         assert llm.complete("Reply with JSON only.", json_object=True).text == '{"ok": true}'
         llm.complete("Reply with JSON only.", json_object=True)
@@ -123,7 +128,7 @@ def test_a_provider_refusing_json_mode_is_called_again_without_it(stub_llm_serve
 )
 def test_other_failures_are_not_retried_without_json_mode(stub_llm_server, failure):
     stub_llm_server.chat = [failure]
-    llm = get_llm(stub_llm(stub_llm_server))
+    llm = get_llm(stub_llm(stub_llm_server, json_mode=True))
     with pytest.raises(LLMError):
         llm.complete("Reply with JSON only.", json_object=True)
     assert _formats(stub_llm_server) == [JSON_OBJECT]

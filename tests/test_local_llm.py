@@ -111,7 +111,9 @@ def local_server():
 def test_the_local_model_answers_calls_a_tool_and_reads_its_result(local_server):
     from django_rag.llm import LiteLLM, tool_message, tool_schema
 
-    llm = LiteLLM(model="openai/local", api_base=local_server, api_key="local", timeout=300)
+    llm = LiteLLM(
+        model="openai/local", api_base=local_server, api_key="local", timeout=300, json_mode=None
+    )
     tools = [
         tool_schema(
             "search",

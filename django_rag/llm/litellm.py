@@ -215,9 +215,10 @@ class LiteLLM(LLM):
     logs or error messages.
 
     ``json_mode`` decides whether calls that want JSON (:meth:`~LLM.complete` with
-    ``json_object=True``) send ``response_format={"type": "json_object"}``: None (the default)
-    when litellm lists ``response_format`` among the model's parameters, True always, False
-    never. A provider that refuses the parameter gets the call again without it, and no
+    ``json_object=True``) send ``response_format={"type": "json_object"}``: False (the default:
+    the replies are parsed tolerantly, which measured as well as JSON mode with a 1.5B model,
+    docs/benchmarks.md) never, True always, None when litellm lists ``response_format`` among
+    the model's parameters. A provider that refuses the parameter gets the call again without it, and no
     JSON mode from this instance after that.
     """
 
@@ -234,7 +235,7 @@ class LiteLLM(LLM):
         temperature: float | None = None,
         max_tokens: int | None = None,
         extra: dict[str, Any] | None = None,
-        json_mode: bool | None = None,
+        json_mode: bool | None = False,
     ):
         if not isinstance(model, str) or not model:
             raise ValueError("model must be a non-empty litellm model string")
