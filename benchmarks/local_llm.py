@@ -289,7 +289,9 @@ class LocalModel:
         tools = body.get("tools") or None
         if body.get("tool_choice") == "none":
             tools = None
-        prompt = self.format.render(messages, tools)
+        # A required or named tool choice is honoured by starting the reply with the call.
+        forced = _forced_call(body.get("tool_choice")) if tools else ""
+        prompt = self.format.render(messages, tools) + forced
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
         max_tokens = min(int(max_tokens or DEFAULT_MAX_TOKENS), 4096)
         stop = body.get("stop") or []
@@ -305,7 +307,7 @@ class LocalModel:
                 grammar=None if tools else self._grammar(body.get("response_format")),
             )
         choice = result["choices"][0]
-        text = choice.get("text") or ""
+        text = forced + (choice.get("text") or "")
         calls: list[dict[str, Any]] = []
         if tools:
             text, calls = parse_tool_calls(text)
@@ -321,6 +323,18 @@ class LocalModel:
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
             "usage": result.get("usage") or {},
         }
+
+
+def _forced_call(tool_choice: Any) -> str:
+    """The start of a reply that a ``tool_choice`` forces: ``"required"`` opens a
+    ``<tool_call>`` block, a named function also writes its name."""
+    if tool_choice == "required":
+        return "<tool_call>\n"
+    function = tool_choice.get("function") if isinstance(tool_choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    if isinstance(name, str) and name:
+        return "<tool_call>\n" + json.dumps({"name": name})[:-1] + ', "arguments": '
+    return ""
 
 
 def make_handler(model: LocalModel):

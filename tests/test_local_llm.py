@@ -214,3 +214,18 @@ def test_text_tool_calls_are_bounded():
     deep = '{"name": "search", "arguments": ' + "[" * 5000
     assert tool_calls_in_text(deep, [SEARCH_TOOL]) == []
     assert tool_calls_in_text('{"name": "search"}', []) == []
+
+
+@pytest.mark.parametrize(
+    "choice, text, expected",
+    [
+        ({"type": "function", "function": {"name": "search"}}, '{"query": "x"}}', "search"),
+        ("required", '{"name": "answer", "arguments": {"text": "t"}}', "answer"),
+    ],
+)
+def test_a_forced_tool_choice_starts_the_reply_with_the_call(choice, text, expected):
+    forced = local_llm._forced_call(choice)
+    _, calls = parse_tool_calls(forced + text)
+    assert [call["function"]["name"] for call in calls] == [expected]
+    for loose in ("auto", "none", None, {"function": 3}, {"function": {"name": ""}}):
+        assert local_llm._forced_call(loose) == ""

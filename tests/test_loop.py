@@ -6,6 +6,7 @@ import pytest
 
 import django_rag as rag
 from django_rag.agent import LoopResult, Tool, ToolError
+from django_rag.agent.loop_run import SEARCH_CALL
 from django_rag.exceptions import (
     AgentTimeout,
     InvalidInput,
@@ -351,6 +352,9 @@ def test_a_text_answer_before_any_search_is_sent_back_once(corpus):
     result = rag.Loop("refunds?", llm=llm).run()
     assert result.stop_reason == "answer" and result.text == "Refunds take 14 days [1]."
     assert "call search first" in llm.calls[1]["messages"][-1]["content"]
+    # That turn asks for a search call; the others leave the choice to the model.
+    assert llm.calls[1]["options"] == {"tool_choice": SEARCH_CALL}
+    assert llm.calls[0]["options"] == llm.calls[2]["options"] == {}
     assert result.citations[0].chunk.source_id == "refunds"
     assert "answered before searching" in result.warnings[0]
     # A model that answers in text again has answered; so does one on its last turn.
@@ -397,6 +401,22 @@ def test_a_repeated_search_is_not_run_again_and_a_loop_of_them_stops(corpus):
         True,
         False,
     ]
+
+
+def test_the_forced_search_reaches_the_provider_and_a_refusal_is_asked_again(
+    corpus, stub_llm_server
+):
+    stub_llm_server.chat = [
+        "I believe it is 30 days.",
+        Failure(400, "tool_choice naming a function is not supported"),
+        ToolCalls(("search", {"query": "refund period"})),
+        ToolCalls(("answer", {"text": "Refunds take 14 days [1]."})),
+    ]
+    result = rag.Loop("refunds?", llm=stub_llm(stub_llm_server)).run()
+    assert result.stop_reason == "answer" and result.text == "Refunds take 14 days [1]."
+    assert result.citations[0].chunk.source_id == "refunds"
+    choices = [r["body"].get("tool_choice") for r in stub_llm_server.chat_requests]
+    assert choices == ["auto", SEARCH_CALL, "auto", "auto"]
 
 
 def test_provider_errors_never_raise(corpus):

@@ -11,8 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from ..answers.service import parse_citations
 from ..conf import scrub_text
-from ..exceptions import AgentTimeout, InvalidOption, LLMError, LLMTimeout
-from ..llm import ToolCall, tool_message
+from ..exceptions import (
+    AgentTimeout,
+    InvalidOption,
+    LLMAuthenticationError,
+    LLMError,
+    LLMTimeout,
+)
+from ..llm import ToolCall, ToolCompletion, tool_message
 from ..llm.parsing import value_too_large
 from ..results import SearchResult
 from ..retrieval.request import normalize_collections
@@ -33,6 +39,8 @@ MAX_FINDING_CHARS = 10_000
 #: Searches repeated with the same arguments after which a run stops and writes its answer
 #: from what it found (``stop_reason="repeated_calls"``).
 MAX_REPEATED_SEARCHES = 2
+#: The ``tool_choice`` of the turn after a text answer was sent back: call ``search``.
+SEARCH_CALL = {"type": "function", "function": {"name": "search"}}
 
 
 class Run:
@@ -68,6 +76,7 @@ class Run:
         ]
         self.done = False
         self.sent_back = False  # a text answer before any search was sent back once
+        self.force_search = False  # the turn after that asks for a search call
         self.searches: dict[str, int] = {}  # each search's arguments -> the turn it ran
         self.repeats = 0
 
@@ -85,7 +94,7 @@ class Run:
                 return
             result.iterations += 1
             try:
-                reply = loop.llm.chat(result.messages, tools=self.schemas)
+                reply = self.controller_turn()
             except LLMError as exc:
                 self.fail(exc)
                 return
@@ -152,6 +161,22 @@ class Run:
                     self.synthesise()
                 return
 
+    def controller_turn(self) -> ToolCompletion:
+        """One controller call. The turn after a text answer was sent back asks for a
+        ``search`` call (``tool_choice``); a provider that refuses that option is asked
+        again without it."""
+        loop = self.loop_
+        if not self.force_search:
+            return loop.llm.chat(self.result.messages, tools=self.schemas)
+        self.force_search = False
+        try:
+            return loop.llm.chat(self.result.messages, tools=self.schemas, tool_choice=SEARCH_CALL)
+        except (LLMTimeout, LLMAuthenticationError):
+            raise
+        except LLMError as exc:
+            logger.info("django_rag loop: the forced search call was refused (%s)", exc)
+            return loop.llm.chat(self.result.messages, tools=self.schemas)
+
     def answers_unread(self, text: str) -> bool:
         """Whether a text answer came before any search, with turns left: it is sent back
         once, asking for a search (small models answer from memory on their first turn; a
@@ -164,6 +189,7 @@ class Run:
         ):
             return False
         self.sent_back = True
+        self.force_search = True
         result.warnings.append("the model answered before searching; it was asked to search")
         result.messages.append(
             {

@@ -401,7 +401,8 @@ class LLM:
         """Tool calling for backends without it: the tools are described in the system
         message, the conversation is flattened into text, and a reply holding
         ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` is read as tool calls (any
-        other reply is text)."""
+        other reply is text). A ``tool_choice`` is not sent: the protocol cannot force one."""
+        options.pop("tool_choice", None)
         flat = tool_protocol_messages(messages, tools)
         completion = self._complete(flat, **options)
         calls: list[ToolCall] = []

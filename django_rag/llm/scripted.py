@@ -86,6 +86,7 @@ class ScriptedLLM(LLM):
         with self._lock:
             self.calls[-1]["messages"] = [dict(m) for m in messages]
             self.calls[-1]["tools"] = [tool["function"]["name"] for tool in tools]
+            self.calls[-1]["options"] = dict(options)
         if isinstance(response, type) and issubclass(response, BaseException):
             response = response("scripted failure")
         if isinstance(response, LLMError):
