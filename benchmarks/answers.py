@@ -105,6 +105,8 @@ LOGGED_FALLBACKS = {
 LOOP_FALLBACKS = {
     "the model answered in text": "loop: answered in text, not with the answer tool",
     "the model asked for": "loop: too many tool calls in one reply",
+    "the model answered before searching": "loop: answered before searching (sent back)",
+    "the model repeated a search": "loop: repeated a search",
 }
 
 
@@ -292,27 +294,49 @@ def report(rows: list[dict], configs: list[str]) -> None:
             )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def endpoint_arguments(parser: argparse.ArgumentParser) -> None:
+    """The data and endpoint options every LLM benchmark on hotpotqa_dev200 takes."""
     parser.add_argument(
         "--data", type=Path, default=ROOT.parent / "shared" / "data" / "hotpotqa_dev200"
     )
     parser.add_argument("--model", default="openai/local")
     parser.add_argument("--api-base", default="http://127.0.0.1:8765/v1")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "local"))
+    parser.add_argument("--report-only", action="store_true")
+
+
+def llm_spec(args) -> dict:
+    """The LLM setting for ``--model`` at ``--api-base``: patient with a slow local model."""
+    return {
+        "model": args.model,
+        "api_base": args.api_base,
+        "api_key": args.api_key,
+        "timeout": 900,
+        "max_retries": 1,
+        "temperature": 0.0,
+    }
+
+
+def dev_questions(data: Path, count: int):
+    """``(queries, qrels, raw records, the first count question ids)`` of the set."""
+    corpus, queries, qrels = load(data, "test")
+    raw = {q["_id"]: q for q in map(json.loads, (data / "queries.jsonl").open())}
+    return corpus, queries, qrels, raw, [q for q in raw if q in qrels][:count]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    endpoint_arguments(parser)
     parser.add_argument("--questions", type=int, default=40)
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--graph", action="store_true", help="also each configuration + graph")
     parser.add_argument("--grounder", default="embedding", help="'embedding', 'nli', 'llm'")
     parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "answers.jsonl")
-    parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
 
-    corpus, queries, qrels = load(args.data, "test")
-    raw = {q["_id"]: q for q in map(json.loads, (args.data / "queries.jsonl").open())}
-    qids = [q for q in raw if q in qrels][: args.questions]
+    corpus, queries, qrels, raw, qids = dev_questions(args.data, args.questions)
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     plan = [(c, False) for c in names] + ([(c, True) for c in names] if args.graph else [])
     labels = [c + (" +graph" if g else "") for c, g in plan]
@@ -324,16 +348,8 @@ def main() -> None:
             row = json.loads(line)
             done[(row["config"], row["qid"])] = row
     if not args.report_only:
-        llm = {
-            "model": args.model,
-            "api_base": args.api_base,
-            "api_key": args.api_key,
-            "timeout": 600,
-            "max_retries": 1,
-            "temperature": 0.0,
-        }
         overrides = {
-            "LLM": llm,
+            "LLM": llm_spec(args),
             "LLM_DEADLINE": 900,
             "AGENT_DEADLINE": 1800,
             "GROUNDER": args.grounder,

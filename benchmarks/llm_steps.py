@@ -46,8 +46,12 @@ django.setup()
 from django.test import override_settings  # noqa: E402
 
 import django_rag as rag  # noqa: E402
-from benchmarks.answers import COLLECTION  # noqa: E402
-from benchmarks.beir import load  # noqa: E402
+from benchmarks.answers import (  # noqa: E402
+    COLLECTION,
+    dev_questions,
+    endpoint_arguments,
+    llm_spec,
+)
 from django_rag.agent import prompts  # noqa: E402
 from django_rag.agent.components import Gatekeeper, Rewriter  # noqa: E402
 from django_rag.answers.grounding.llm import LLMGrounder  # noqa: E402
@@ -133,29 +137,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--data", type=Path, default=ROOT.parent / "shared" / "data" / "hotpotqa_dev200"
-    )
-    parser.add_argument("--model", default="openai/local")
-    parser.add_argument("--api-base", default="http://127.0.0.1:8765/v1")
-    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY", "local"))
+    endpoint_arguments(parser)
     parser.add_argument("--questions", type=int, default=10)
     parser.add_argument("--part", choices=("steps", "rerank", "both"), default="both")
     parser.add_argument("--out", type=Path, default=ROOT / ".cache" / "llm_steps.jsonl")
-    parser.add_argument("--report-only", action="store_true")
     args = parser.parse_args()
 
-    _, queries, qrels = load(args.data, "test")
-    raw = {q["_id"]: q for q in map(json.loads, (args.data / "queries.jsonl").open())}
-    qids = [q for q in raw if q in qrels][: args.questions]
-    base = {
-        "model": args.model,
-        "api_base": args.api_base,
-        "api_key": args.api_key,
-        "timeout": 900,
-        "max_retries": 1,
-        "temperature": 0.0,
-    }
+    _, queries, qrels, raw, qids = dev_questions(args.data, args.questions)
+    base = llm_spec(args)
     llms = {mode: get_llm({**base, "json_mode": mode == "on"}) for mode in ("off", "on")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     done = {}
