@@ -269,7 +269,7 @@ SCHEMA: tuple[Setting, ...] = (
             _s("BM25_B", 0.75, "BM25 b of full-text mode.", NUMBER),
             _s(
                 "BM25_K3",
-                0,
+                8,
                 "BM25 k3: how a word repeated in a full-text query weighs (0: once; None: its "
                 "count).",
                 NUMBER,

@@ -125,7 +125,13 @@ def test_a_repeated_word_ranks_its_document_first_only_when_weighed(settings, or
 
 
 @pytest.mark.sql_statistics
-def test_the_default_counts_a_repeated_word_once(orchard):
+def test_the_default_is_k3_8_and_k3_0_counts_a_repeated_word_once(settings, orchard):
+    by_default = rag.search(QUERY, mode="fulltext", collection="fruit")
+    _search_settings(settings, BM25_K3=8)
+    assert [(r.source_id, r.score) for r in by_default] == [
+        (r.source_id, r.score) for r in rag.search(QUERY, mode="fulltext", collection="fruit")
+    ]
+    _search_settings(settings, BM25_K3=0)
     once = rag.search("apple banana cherry", mode="fulltext", collection="fruit")
     repeated = rag.search(QUERY, mode="fulltext", collection="fruit")
     assert [(r.source_id, r.score) for r in repeated] == [(r.source_id, r.score) for r in once]
