@@ -141,7 +141,7 @@ def previous_fulltext_hits(self, query, *, limit, weights=None, syntax="natural"
     parsed = self._parsed(query, syntax)
     if parsed.match is None:
         return []
-    weights = weights or term_weights(parsed.terms, using=self.db)
+    weights = weights or term_weights(parsed.terms, using=self.db, counts=parsed.counts)
     boosts = weights.boosts(parsed)
     scored = self.without_excluded(parsed).with_bm25(weights, boosts)
     order = sorted(range(len(weights.terms)), key=lambda i: weights.frequencies[i])

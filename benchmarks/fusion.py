@@ -46,12 +46,12 @@ def candidates(text, vector, pool, *, drop_rare_terms=0):
     """(chunk source ids, cosine, BM25, semantic list size, full-text list size) of the union."""
     chunks = Chunk.objects.filter(collection__name="corpus")
     parsed = parse_query(text)
-    weights = term_weights(parsed.terms) if parsed.terms else None
+    weights = term_weights(parsed.terms, counts=parsed.counts) if parsed.terms else None
     if drop_rare_terms and weights and len(weights.terms) > drop_rare_terms:
         by_frequency = sorted(zip(weights.frequencies, weights.terms, strict=True), reverse=True)
         kept = [term for _, term in by_frequency[: len(weights.terms) - drop_rare_terms]]
         parsed = parse_query(" ".join(kept))
-        weights = term_weights(parsed.terms) if parsed.terms else None
+        weights = term_weights(parsed.terms, counts=parsed.counts) if parsed.terms else None
     semantic = chunks.semantic_hits(vector, limit=pool)
     fulltext = chunks.fulltext_hits(parsed, limit=pool, weights=weights) if weights else []
     ids = {pk for pk, _ in semantic} | {pk for pk, _ in fulltext}

@@ -268,6 +268,14 @@ SCHEMA: tuple[Setting, ...] = (
             _s("BM25_K1", 1.2, "BM25 k1 of full-text mode.", NUMBER),
             _s("BM25_B", 0.75, "BM25 b of full-text mode.", NUMBER),
             _s(
+                "BM25_K3",
+                8,
+                "BM25 k3: how a word repeated in a full-text query weighs (0: once; None: its "
+                "count).",
+                NUMBER,
+                nullable=True,
+            ),
+            _s(
                 "SYNTAX",
                 "natural",
                 "How full-text and hybrid modes read a query.",

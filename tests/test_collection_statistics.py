@@ -269,7 +269,7 @@ def _brute_force(query, limit, collection_ids=None):
     rows = Chunk.objects.all()
     if collection_ids is not None:
         rows = rows.filter(collection_id__in=collection_ids)
-    weights = term_weights(parsed.terms, collection_ids=collection_ids)
+    weights = term_weights(parsed.terms, collection_ids=collection_ids, counts=parsed.counts)
     scored = (
         rows.matching(parsed.match)
         .with_bm25(weights, weights.boosts(parsed))

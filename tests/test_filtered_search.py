@@ -165,7 +165,7 @@ def _bm25_all(collection_name, query, limit):
         ]
     else:
         scored = matching.with_bm25(
-            term_weights(parsed.terms, collection_ids=[collection.pk])
+            term_weights(parsed.terms, collection_ids=[collection.pk], counts=parsed.counts)
         ).values_list("fulltext_score", flat=True)
     return [round(s, 5) for s in sorted(scored, reverse=True)[:limit]]
 

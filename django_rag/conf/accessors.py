@@ -149,6 +149,27 @@ def max_query_terms() -> int | None:
     return value
 
 
+def bm25_k3() -> float | None:
+    """``SEARCH["BM25_K3"]``, checked: a finite number >= 0 (how fast the weight of a word
+    repeated in a full-text query saturates; 0: counted once) or None (its raw count); anything
+    else raises :class:`ConfigurationError` (system check E005 reports it at startup)."""
+    value = search_setting("BM25_K3")
+    if value is None:
+        return None
+    number = None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        with contextlib.suppress(OverflowError):
+            number = float(value)
+    if number is None or not math.isfinite(number) or number < 0:
+        raise ConfigurationError(
+            "SEARCH.BM25_K3",
+            value,
+            "must be a finite number >= 0 (0: a word repeated in a query counts once) or None "
+            "(each word weighs its count) (docs/search.md, 'Repeated query words')",
+        )
+    return number
+
+
 def statement_timeout() -> float | None:
     """``SEARCH["STATEMENT_TIMEOUT"]`` in seconds, checked: a positive finite number or None
     (no limit); anything else raises :class:`ConfigurationError` (system check E005)."""
@@ -173,6 +194,7 @@ def check_search_budget() -> None:
     """Raise :class:`ConfigurationError` for an invalid search cost budget setting."""
     max_query_terms()
     statement_timeout()
+    bm25_k3()
 
 
 def check_graph_settings() -> None:

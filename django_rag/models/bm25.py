@@ -6,12 +6,12 @@ query's terms, and the scoring expression.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from django.db import connections
 
-from ..conf import max_query_terms, search_setting
+from ..conf import bm25_k3, max_query_terms, search_setting
 from .fulltext_query import FulltextQuery, quote_terms
 
 
@@ -104,6 +104,26 @@ def term_frequencies(
     return {term: n for term, (n, _, _) in term_statistics(terms, using, collection_ids).items()}
 
 
+def query_term_weight(count: int, k3: float | None) -> float:
+    """How much a word ``count`` times in a query weighs against one there once: BM25's k3
+    rule ``(k3 + 1) count / (k3 + count)``. ``k3`` 0 gives 1 whatever the count (each word
+    counts once); a larger ``k3`` lets repeats weigh more, up to ``k3 + 1`` times; None gives
+    the raw count (as Lucene and bm25s score a query). The one place the rule lives: the SQL
+    backend and the memory store both weigh with it."""
+    count = max(int(count), 1)
+    if k3 is None:
+        return float(count)
+    return (k3 + 1) * count / (k3 + count)
+
+
+def query_term_weights(terms: Sequence[str], counts: Mapping[str, int] | None) -> list[float]:
+    """:func:`query_term_weight` of each of ``terms`` with ``SEARCH["BM25_K3"]`` (a term
+    missing from ``counts`` counts once)."""
+    k3 = bm25_k3()
+    counts = counts or {}
+    return [query_term_weight(counts.get(term, 1), k3) for term in terms]
+
+
 @dataclass
 class TermWeights:
     """BM25 statistics of a query's terms, from the trigger-maintained tables."""
@@ -115,6 +135,14 @@ class TermWeights:
     # Bounds of each term's tf part (None where unknown), see upper_bound.
     max_tf: list[int | None] = field(default_factory=list)
     min_length: list[int | None] = field(default_factory=list)
+    # Each term's weight for its count in the query (query_term_weight; empty: all 1).
+    query_weights: list[float] = field(default_factory=list)
+
+    def scoring(self) -> list[float]:
+        """What each term's tf part is multiplied by: its idf times its query weight."""
+        if len(self.query_weights) != len(self.idf):
+            return list(self.idf)
+        return [idf * q for idf, q in zip(self.idf, self.query_weights, strict=True)]
 
     def upper_bound(self, terms: list[str], boosts=()) -> float:
         """The most a chunk can score from ``terms`` alone, plus every phrase boost (counted
@@ -128,6 +156,7 @@ class TermWeights:
         k1 = float(search_setting("BM25_K1"))
         b = float(search_setting("BM25_B"))
         index = {t: i for i, t in enumerate(self.terms)}
+        scoring = self.scoring()
         total = 0.0
         for term in terms:
             i = index[term]
@@ -139,22 +168,29 @@ class TermWeights:
                 tf = max(tf, 1)
                 norm = k1 * (1 - b + b * max(length, 0) / self.average_length)
                 part = min(tf * (k1 + 1) / (tf + norm), k1 + 1) if tf + norm > 0 else k1 + 1
-            total += self.idf[i] * part
+            total += scoring[i] * part
         total += sum(w for _, w in boosts)
         return total * (1 + 1e-9) + 1e-12
 
     def boosts(self, parsed: FulltextQuery) -> list[tuple[str, float]]:
         """(phrase tsquery, weight) of a natural query's phrases: a chunk holding the phrase
-        scores as if the phrase were one more word, as rare as its words together."""
+        scores as if the phrase were one more word, as rare as its words together (their idf,
+        not weighed by how often the query repeats them: the words' own scores are)."""
         weight = dict(zip(self.terms, self.idf, strict=True))
         return [(q, sum(weight.get(t, 0.0) for t in lexemes)) for q, lexemes in parsed.boosts]
 
 
 def term_weights(
-    terms: list[str], using: str = "default", collection_ids: Sequence[int] | None = None
+    terms: list[str],
+    using: str = "default",
+    collection_ids: Sequence[int] | None = None,
+    *,
+    counts: Mapping[str, int] | None = None,
 ) -> TermWeights:
     """Document frequencies and BM25 inverse document frequencies of ``terms``, from the
-    statistics of the collections ``collection_ids`` (None: the whole database)."""
+    statistics of the collections ``collection_ids`` (None: the whole database), and their
+    query weights for ``counts`` (how many times the query holds each term, see
+    :func:`query_term_weight`; None: each once)."""
     total, total_length, stored = _statistics(terms, using, collection_ids)
     average_length = (total_length / total) if total else 1.0
     frequencies = [max(0, stored[term][0]) if term in stored else 0 for term in terms]
@@ -167,6 +203,7 @@ def term_weights(
         max(average_length, 1.0),
         max_tf=[stored[term][1] if term in stored else None for term in terms],
         min_length=[stored[term][2] if term in stored else None for term in terms],
+        query_weights=query_term_weights(terms, counts),
     )
 
 
@@ -185,6 +222,8 @@ def limit_terms(
     scored most of a 100k-chunk table. A query with more distinct words than the cap keeps the
     most selective ones, those in the fewest chunks (the highest idf: the ones BM25 weighs
     most), ties in query order; words in no chunk go last (they match and score nothing).
+    How often the query repeats a word does not change which words are kept (the cap bounds
+    posting lists, which repeats do not lengthen); the kept words keep their query weights.
     Phrase boosts are kept when all their words are; required phrases and excluded words of
     web-search syntax still apply whole. A query within the cap comes back as it was, so
     normal queries rank exactly as without a cap. ``weights`` (of ``parsed.terms``) are read
@@ -193,7 +232,9 @@ def limit_terms(
     if cap is None or len(parsed.terms) <= cap:
         return parsed, weights
     if weights is None or weights.terms != parsed.terms:
-        weights = term_weights(parsed.terms, using=using, collection_ids=collection_ids)
+        weights = term_weights(
+            parsed.terms, using=using, collection_ids=collection_ids, counts=parsed.counts
+        )
     index = {term: i for i, term in enumerate(weights.terms)}
     position = {term: n for n, term in enumerate(parsed.word_of)}
 
@@ -215,6 +256,7 @@ def limit_terms(
         weights.average_length,
         max_tf=pick(weights.max_tf),
         min_length=pick(weights.min_length),
+        query_weights=pick(weights.query_weights),
     )
     word_of = {term: word for term, word in parsed.word_of.items() if term in kept_set}
     capped = replace(
@@ -225,13 +267,15 @@ def limit_terms(
         words=list(dict.fromkeys(word_of.values())) if parsed.word_of else parsed.words,
         word_of=word_of,
         dropped_terms=len(parsed.terms) - len(kept),
+        counts={term: n for term, n in parsed.counts.items() if term in kept_set},
     )
     return capped, capped_weights
 
 
 def bm25_sql(weights: TermWeights, boosts=()) -> tuple[str, list]:
-    """SQL (with params) computing BM25 for the current ``django_rag_chunk`` row, plus the
-    weight of every ``(phrase tsquery, weight)`` boost the row matches."""
+    """SQL (with params) computing BM25 for the current ``django_rag_chunk`` row (each term's
+    part times its idf and its query weight), plus the weight of every ``(phrase tsquery,
+    weight)`` boost the row matches."""
     k1 = float(search_setting("BM25_K1"))
     b = float(search_setting("BM25_B"))
     sql = (
@@ -243,7 +287,7 @@ def bm25_sql(weights: TermWeights, boosts=()) -> tuple[str, list]:
         "'{a}')) u) m "
         "JOIN unnest(%s::text[], %s::float8[]) AS q(term, idf) ON q.term = m.lexeme)"
     )
-    params = [k1, k1, b, b, weights.average_length, weights.terms, weights.terms, weights.idf]
+    params = [k1, k1, b, b, weights.average_length, weights.terms, weights.terms, weights.scoring()]
     for tsquery, weight in boosts:
         sql += " + (CASE WHEN django_rag_chunk.search_vector @@ %s::tsquery THEN %s ELSE 0 END)"
         params += [tsquery, weight]

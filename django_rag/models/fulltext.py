@@ -33,6 +33,7 @@ from .bm25 import (  # noqa: F401 (re-exported: the statistics readers and BM25 
     bm25_sql,
     corpus_statistics,
     limit_terms,
+    query_term_weight,
     term_frequencies,
     term_statistics,
     term_weights,

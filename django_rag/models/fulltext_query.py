@@ -38,6 +38,9 @@ class FulltextQuery:
     word_of: dict[str, str] = field(default_factory=dict)
     # How many distinct words limit_terms left out (SEARCH["MAX_QUERY_TERMS"]).
     dropped_terms: int = 0
+    # Scoring lexeme -> how many times the query holds it (its query-term frequency, weighted
+    # by SEARCH["BM25_K3"]; a lexeme missing here counts once).
+    counts: dict[str, int] = field(default_factory=dict)
 
 
 def _quote(lexeme: str) -> str:
@@ -101,7 +104,9 @@ def parse_query(
                       SELECT DISTINCT ON (u.lexeme) x.w, x.n, u.lexeme
                       FROM unnest(%(words)s::text[]) WITH ORDINALITY AS x(w, n),
                            unnest(to_tsvector(%(config)s::regconfig, x.w)) AS u
-                      ORDER BY u.lexeme, x.n) s ORDER BY s.n, s.lexeme)
+                      ORDER BY u.lexeme, x.n) s ORDER BY s.n, s.lexeme),
+            ARRAY(SELECT ARRAY[lexeme, coalesce(array_length(positions, 1), 1)::text]
+                  FROM unnest(to_tsvector(%(config)s::regconfig, %(counted)s)))
     """
     params = {
         "config": config,
@@ -110,6 +115,9 @@ def parse_query(
         "excluded": " ".join(excluded),
         "phrase_list": phrases,
         "words": [*free, *" ".join(phrases).split()],
+        # Every scoring word once per occurrence, for the counts (a tsvector keeps at most 256
+        # positions of a lexeme: a count stops there).
+        "counted": " ".join([*free, *phrases]),
     }
     connection = connections[using]
     # Inside a transaction a savepoint keeps a rejected configuration from breaking it; in
@@ -118,9 +126,15 @@ def parse_query(
     try:
         with guard, connection.cursor() as cursor:
             cursor.execute(sql, params)
-            free_terms, phrase_terms, excluded_terms, phrase_queries, phrase_lexemes, pairs = (
-                cursor.fetchone()
-            )
+            (
+                free_terms,
+                phrase_terms,
+                excluded_terms,
+                phrase_queries,
+                phrase_lexemes,
+                pairs,
+                occurrences,
+            ) = cursor.fetchone()
     except (OperationalError, InterfaceError):
         raise  # a lost connection, not a bad configuration: callers and tasks retry it
     except DatabaseError as exc:
@@ -130,6 +144,8 @@ def parse_query(
     terms = list(dict.fromkeys([*free_terms, *phrase_terms]))
     if not terms:
         return FulltextQuery()
+    counted = {lexeme: int(n) for lexeme, n in occurrences}
+    counts = {term: max(counted.get(term, 1), 1) for term in terms}
     # Each scoring lexeme's word, in the order the words come in the query.
     word_of = {lexeme: word for word, lexeme in pairs}
     words = [word for word, _ in pairs]
@@ -146,6 +162,7 @@ def parse_query(
             boosts=boosts,
             words=list(dict.fromkeys(words)),
             word_of=word_of,
+            counts=counts,
         )
     match = " & ".join(f"({q})" for q in phrase_queries) if phrase_queries else quote_terms(terms)
     exclude = quote_terms(excluded_terms) or None
@@ -156,4 +173,5 @@ def parse_query(
         phrases=bool(phrase_queries),
         words=list(dict.fromkeys(words)),
         word_of=word_of,
+        counts=counts,
     )

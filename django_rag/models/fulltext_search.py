@@ -126,7 +126,7 @@ class FulltextSearch:
             parsed, _ = limit_terms(parsed, using=self.db)
             return self._index_hits(parsed, limit)
         weights = weights or term_weights(
-            parsed.terms, using=self.db, collection_ids=statistics_from
+            parsed.terms, using=self.db, collection_ids=statistics_from, counts=parsed.counts
         )
         parsed, weights = limit_terms(parsed, weights)
         boosts = weights.boosts(parsed)

@@ -134,7 +134,9 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
         pool = limit * candidates
         index = bool(parsed.terms) and fulltext_backend(self.db) == "pg_textsearch"
         weights = (
-            term_weights(parsed.terms, using=self.db, collection_ids=statistics_from)
+            term_weights(
+                parsed.terms, using=self.db, collection_ids=statistics_from, counts=parsed.counts
+            )
             if parsed.terms and not index
             else None
         )

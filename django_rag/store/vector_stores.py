@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from ..conf import build_component, get_setting, on_reset, search_setting
+from ..conf import bm25_k3, build_component, get_setting, on_reset, search_setting
 from ..exceptions import UnknownCollection
 from ..fusion import fuse
 from ..models import Chunk, Collection
 from ..models.databases import search_budget, search_db, write_db
-from ..models.fulltext import split_query
+from ..models.fulltext import query_term_weight, split_query
 from ..modes import SearchMode
 from ..results import SearchResult
 
@@ -362,7 +362,9 @@ def bm25_scores(
     if syntax == "natural":
         free, excluded_words = free + excluded_words, []
     phrase_tokens = [t for t in (tokenize(p) for p in phrases) if t]
-    terms = set(tokenize(" ".join(free))) | {t for p in phrase_tokens for t in p}
+    # How many times the query holds each word: weighed with SEARCH["BM25_K3"], as in SQL.
+    occurrences = Counter(tokenize(" ".join(free))) + Counter(t for p in phrase_tokens for t in p)
+    terms = set(occurrences)
     banned = set(tokenize(" ".join(excluded_words)))
     if not terms or not documents:
         return {}, set()
@@ -374,6 +376,9 @@ def bm25_scores(
 
     def idf(term: str) -> float:
         return math.log(1 + (total - frequency[term] + 0.5) / (frequency[term] + 0.5))
+
+    k3 = bm25_k3()
+    weight = {t: idf(t) * query_term_weight(n, k3) for t, n in occurrences.items()}
 
     scores: dict[int, float] = {}
     excluded: set[int] = set()
@@ -388,7 +393,7 @@ def bm25_scores(
         if not counts:
             continue
         scores[index] = sum(
-            idf(t) * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(document) / average))
+            weight[t] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * len(document) / average))
             for t, tf in counts.items()
         )
         if syntax == "natural":
