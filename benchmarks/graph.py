@@ -16,7 +16,7 @@ train sample is built like the test one (300 queries, 600 documents), in its own
 defaults on train, then report test untuned).
 
     python benchmarks/graph.py [--data ../shared/data/scifact] [--split test|train]
-        [--sample-docs 600] [--queries 300] [--extractor capitalized|ner|spacy|llm] [--sweep]
+        [--sample-docs 600] [--queries 300] [--extractor capitalized|ner|spacy|llm] [--llm MODEL --api-base URL] [--sweep]
 
 Each split's sample is one collection (full-text search scoped to it ranks with its own BM25
 statistics); ``DJANGO_RAG_BENCHMARK_DB`` (benchmarks/settings.py) chooses the database.
@@ -365,7 +365,13 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="grid of weights and gates")
     parser.add_argument("--no-build", action="store_true", help="keep the stored graph")
     parser.add_argument("--dump", help="also write the captured lists to this pickle file")
+    parser.add_argument("--llm", help="--extractor llm: a litellm model string, e.g. openai/local")
+    parser.add_argument("--api-base", help="--extractor llm: the model's OpenAI-compatible URL")
     args = parser.parse_args()
+    if args.llm:
+        # The extractor reads DJANGO_RAG["LLM"]; generous timeouts for a slow local model.
+        spec = {"model": args.llm, "api_base": args.api_base, "timeout": 900, "max_retries": 1}
+        override_settings(DJANGO_RAG={"LLM": spec, "LLM_DEADLINE": 900}).enable()
     call_command("migrate", verbosity=0)
     rng = random.Random(7)
     corpus, queries, qrels = load(Path(args.data), args.split)
