@@ -419,6 +419,29 @@ def test_the_forced_search_reaches_the_provider_and_a_refusal_is_asked_again(
     assert choices == ["auto", SEARCH_CALL, "auto", "auto"]
 
 
+def test_a_backend_that_takes_no_options_still_gets_its_turn_after_a_send_back(corpus):
+    """A custom backend whose ``_chat`` takes no options fails on ``tool_choice``: the forced
+    turn is asked again without it."""
+    from django_rag.llm import LLM
+
+    class NoOptions(LLM):
+        model_name = "no-options"
+
+        def __init__(self):
+            self.replies = [
+                ToolCompletion("Thirty days, I think."),
+                ToolCompletion("", tool_calls=[ToolCall("c1", "search", {"query": "refund"})]),
+                ToolCompletion("", tool_calls=[ToolCall("c2", "answer", {"text": "14 days [1]."})]),
+            ]
+
+        def _chat(self, messages, tools):  # no **options
+            return self.replies.pop(0)
+
+    result = rag.Loop("refunds?", llm=NoOptions()).run()
+    assert result.stop_reason == "answer" and result.text == "14 days [1]."
+    assert result.citations[0].chunk.source_id == "refunds" and result.error is None
+
+
 def test_provider_errors_never_raise(corpus):
     llm = ScriptedLLM(("search", {"query": "refunds"}), LLMError("provider down"))
     result = rag.Loop("refunds?", llm=llm).run()

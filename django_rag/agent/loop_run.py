@@ -163,8 +163,8 @@ class Run:
 
     def controller_turn(self) -> ToolCompletion:
         """One controller call. The turn after a text answer was sent back asks for a
-        ``search`` call (``tool_choice``); a provider that refuses that option is asked
-        again without it."""
+        ``search`` call (``tool_choice``); a provider (or a custom backend) that fails on that
+        option is asked again without it."""
         loop = self.loop_
         if not self.force_search:
             return loop.llm.chat(self.result.messages, tools=self.schemas)
@@ -173,8 +173,12 @@ class Run:
             return loop.llm.chat(self.result.messages, tools=self.schemas, tool_choice=SEARCH_CALL)
         except (LLMTimeout, LLMAuthenticationError):
             raise
-        except LLMError as exc:
-            logger.info("django_rag loop: the forced search call was refused (%s)", exc)
+        except Exception as exc:
+            logger.info(
+                "django_rag loop: the forced search call failed (%s: %s); asking without it",
+                type(exc).__name__,
+                scrub_text(exc)[:300],
+            )
             return loop.llm.chat(self.result.messages, tools=self.schemas)
 
     def answers_unread(self, text: str) -> bool:

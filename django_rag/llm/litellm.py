@@ -218,8 +218,8 @@ class LiteLLM(LLM):
     ``json_object=True``) send ``response_format={"type": "json_object"}``: False (the default:
     the replies are parsed tolerantly, which measured as well as JSON mode with a 1.5B model,
     docs/benchmarks.md) never, True always, None when litellm lists ``response_format`` among
-    the model's parameters. A provider that refuses the parameter gets the call again without it, and no
-    JSON mode from this instance after that.
+    the model's parameters. A provider that refuses the parameter gets the call again without
+    it, and no JSON mode from this instance after that.
     """
 
     def __init__(
