@@ -100,14 +100,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for path, pages in scans:
         for dpi in [int(d) for d in args.dpi.split(",")]:
-            done = subprocess.run(
-                [sys.executable, __file__, "--child", str(path), str(dpi)],
-                capture_output=True,
-                text=True,
-                check=True,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
-            )
-            result = json.loads(done.stdout.strip().splitlines()[-1])
+            result = run_child(path, dpi)
             found = set(words(result["text"]))
             share = sum(word in found for word in expected) / len(expected)
             print(

@@ -7,7 +7,6 @@ settings at import time.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import math
@@ -149,6 +148,17 @@ def max_query_terms() -> int | None:
     return value
 
 
+def _finite_number(value) -> float | None:
+    """``value`` as a finite float when it is an int or float (not a bool), else None."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int past float's range
+        return None
+    return number if math.isfinite(number) else None
+
+
 def bm25_k3() -> float | None:
     """``SEARCH["BM25_K3"]``, checked: a finite number >= 0 (how fast the weight of a word
     repeated in a full-text query saturates; 0: counted once) or None (its raw count); anything
@@ -156,11 +166,8 @@ def bm25_k3() -> float | None:
     value = search_setting("BM25_K3")
     if value is None:
         return None
-    number = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        with contextlib.suppress(OverflowError):
-            number = float(value)
-    if number is None or not math.isfinite(number) or number < 0:
+    number = _finite_number(value)
+    if number is None or number < 0:
         raise ConfigurationError(
             "SEARCH.BM25_K3",
             value,
@@ -176,11 +183,8 @@ def statement_timeout() -> float | None:
     value = search_setting("STATEMENT_TIMEOUT")
     if value is None:
         return None
-    number = None
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        with contextlib.suppress(OverflowError):
-            number = float(value)
-    if number is None or not math.isfinite(number) or number <= 0:
+    number = _finite_number(value)
+    if number is None or number <= 0:
         raise ConfigurationError(
             "SEARCH.STATEMENT_TIMEOUT",
             value,
