@@ -121,7 +121,8 @@ def test_unfiltered_search_uses_the_hnsw_index(populated):
 
 def test_index_path_uses_iterative_scans_on_pgvector_08(populated):
     """On the HNSW index with a 1% filter, _approximate is complete by itself: iterative scans
-    on pgvector >= 0.8, a candidate list widened by the selectivity before (capped at 1000)."""
+    on pgvector >= 0.8, a candidate list widened by the selectivity before (capped at 1000).
+    The rows are approximate nearest neighbours, not the exact top 10."""
     from django_rag.conf import search_setting
     from django_rag.models.managers import pgvector_version
 
@@ -142,8 +143,16 @@ def test_index_path_uses_iterative_scans_on_pgvector_08(populated):
         assert "set_config('hnsw.iterative_scan', 'relaxed_order', true)" in sql
         ef_search = search_setting("HNSW_EF_SEARCH")
         assert f"set_config('hnsw.ef_search', '{ef_search}', true)" in sql  # not widened
-        assert len(hits) == 10
-        assert [round(1 - d, 5) for _, d in hits] == _exact_top("small", vector, 10)
+        # Complete: 10 distinct rows of the collection, nearest first. Which 10 is up to the
+        # HNSW graph, whose levels are random per build: over 40 rebuilds 8 to 10 of them
+        # were the exact top 10, so only a nearest-neighbour search's floor is asserted (ten
+        # rows drawn at random from the 50 would share 2 with it on average).
+        assert len({pk for pk, _ in hits}) == 10
+        assert Chunk.objects.filter(pk__in=[pk for pk, _ in hits], collection=small).count() == 10
+        distances = [d for _, d in hits]
+        assert distances == sorted(distances)
+        exact = _exact_top("small", vector, 10)
+        assert len({round(1 - d, 5) for d in distances} & set(exact)) >= 6
     else:
         assert "iterative_scan" not in sql
         assert "set_config('hnsw.ef_search', '1000', true)" in sql  # 2 * 10 / 1%, capped
