@@ -37,6 +37,7 @@ class Setting:
     choices: tuple[Any, ...] = ()
     nullable: bool = False
     keys: tuple[Setting, ...] = ()  # a section: a dict of these keys, merged over defaults
+    secret: bool = False  # an error about the key never repeats its value
 
     @property
     def is_section(self) -> bool:
@@ -90,11 +91,17 @@ class Setting:
         else:
             ok = True
         if not ok:
-            raise ConfigurationError(path, value, f"must be {self.accepts()}")
+            shown = HIDDEN if self.secret else value
+            raise ConfigurationError(path, shown, f"must be {self.accepts()}")
 
 
-def _s(name, default, doc, types=(), *, choices=(), nullable=False, keys=()) -> Setting:
-    return Setting(name, default, doc, types, tuple(choices), nullable, tuple(keys))
+HIDDEN = "<hidden>"
+
+
+def _s(
+    name, default, doc, types=(), *, choices=(), nullable=False, keys=(), secret=False
+) -> Setting:
+    return Setting(name, default, doc, types, tuple(choices), nullable, tuple(keys), secret)
 
 
 MiB = 1024 * 1024
@@ -615,6 +622,14 @@ SCHEMA: tuple[Setting, ...] = (
                 4,
                 "Tool calls run at once (more wait their turn).",
                 INTEGER,
+            ),
+            _s(
+                "TOKENS",
+                [],
+                "Bearer tokens an HTTP client must send one of ([]: none asked for; loopback "
+                "only unless --allow-remote).",
+                (list, tuple),
+                secret=True,
             ),
         ),
     ),

@@ -207,6 +207,63 @@ def test_streamable_http_search_and_dns_rebinding_protection():
         process.wait(timeout=30)
 
 
+TOKEN = "k3Jq9-vX_2mPzT8wLr5uYc0bNe7sHa4d"
+OLD_TOKEN = "Zt0ld-TokenStillAcceptedWhileRotating"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_http_with_tokens_serves_a_remote_host_and_refuses_requests_without_one():
+    pytest.importorskip("mcp", reason=NO_SDK)
+    import httpx
+    from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
+
+    chunk = corpus()
+    port = free_port()
+    process = subprocess.Popen(
+        # 0.0.0.0 is not a loopback address: with tokens set, no --allow-remote is needed.
+        [sys.executable, "-m", "django", "rag_mcp", "--transport", "http", "--host", "0.0.0.0"]
+        + ["--port", str(port)],
+        cwd=ROOT,
+        env=child_env({"COLLECTIONS": ["handbook"], "TOKENS": [TOKEN, OLD_TOKEN]}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    try:
+        wait_for_port(port, process)
+        initialize = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "probe", "version": "1"},
+            },
+        }
+        headers = {"Accept": "application/json, text/event-stream"}
+        for sent in ({}, {"Authorization": "Bearer " + TOKEN[:-1] + "x"}, {"Authorization": TOKEN}):
+            response = httpx.post(url, json=initialize, headers={**headers, **sent})
+            assert response.status_code == 401, (sent, response.text)
+            assert response.headers["WWW-Authenticate"].startswith("Bearer")
+            assert TOKEN not in response.text
+
+        for token in (TOKEN, OLD_TOKEN):
+            client = create_mcp_http_client(headers={"Authorization": f"Bearer {token}"})
+            tools, (found,) = run_client(
+                streamable_http_client(url, http_client=client),
+                [("search", {"query": "refunds warehouse"})],
+            )
+            assert [tool.name for tool in tools] == ["search", "ask"]
+            assert found.structured_content["results"][0]["chunk_id"] == chunk.pk
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=30)
+    assert "bearer token from MCP.TOKENS required" in stderr
+    assert TOKEN not in stderr and OLD_TOKEN not in stderr
+
+
 # --- in-process: the tools' checks ---------------------------------------------------------
 
 
@@ -225,17 +282,55 @@ def config(**mcp):
         ({"COLLECTIONS": ["a"], "TOOLS": ["ingest_text"]}, "needs MCP.INGEST_COLLECTIONS"),
         ({"COLLECTIONS": ["a"], "INGEST_COLLECTIONS": ["*"]}, "is not a collection name"),
         ({"COLLECTIONS": ["a"], "MAX_RESULTS": 0}, "must be 1 or more"),
+        (
+            {"COLLECTIONS": ["a"], "TOKENS": TOKEN},
+            "TOKENS'] = '<hidden>' is invalid: must be a list",
+        ),
+        ({"COLLECTIONS": ["a"], "TOKENS": [TOKEN, TOKEN[:20]]}, "token 2 is not a bearer token"),
+        ({"COLLECTIONS": ["a"], "TOKENS": [TOKEN + " x"]}, "token 1 is not a bearer token"),
+        ({"COLLECTIONS": ["a"], "TOKENS": [TOKEN + "\n"]}, "token 1 is not a bearer token"),
+        ({"COLLECTIONS": ["a"], "TOKENS": [None]}, "token 1 is not a bearer token"),
     ],
 )
 def test_bad_mcp_settings_fail_before_anything_is_served(mcp, message):
-    with pytest.raises(ConfigurationError, match=message):
+    with pytest.raises(ConfigurationError, match=message) as caught:
         config(**mcp)
+    assert TOKEN[:20] not in str(caught.value)
+
+
+def test_tokens_are_never_repeated_by_the_settings_check_or_the_config():
+    from django_rag.checks import check_settings
+
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "MCP": {"TOKENS": TOKEN}}):
+        errors = check_settings()
+    assert any("MCP" in error.msg and "TOKENS" in error.msg for error in errors), errors
+    assert all(TOKEN not in error.msg for error in errors)
+    assert TOKEN not in repr(config(COLLECTIONS=["a"], TOKENS=[TOKEN]))
+
+
+def test_the_token_verifier_accepts_each_configured_token_and_nothing_else():
+    pytest.importorskip("mcp", reason=NO_SDK)
+    import anyio
+
+    from django_rag.mcp.server import StaticTokens
+
+    verifier = StaticTokens([TOKEN, OLD_TOKEN])
+
+    def verify(token):
+        return anyio.run(verifier.verify_token, token)
+
+    assert verify(TOKEN).client_id == "MCP.TOKENS[0]"
+    assert verify(OLD_TOKEN).client_id == "MCP.TOKENS[1]"
+    for wrong in ("", TOKEN[:-1], TOKEN + "x", TOKEN.upper(), " " + TOKEN, "é" * 40):
+        assert verify(wrong) is None
 
 
 @pytest.mark.django_db
 def test_the_command_refuses_a_remote_host_and_an_unconfigured_scope():
-    with pytest.raises(CommandError, match="not a loopback address"):
-        call_command("rag_mcp", "--transport", "http", "--host", "0.0.0.0")
+    mcp = {"COLLECTIONS": ["handbook"]}
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "MCP": mcp}):
+        with pytest.raises(CommandError, match="not a loopback address.*MCP.TOKENS"):
+            call_command("rag_mcp", "--transport", "http", "--host", "0.0.0.0")
     with override_settings(DJANGO_RAG={"EMBEDDER": "hashing"}):
         with pytest.raises(CommandError, match=r"MCP.COLLECTIONS"):
             call_command("rag_mcp", "--transport", "http")

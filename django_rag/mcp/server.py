@@ -8,7 +8,9 @@ and an unknown argument must be refused, not ignored.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
+from collections.abc import Sequence
 from typing import Any
 
 from ..exceptions import MissingDependency
@@ -109,15 +111,57 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def http_app(server, *, host: str, path: str = "/mcp"):
+class StaticTokens:
+    """The SDK's token verifier for ``MCP.TOKENS``: a request is let in when its bearer token
+    is one of them. Every token is compared in constant time, so how long a refusal takes
+    says nothing of how much of a token was right."""
+
+    def __init__(self, tokens: Sequence[str]):
+        self._tokens = [token.encode() for token in tokens]
+
+    async def verify_token(self, token: str) -> Any:
+        from mcp.server.auth.provider import AccessToken
+
+        sent = token.encode()
+        matched = None
+        for number, known in enumerate(self._tokens, start=1):
+            if hmac.compare_digest(sent, known) and matched is None:
+                matched = number
+        if matched is None:
+            return None
+        # The client id names the token's place in the list, never the token.
+        return AccessToken(token=token, client_id=f"MCP.TOKENS[{matched - 1}]", scopes=[])
+
+
+def http_app(server, *, host: str, path: str = "/mcp", tokens: Sequence[str] = ()):
     """The ASGI app serving ``server`` over streamable HTTP at ``path``. On a loopback
-    ``host`` the SDK checks the Host and Origin headers (DNS rebinding protection)."""
-    return server.streamable_http_app(streamable_http_path=path, host=host)
+    ``host`` the SDK checks the Host and Origin headers (DNS rebinding protection). With
+    ``tokens``, a request without ``Authorization: Bearer`` and one of them gets the SDK's
+    401 (the SDK's bearer middleware, given :class:`StaticTokens` as its verifier)."""
+    if not tokens:
+        return server.streamable_http_app(streamable_http_path=path, host=host)
+    from mcp.server.auth.settings import AuthSettings
+
+    # No authorization server is offered (the tokens are configured, not issued), so the
+    # issuer URL is never published; the SDK only requires one.
+    auth = AuthSettings(issuer_url="http://localhost", resource_server_url=None)
+    return server.streamable_http_app(
+        streamable_http_path=path, host=host, auth=auth, token_verifier=StaticTokens(tokens)
+    )
 
 
-def serve_http(server, *, host: str, port: int, path: str = "/mcp", log_level: str = "warning"):
+def serve_http(
+    server,
+    *,
+    host: str,
+    port: int,
+    path: str = "/mcp",
+    tokens: Sequence[str] = (),
+    log_level: str = "warning",
+):
     """Serve ``server`` over streamable HTTP on ``host:port`` until interrupted."""
     _sdk()
     import uvicorn
 
-    uvicorn.run(http_app(server, host=host, path=path), host=host, port=port, log_level=log_level)
+    app = http_app(server, host=host, path=path, tokens=tokens)
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..answers.service import ask as ask_service
@@ -29,6 +29,7 @@ from ..models import Collection
 from ..modes import SearchMode
 from ..results import SearchResult
 from ..retrieval.service import search as search_service
+from ..settings_schema import HIDDEN
 from ..validation import clean_collection_name, clean_query
 
 logger = logging.getLogger("django_rag.mcp")
@@ -42,6 +43,10 @@ MAX_TITLE_CHARS = 500
 MAX_SOURCE_ID_CHARS = 512
 # How much of a rejected argument name an error repeats.
 _SHOWN = 40
+# A bearer token shorter than this is guessable; longer than this is not a token.
+MIN_TOKEN_CHARS = 24
+MAX_TOKEN_CHARS = 512
+_TOKEN_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~+/=")
 
 
 @dataclass(frozen=True)
@@ -49,7 +54,8 @@ class McpConfig:
     """The ``MCP`` settings, checked once when the server is built.
 
     ``collections``: the names the tools may read, or None for every collection (``"*"``);
-    ``ingest_collections``: the names ``ingest_text`` may write to (never ``"*"``)."""
+    ``ingest_collections``: the names ``ingest_text`` may write to (never ``"*"``);
+    ``tokens``: the bearer tokens an HTTP client must send one of (empty: none asked for)."""
 
     collections: tuple[str, ...] | None
     tools: tuple[str, ...]
@@ -57,6 +63,7 @@ class McpConfig:
     max_results: int
     max_ingest_chars: int
     max_concurrent_calls: int
+    tokens: tuple[str, ...] = field(default=(), repr=False)
 
     @classmethod
     def from_settings(cls) -> McpConfig:
@@ -102,8 +109,28 @@ class McpConfig:
             collections=collections,
             tools=tuple(dict.fromkeys(tools)),
             ingest_collections=ingest,
+            tokens=_tokens(setting("TOKENS")),
             **numbers,
         )
+
+
+def _tokens(value: Any) -> tuple[str, ...]:
+    """``MCP.TOKENS`` (a list: the settings schema checked) checked token by token; an error
+    never repeats a token (errors end up in logs)."""
+    for position, token in enumerate(value):
+        if (
+            not isinstance(token, str)
+            or not MIN_TOKEN_CHARS <= len(token) <= MAX_TOKEN_CHARS
+            or not set(token) <= _TOKEN_CHARS
+        ):
+            raise ConfigurationError(
+                "MCP.TOKENS",
+                HIDDEN,
+                f"token {position + 1} is not a bearer token of {MIN_TOKEN_CHARS} to "
+                f"{MAX_TOKEN_CHARS} letters, digits or -._~+/=: generate one with "
+                "python -c 'import secrets; print(secrets.token_urlsafe(32))'",
+            )
+    return tuple(dict.fromkeys(value))
 
 
 def _names(setting: str, value: Any) -> tuple[str, ...]:

@@ -3,6 +3,7 @@ from django.core.management.base import CommandError
 from django_rag.exceptions import RagError
 from django_rag.management.progress import RagCommand
 from django_rag.mcp.server import build_server, is_loopback, serve_http, serve_stdio
+from django_rag.mcp.tools import McpConfig
 
 
 class Command(RagCommand):
@@ -28,19 +29,12 @@ class Command(RagCommand):
         parser.add_argument(
             "--allow-remote",
             action="store_true",
-            help="HTTP: allow a non-loopback --host. The server has no authentication of its "
-            "own: put it behind a proxy that authenticates (docs/mcp.md)",
+            help="HTTP: allow a non-loopback --host without DJANGO_RAG['MCP']['TOKENS'], behind "
+            "a proxy that authenticates clients (docs/mcp.md)",
         )
 
     def handle(self, *args, transport, host, port, path, allow_remote, **options):
         if transport == "http":
-            if not is_loopback(host) and not allow_remote:
-                raise CommandError(
-                    f"--host {host} is not a loopback address and the MCP server has no "
-                    "authentication of its own: anyone who reaches the port could read the "
-                    "allowed collections. Pass --allow-remote once a proxy in front of it "
-                    "authenticates clients."
-                )
             if not 0 < port < 65536:
                 raise CommandError(f"--port must be from 1 to 65535, got {port}")
             if not path.startswith("/"):
@@ -51,11 +45,20 @@ class Command(RagCommand):
         finally:
             self.stdout = stdout
         try:
-            server = build_server()
+            config = McpConfig.from_settings()
+            server = build_server(config)
         except RagError as exc:
             raise CommandError(str(exc)) from exc
         if transport == "stdio":
             serve_stdio(server)
             return
-        self.stderr.write(f"MCP server on http://{host}:{port}{path} (Ctrl+C to stop)")
-        serve_http(server, host=host, port=port, path=path)
+        if not (is_loopback(host) or config.tokens or allow_remote):
+            raise CommandError(
+                f"--host {host} is not a loopback address and DJANGO_RAG['MCP']['TOKENS'] is "
+                "empty: anyone who reaches the port could read the allowed collections. Set "
+                "MCP.TOKENS (clients send 'Authorization: Bearer TOKEN'), or pass "
+                "--allow-remote once a proxy in front of it authenticates clients."
+            )
+        guard = "a bearer token from MCP.TOKENS required" if config.tokens else "no token asked for"
+        self.stderr.write(f"MCP server on http://{host}:{port}{path} ({guard}; Ctrl+C to stop)")
+        serve_http(server, host=host, port=port, path=path, tokens=config.tokens)
