@@ -151,6 +151,26 @@ def clean_collection_name(collection: Any) -> str:
     return clean_string(name, "collection", max_length=255)
 
 
+def clean_collection_names(collection: Any) -> list[str] | None:
+    """``collection`` as a list of names (None: no collection named), each checked as
+    :func:`clean_collection_name` checks one; a bytes, dict or non-iterable value is refused."""
+    if collection is None:
+        return None
+    if isinstance(collection, str):
+        names = [collection]
+    elif isinstance(collection, bytes | bytearray | dict) or not hasattr(collection, "__iter__"):
+        raise InvalidOption(
+            f"collection must be a name or a list of names, got {type(collection).__name__}"
+        )
+    else:
+        names = list(collection)
+    for name in names:
+        if not isinstance(name, str) or not name:
+            raise InvalidOption(f"collection names must be non-empty strings, got {name!r}")
+        clean_collection_name(name)
+    return names
+
+
 def clean_source_id(source_id: Any) -> str:
     if source_id is None:
         return ""

@@ -104,6 +104,9 @@ def test_list_documents_newest_first_filtered_and_paged():
         ({"status": "done"}, "status must be one of pending, processing, completed, failed"),
         ({"collection": 3}, "collection must be a name or a list of names"),
         ({"collection": [""]}, "collection names must be non-empty strings"),
+        # The same name checks as search (one function): blank or over 255 characters.
+        ({"collection": ["ok", " "]}, "collection must be a non-empty name of at most 255"),
+        ({"collection": "x" * 256}, "collection must be a non-empty name of at most 255"),
     ],
 )
 def test_list_documents_refuses_bad_options_with_a_typed_error(options, message):

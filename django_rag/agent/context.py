@@ -14,9 +14,8 @@ from ..llm import Usage
 from ..models import Collection
 from ..models.databases import search_db
 from ..results import Grounding, SearchResult
-from ..retrieval.request import normalize_collections
 from ..retrieval.service import check_search_options as check_options
-from ..validation import clean_query
+from ..validation import clean_collection_names, clean_query
 
 # What the agent sets itself on every search: never a search option of the caller's.
 _OWN_OPTIONS = frozenset({"query", "limit", "threshold", "collection"})
@@ -129,7 +128,7 @@ class Context:
         self.question = clean_query(self.question)
         check_search_options(self.search_options, "Agent")
         if self.scope is not None:
-            names = normalize_collections(self.scope)
+            names = clean_collection_names(self.scope)
             if not names:
                 raise InvalidOption("collection must be a name or a non-empty list of names")
             self.scope = list(dict.fromkeys(names))

@@ -21,10 +21,9 @@ from ..exceptions import (
 from ..llm import ToolCall, ToolCompletion, tool_message
 from ..llm.parsing import value_too_large
 from ..results import SearchResult
-from ..retrieval.request import normalize_collections
 from ..retrieval.service import search_request
 from ..signals import span
-from ..validation import clean_query
+from ..validation import clean_collection_names, clean_query
 from . import prompts
 from .loop_tools import LoopResult, ToolError, ToolStep, _check_arguments
 
@@ -356,7 +355,7 @@ class Run:
                 )
             request = replace(
                 request,
-                collections=tuple(normalize_collections(collection) or ()),
+                collections=tuple(clean_collection_names(collection) or ()),
                 collection_ids=(
                     (loop.collection_ids[collection],) if loop.scope is not None else None
                 ),

@@ -20,10 +20,10 @@ from ..exceptions import InvalidInput, InvalidOption, LLMError, UnknownCollectio
 from ..llm import collect_usage, get_llm
 from ..models import Collection, Relevance, Run, TestCase
 from ..results import Answer, SearchResult
-from ..retrieval.request import MAX_LIMIT, normalize_collections, normalize_mode
+from ..retrieval.request import MAX_LIMIT, normalize_mode
 from ..retrieval.service import search
 from ..signals import span
-from ..validation import clean_positive_int, clean_source_id
+from ..validation import clean_collection_names, clean_positive_int, clean_source_id
 from . import prompts
 from .metrics import METRIC_NAMES, aggregate, case_metrics, paired_difference
 
@@ -308,7 +308,7 @@ def run_evaluation(
     ``evaluation.case`` telemetry event.
     """
     mode = normalize_mode(mode).value
-    names = normalize_collections(collection)
+    names = clean_collection_names(collection)
     clean_positive_int("limit", limit, maximum=MAX_LIMIT)
     source_id = clean_source_id(source_id) or None
     check_collections(names)

@@ -10,27 +10,12 @@ from django.db.models import QuerySet
 
 from ..exceptions import DocumentNotFound, InvalidOption
 from ..models import Document
-from ..validation import clean_int, clean_metadata, clean_source_id
+from ..validation import clean_collection_names, clean_int, clean_metadata, clean_source_id
 
 #: The largest page :func:`list_documents` returns.
 MAX_PAGE = 1000
 DEFAULT_PAGE = 50
 STATUSES = tuple(Document.Status.values)
-
-
-def _names(collection: str | Sequence[str] | None) -> list[str] | None:
-    if collection is None:
-        return None
-    names = [collection] if isinstance(collection, str) else collection
-    if isinstance(names, bytes | bytearray | dict) or not hasattr(names, "__iter__"):
-        raise InvalidOption(
-            f"collection must be a name or a list of names, got {type(collection).__name__}"
-        )
-    names = list(names)
-    for name in names:
-        if not isinstance(name, str) or not name:
-            raise InvalidOption(f"collection names must be non-empty strings, got {name!r}")
-    return names
 
 
 def _documents(
@@ -40,7 +25,7 @@ def _documents(
     metadata: dict[str, Any] | None,
 ) -> QuerySet[Document]:
     documents = Document.objects.all()
-    names = _names(collection)
+    names = clean_collection_names(collection)
     if names is not None:
         # An unknown name matches nothing (as in Arcana): the list never widens to every
         # collection, and counting a collection not created yet is 0, not an error.

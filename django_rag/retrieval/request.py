@@ -18,7 +18,7 @@ from ..modes import ALIASES as _ALIASES
 from ..modes import MODES as _MODES
 from ..modes import SearchMode
 from ..validation import (
-    clean_collection_name,
+    clean_collection_names,
     clean_int,
     clean_metadata,
     clean_number,
@@ -90,24 +90,6 @@ def normalize_mode(mode: str | None) -> SearchMode:
     return SearchMode.parse(search_setting("MODE") if mode is None else mode)
 
 
-def normalize_collections(collection: Any) -> list[str] | None:
-    if collection is None:
-        return None
-    if isinstance(collection, str):
-        names = [collection]
-    elif isinstance(collection, bytes | bytearray | dict) or not hasattr(collection, "__iter__"):
-        raise InvalidOption(
-            f"collection must be a name or a list of names, got {type(collection).__name__}"
-        )
-    else:
-        names = list(collection)
-    for name in names:
-        if not isinstance(name, str) or not name:
-            raise InvalidOption(f"collection names must be non-empty strings, got {name!r}")
-        clean_collection_name(name)
-    return names
-
-
 def _number(name: str, value: Any, *, minimum: float = 0.0) -> Any:
     return clean_number(name, value, minimum=minimum)
 
@@ -156,7 +138,7 @@ def build_request(
         clean_positive_int("hnsw_ef_search", hnsw_ef_search, maximum=MAX_EF_SEARCH)
     context_window = search_setting("CONTEXT_WINDOW") if context_window is None else context_window
     clean_int("context_window", context_window, minimum=0, maximum=MAX_CONTEXT_WINDOW)
-    names = normalize_collections(collection)
+    names = clean_collection_names(collection)
     return SearchRequest(
         query=query,
         mode=search_mode,

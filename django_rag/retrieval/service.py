@@ -29,7 +29,6 @@ from .request import (  # noqa: F401 (re-exported: the request's names are impor
     MODES,
     SearchRequest,
     build_request,
-    normalize_collections,
     normalize_mode,
     request_option_names,
     resolve_scope,

@@ -8,8 +8,8 @@ from django_rag.exceptions import RagError, UnknownCollection
 from django_rag.management.progress import RagCommand
 from django_rag.models import Collection
 from django_rag.models.databases import search_db
-from django_rag.retrieval.request import normalize_collections, normalize_mode
-from django_rag.validation import finite_float_arg, positive_int_arg
+from django_rag.retrieval.request import normalize_mode
+from django_rag.validation import clean_collection_names, finite_float_arg, positive_int_arg
 
 PIPELINE_FLAGS = ("gate", "rewrite", "select", "expand", "decompose", "reason", "rerank")
 
@@ -110,7 +110,7 @@ class Command(RagCommand):
         collections (a pipeline's gate or rewrite step would otherwise call the LLM first)."""
         if options["mode"] is not None:
             normalize_mode(options["mode"])
-        names = normalize_collections(options["collection"])
+        names = clean_collection_names(options["collection"])
         if names:
             known = set(
                 Collection.objects.using(search_db())
