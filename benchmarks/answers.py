@@ -49,8 +49,9 @@ from django.core.management import call_command  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
 import django_rag as rag  # noqa: E402
-from benchmarks.beir import load, passage  # noqa: E402
+from benchmarks.beir import load  # noqa: E402
 from django_rag.answers.grounding import get_grounder  # noqa: E402
+from django_rag.evaluation.beir import corpus_document  # noqa: E402
 from django_rag.evaluation.metrics import bootstrap_interval, paired_difference  # noqa: E402
 from django_rag.models import Document  # noqa: E402
 
@@ -238,10 +239,7 @@ def ensure_corpus(corpus) -> dict:
         Document.objects.filter(collection__name=COLLECTION).delete()
         start = time.perf_counter()
         rag.ingest_many(
-            (
-                {"text": passage(doc), "source_id": doc["_id"], "title": doc["title"]}
-                for doc in corpus
-            ),
+            (corpus_document(doc) for doc in corpus),
             collection=COLLECTION,
         )
         print(f"stored {len(corpus)} paragraphs in {time.perf_counter() - start:.0f} s")

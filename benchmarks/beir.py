@@ -36,7 +36,7 @@ from django.db import connection  # noqa: E402
 import django_rag as rag  # noqa: E402
 from django_rag.conf import search_setting  # noqa: E402
 from django_rag.embeddings import Embedder, get_embedder  # noqa: E402
-from django_rag.evaluation.beir import read_qrels  # noqa: E402
+from django_rag.evaluation.beir import corpus_document, read_qrels  # noqa: E402
 from django_rag.evaluation.metrics import (  # noqa: E402
     bootstrap_interval,
     ndcg,
@@ -98,10 +98,6 @@ def ms(seconds: float) -> float:
     return seconds * 1000
 
 
-def passage(doc) -> str:
-    return f"{doc['title']}\n\n{doc['text']}".strip()
-
-
 def wipe():
     Chunk.objects.all().delete()
     Document.objects.all().delete()
@@ -111,7 +107,7 @@ def wipe():
 def ingest_corpus(corpus, embedder, encoder_sample: int):
     start = time.perf_counter()
     rag.ingest_many(
-        ({"text": passage(doc), "source_id": doc["_id"], "title": doc["title"]} for doc in corpus),
+        (corpus_document(doc) for doc in corpus),
         collection="corpus",
     )
     seconds = time.perf_counter() - start
@@ -128,7 +124,7 @@ def ingest_corpus(corpus, embedder, encoder_sample: int):
     encoder_rate = len(texts) / (time.perf_counter() - begin)
     # Every 100th document again, in a collection holding about 1% of the chunks.
     for doc in corpus[::100]:
-        rag.ingest(passage(doc), collection="one-percent", source_id=doc["_id"], title=doc["title"])
+        rag.ingest(**corpus_document(doc), collection="one-percent")
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE")
     return {

@@ -54,6 +54,7 @@ from django.core.management import call_command  # noqa: E402
 import django_rag as rag  # noqa: E402
 from benchmarks.beir import percentile  # noqa: E402
 from django_rag import conf  # noqa: E402
+from django_rag.evaluation.beir import corpus_document  # noqa: E402
 from django_rag.models import Collection, Document  # noqa: E402
 from django_rag.signals import operation_finished  # noqa: E402
 from django_rag.testing import ScriptedLLM  # noqa: E402
@@ -97,10 +98,7 @@ def ensure_corpus(corpus) -> None:
     Collection.objects.filter(name=COLLECTION).delete()
     start = time.perf_counter()
     rag.ingest_many(
-        (
-            {"text": f"{d['title']}\n\n{d['text']}", "source_id": d["_id"], "title": d["title"]}
-            for d in corpus
-        ),
+        (corpus_document(d) for d in corpus),
         collection=COLLECTION,
     )
     print(f"ingested {len(corpus)} paragraphs in {time.perf_counter() - start:.0f} s")

@@ -46,11 +46,11 @@ from benchmarks.beir import (  # noqa: E402
     metrics,
     ms,
     pad_to,
-    passage,
     percentile,
     wipe,
 )
 from django_rag.embeddings import get_embedder  # noqa: E402
+from django_rag.evaluation.beir import corpus_document  # noqa: E402
 from django_rag.models import Chunk, Collection, Document  # noqa: E402
 from django_rag.models.managers import pgvector_version  # noqa: E402
 from django_rag.models.textsearch import (  # noqa: E402
@@ -197,10 +197,7 @@ def main():
             copy_corpus(args.copy_from)
         else:
             rag.ingest_many(
-                (
-                    {"text": passage(doc), "source_id": doc["_id"], "title": doc["title"]}
-                    for doc in corpus
-                ),
+                (corpus_document(doc) for doc in corpus),
                 collection="corpus",
             )
     with connection.cursor() as cursor:

@@ -45,8 +45,9 @@ from django.core.management import call_command  # noqa: E402
 from django.test import override_settings  # noqa: E402
 
 import django_rag as rag  # noqa: E402
-from benchmarks.beir import load, metrics, passage  # noqa: E402
+from benchmarks.beir import load, metrics  # noqa: E402
 from django_rag.conf import graph_number  # noqa: E402
+from django_rag.evaluation.beir import corpus_document  # noqa: E402
 from django_rag.evaluation.metrics import bootstrap_interval, paired_difference  # noqa: E402
 from django_rag.graph import build_graph  # noqa: E402
 from django_rag.graph import extractors as graph_extractors  # noqa: E402
@@ -384,7 +385,7 @@ def main() -> None:
     if not Collection.objects.filter(name=collection).exists():
         start = time.perf_counter()
         rag.ingest_many(
-            [{"text": passage(d), "source_id": d["_id"], "title": d["title"]} for d in docs],
+            [corpus_document(d) for d in docs],
             collection=collection,
         )
         print(f"ingest: {len(docs)} documents in {time.perf_counter() - start:.0f} s")

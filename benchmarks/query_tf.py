@@ -44,7 +44,7 @@ os.environ.setdefault(
 )
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from beir import ROOT, CachedQueries, load, metrics, passage  # noqa: E402  (sets up Django)
+from beir import ROOT, CachedQueries, load, metrics  # noqa: E402  (sets up Django)
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
@@ -53,6 +53,7 @@ from django.test import override_settings  # noqa: E402
 import django_rag as rag  # noqa: E402
 from django_rag.conf import max_query_terms  # noqa: E402
 from django_rag.embeddings import get_embedder  # noqa: E402
+from django_rag.evaluation.beir import corpus_document  # noqa: E402
 from django_rag.evaluation.metrics import bootstrap_interval, paired_difference  # noqa: E402
 from django_rag.models import Chunk, Collection, Document  # noqa: E402
 
@@ -110,11 +111,7 @@ def ingest(corpus, cut) -> None:
         start = time.perf_counter()
         rag.ingest_many(
             (
-                {
-                    "text": passage({**doc, "text": texts.get(doc["_id"], doc["text"])}),
-                    "source_id": doc["_id"],
-                    "title": doc["title"],
-                }
+                corpus_document({**doc, "text": texts.get(doc["_id"], doc["text"])})
                 for doc in corpus
             ),
             collection=name,

@@ -278,6 +278,24 @@ def write_beir(path):
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize("headers", [True, False])
+def test_beir_import_embeds_and_indexes_each_title_once(tmp_path, settings, headers):
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "CHUNK_HEADERS": headers}
+    path = write_beir(tmp_path / "mini")
+    with (path / "corpus.jsonl").open("a") as f:
+        f.write(json.dumps({"_id": "d7", "title": "Title only", "text": ""}) + "\n")
+    import_beir(path, collection="mini")
+    for doc_id, title, text in CORPUS:
+        chunk = Chunk.objects.get(document__source_id=doc_id)
+        assert chunk.document.title == title
+        if headers:  # the header carries the title; the stored text is the document's own
+            assert (chunk.text, chunk.metadata.get("header")) == (text, title)
+        else:
+            assert (chunk.text, chunk.metadata.get("header")) == (f"{title}\n\n{text}", None)
+    assert Chunk.objects.get(document__source_id="d7").text == "Title only"
+
+
+@pytest.mark.django_db
 def test_beir_import_counts_and_reimport(tmp_path):
     path = write_beir(tmp_path / "mini")
     counts = import_beir(path, collection="mini")

@@ -10,6 +10,7 @@ from pathlib import Path
 from django.db import transaction
 
 from ..exceptions import FileNotFound, InvalidInput
+from ..ingestion.headers import headers_enabled
 from ..ingestion.service import ingest_many
 from ..models import Collection, Relevance, TestCase
 
@@ -24,6 +25,17 @@ def _read_jsonl(path: Path) -> list[dict]:
                 except ValueError as exc:
                     raise InvalidInput(f"{path}:{number} is not valid JSON: {exc}") from exc
     return rows
+
+
+def corpus_document(doc: dict) -> dict[str, str]:
+    """One BEIR corpus row as :func:`~django_rag.ingestion.service.ingest` arguments, with its
+    title embedded and indexed once: as the chunk header when ``CHUNK_HEADERS`` is on, else
+    written before the text (a row with no text is its title)."""
+    title = str(doc.get("title") or "").strip()
+    text = str(doc.get("text") or "").strip()
+    if not headers_enabled() or not text:
+        text = f"{title}\n\n{text}".strip()
+    return {"text": text, "title": title, "source_id": str(doc["_id"])}
 
 
 def read_qrels(path: Path) -> dict[str, dict[str, int]]:
@@ -69,14 +81,7 @@ def import_beir(
     queries = {str(q["_id"]): q["text"] for q in _read_jsonl(files["queries"])}
     qrels = read_qrels(files["qrels"])
     documents = ingest_many(
-        (
-            {
-                "text": f"{doc.get('title', '')}\n\n{doc['text']}".strip(),
-                "title": doc.get("title", ""),
-                "source_id": str(doc["_id"]),
-            }
-            for doc in corpus
-        ),
+        (corpus_document(doc) for doc in corpus),
         collection=collection,
         on_error="raise",  # a corpus that does not load whole is not the benchmark
     )
