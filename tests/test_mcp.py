@@ -166,21 +166,33 @@ def wait_for_port(port: int, process: subprocess.Popen, seconds: float = 120) ->
     raise AssertionError("rag_mcp did not listen in time")
 
 
-@pytest.mark.django_db(transaction=True)
-def test_streamable_http_search_and_dns_rebinding_protection():
-    pytest.importorskip("mcp", reason=NO_SDK)
-    chunk = corpus()
+def start_http_server(mcp: dict, *arguments: str) -> tuple[int, subprocess.Popen]:
+    """``rag_mcp --transport http`` in a child process on a free port, once it listens."""
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "django", "rag_mcp", "--transport", "http", "--port", str(port)],
+        [sys.executable, "-m", "django", "rag_mcp", "--transport", "http", "--port", str(port)]
+        + list(arguments),
         cwd=ROOT,
-        env=child_env({"COLLECTIONS": "*", "TOOLS": ["search"]}),
+        env=child_env(mcp),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
     try:
         wait_for_port(port, process)
+    except BaseException:
+        process.kill()
+        process.wait(timeout=30)
+        raise
+    return port, process
+
+
+@pytest.mark.django_db(transaction=True)
+def test_streamable_http_search_and_dns_rebinding_protection():
+    pytest.importorskip("mcp", reason=NO_SDK)
+    chunk = corpus()
+    port, process = start_http_server({"COLLECTIONS": "*", "TOOLS": ["search"]})
+    try:
         tools, (found, everywhere) = run_client(
             f"http://127.0.0.1:{port}/mcp",
             [
@@ -218,20 +230,11 @@ def test_http_with_tokens_serves_a_remote_host_and_refuses_requests_without_one(
     from mcp.client.streamable_http import create_mcp_http_client, streamable_http_client
 
     chunk = corpus()
-    port = free_port()
-    process = subprocess.Popen(
-        # 0.0.0.0 is not a loopback address: with tokens set, no --allow-remote is needed.
-        [sys.executable, "-m", "django", "rag_mcp", "--transport", "http", "--host", "0.0.0.0"]
-        + ["--port", str(port)],
-        cwd=ROOT,
-        env=child_env({"COLLECTIONS": ["handbook"], "TOKENS": [TOKEN, OLD_TOKEN]}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # 0.0.0.0 is not a loopback address: with tokens set, no --allow-remote is needed.
+    mcp = {"COLLECTIONS": ["handbook"], "TOKENS": [TOKEN, OLD_TOKEN]}
+    port, process = start_http_server(mcp, "--host", "0.0.0.0")
     url = f"http://127.0.0.1:{port}/mcp"
     try:
-        wait_for_port(port, process)
         initialize = {
             "jsonrpc": "2.0",
             "id": 1,
