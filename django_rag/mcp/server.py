@@ -123,14 +123,11 @@ class StaticTokens:
         from mcp.server.auth.provider import AccessToken
 
         sent = token.encode()
-        matched = None
-        for number, known in enumerate(self._tokens, start=1):
-            if hmac.compare_digest(sent, known) and matched is None:
-                matched = number
-        if matched is None:
+        matches = [i for i, known in enumerate(self._tokens) if hmac.compare_digest(sent, known)]
+        if not matches:
             return None
         # The client id names the token's place in the list, never the token.
-        return AccessToken(token=token, client_id=f"MCP.TOKENS[{matched - 1}]", scopes=[])
+        return AccessToken(token=token, client_id=f"MCP.TOKENS[{matches[0]}]", scopes=[])
 
 
 def http_app(server, *, host: str, path: str = "/mcp", tokens: Sequence[str] = ()):
