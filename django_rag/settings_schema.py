@@ -98,6 +98,31 @@ class Setting:
 HIDDEN = "<hidden>"
 
 
+def secret_values(settings: Mapping[str, Any]) -> list[str]:
+    """The strings held by the keys the schema marks secret (``MCP.TOKENS``), in
+    ``settings`` (the merged ``DJANGO_RAG``): what log scrubbing and displays must hide."""
+    found: list[str] = []
+
+    def collect(value: Any) -> None:
+        if isinstance(value, str):
+            found.append(value)
+        elif isinstance(value, list | tuple):
+            for item in value:
+                collect(item)
+
+    def walk(keys: tuple[Setting, ...], values: Any) -> None:
+        if not isinstance(values, Mapping):
+            return
+        for key in keys:
+            if key.is_section:
+                walk(key.keys, values.get(key.name))
+            elif key.secret:
+                collect(values.get(key.name))
+
+    walk(SCHEMA, settings)
+    return found
+
+
 def _s(
     name, default, doc, types=(), *, choices=(), nullable=False, keys=(), secret=False
 ) -> Setting:

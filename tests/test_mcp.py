@@ -311,6 +311,24 @@ def test_tokens_are_never_repeated_by_the_settings_check_or_the_config():
     assert TOKEN not in repr(config(COLLECTIONS=["a"], TOKENS=[TOKEN]))
 
 
+@pytest.mark.django_db
+def test_tokens_are_scrubbed_from_logs_and_hidden_by_rag_info():
+    from io import StringIO
+
+    from django_rag.conf import scrub_text
+
+    mcp = {"COLLECTIONS": ["a"], "TOKENS": [TOKEN, OLD_TOKEN]}
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "MCP": mcp}):
+        assert scrub_text(f"client sent {OLD_TOKEN}; expected {TOKEN}") == (
+            "client sent [REDACTED]; expected [REDACTED]"
+        )
+        out = StringIO()
+        call_command("rag_info", "--json", stdout=out)
+    shown = json.loads(out.getvalue())["settings"]["MCP"]
+    assert shown["TOKENS"] == ["[REDACTED]", "[REDACTED]"]
+    assert TOKEN not in out.getvalue() and OLD_TOKEN not in out.getvalue()
+
+
 def test_the_token_verifier_accepts_each_configured_token_and_nothing_else():
     pytest.importorskip("mcp", reason=NO_SDK)
     import anyio

@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from ..settings_schema import secret_values
 from .accessors import get_settings, on_reset
 
 REDACTED = "[REDACTED]"
@@ -188,9 +189,13 @@ def secrets_in(*values: Any) -> list[str]:
 
 @functools.cache
 def configured_secrets() -> tuple[str, ...]:
-    """The secrets of the ``DJANGO_RAG`` settings (LLM, EMBEDDER, RERANKER specs...)."""
+    """The secrets of the ``DJANGO_RAG`` settings (LLM, EMBEDDER, RERANKER specs..., and the
+    keys the settings schema marks secret, such as ``MCP.TOKENS``)."""
     try:
-        return tuple(secrets_in(get_settings()))
+        settings = get_settings()
+        found = set(secrets_in(settings))
+        found.update(v for v in secret_values(settings) if len(v) >= _MIN_SECRET_CHARS)
+        return tuple(sorted(found, key=lambda s: (-len(s), s)))
     except Exception:  # a broken setting is reported elsewhere; never fail while scrubbing
         return ()
 
