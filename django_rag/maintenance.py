@@ -1,4 +1,5 @@
-"""Maintenance services: re-embedding (with a zero-downtime model switch), orphans, info.
+"""Maintenance services: re-embedding (with a zero-downtime model switch), chunk headers,
+orphans, info.
 
 Plain functions: the management commands, Celery tasks and the dashboard call them.
 """
@@ -17,15 +18,18 @@ from . import background, embeddings
 from .conf import embedding_dimensions, get_setting, get_settings, redact
 from .embeddings import Embedder, configured_embedder, get_embedder
 from .exceptions import DimensionMismatch, InvalidInput, UnknownCollection
+from .ingestion.headers import chunk_headers, headers_enabled
+from .ingestion.parsers import parser_formats
 from .llm import map_concurrently
-from .models import Chunk, Collection, Entity, Job
+from .models import Chunk, Collection, Document, Entity, Job
 from .models.databases import write_db
 from .models.managers import pgvector_version
 from .rerankers import get_reranker
 from .signals import span
 from .store import schema
 from .store.graph import write_entity_vectors
-from .store.headers import header_of, with_header
+from .store.headers import HEADER_KEY, header_of, with_header
+from .store.statistics import index_chunks
 from .store.vector_stores import sync_all_vectors
 
 logger = logging.getLogger(__name__)
@@ -369,6 +373,107 @@ def embed_entities(
         done += len(batch)
         last = batch[-1][0]
     return done
+
+
+# --- chunk headers -------------------------------------------------------------------------------
+
+
+def refresh_headers(*, collection: str | None = None, apply: bool = False) -> dict[str, int]:
+    """Bring stored chunks' headers in line with ``CHUNK_HEADERS``, which changes new chunks
+    only: on, each chunk gets the header ingest would give it now (its document's title and,
+    for a format parsed as Markdown, its heading path); off, headers are taken away.
+
+    Returns ``{"documents": n, "chunks": m}``: those whose header differs (a dry run), or,
+    with ``apply``, those changed. A changed chunk is re-indexed for full-text search and
+    re-embedded with the current embedder, its document's row locked meanwhile, so a document
+    is never left half done and a second run finds nothing. A document replaced or deleted
+    during the run is skipped (a new version got its headers at ingest). A header a custom
+    chunker set is rebuilt like any other: with such a chunker, re-ingest instead.
+    """
+    if configured_embedder("NEXT_EMBEDDER") is not None:
+        raise InvalidInput(
+            "A model switch is under way (NEXT_EMBEDDER is set): finish it with rag_reembed "
+            "before refreshing chunk headers."
+        )
+    db = write_db()
+    documents = Document.objects.using(db).filter(status=Document.Status.COMPLETED)
+    if collection is not None:
+        if not Collection.objects.using(db).filter(name=collection).exists():
+            raise UnknownCollection(collection)
+        documents = documents.filter(collection__name=collection)
+    formats = parser_formats()
+    embedder = get_embedder() if apply else None
+    counts = {"documents": 0, "chunks": 0}
+    ids = documents.order_by("pk").values_list("pk", flat=True)
+    with span("refresh_headers", collection=collection, apply=apply) as s:
+        for document_id in ids.iterator(chunk_size=500):
+            if apply:
+                changed = _apply_headers(document_id, formats, embedder, db)
+            else:
+                changed = len(_header_changes(document_id, formats, db))
+            if changed:
+                counts["documents"] += 1
+                counts["chunks"] += changed
+        s.set(**counts)
+    return counts
+
+
+def _header_changes(document_id: int, formats: dict[str, str], db: str) -> dict[int, str]:
+    """``{chunk id: header it should have ("" for none)}`` for this document's chunks whose
+    stored header differs (nothing when the document is gone or not completed)."""
+    document = (
+        Document.objects.using(db)
+        .filter(pk=document_id, status=Document.Status.COMPLETED)
+        .only("title", "content", "content_type")
+        .first()
+    )
+    if document is None:
+        return {}
+    rows = list(
+        Chunk.objects.using(db)
+        .filter(document_id=document_id)
+        .order_by("chunk_index")
+        .values_list("pk", "start_char", "metadata")
+    )
+    if headers_enabled():
+        wanted = chunk_headers(
+            [start for _, start, _ in rows],
+            title=document.title,
+            text=document.content,
+            format=formats.get(document.content_type.split(";")[0].strip().lower(), "text"),
+        )
+    else:
+        wanted = [""] * len(rows)
+    return {
+        pk: header
+        for (pk, _, metadata), header in zip(rows, wanted, strict=True)
+        if header_of(metadata) != header
+    }
+
+
+def _apply_headers(document_id: int, formats: dict[str, str], embedder, db: str) -> int:
+    """Write one document's changed headers, its full-text vectors and its changed chunks'
+    embeddings in one transaction, under its row lock. Returns the chunks changed."""
+    with transaction.atomic(using=db):
+        # Ingest replaces a document by writing a new one and deleting this one: once the
+        # lock is held, the chunks read below stay this version's until the commit.
+        if not Document.objects.using(db).select_for_update().filter(pk=document_id).exists():
+            return 0
+        changes = _header_changes(document_id, formats, db)
+        if not changes:
+            return 0
+        chunks = list(Chunk.objects.using(db).filter(pk__in=changes).only("pk", "text", "metadata"))
+        for chunk in chunks:
+            metadata = {k: v for k, v in (chunk.metadata or {}).items() if k != HEADER_KEY}
+            if changes[chunk.pk]:
+                metadata[HEADER_KEY] = changes[chunk.pk]
+            chunk.metadata = metadata
+        Chunk.objects.using(db).bulk_update(chunks, ["metadata"])
+        index_chunks(document_id=document_id, using=db)
+        texts = [with_header(chunk.text, changes[chunk.pk]) for chunk in chunks]
+        vectors = _embed(embedder, texts, embedding_dimensions())
+        schema.write_vectors([chunk.pk for chunk in chunks], vectors, embedder.model_name)
+    return len(chunks)
 
 
 # --- orphans -------------------------------------------------------------------------------------

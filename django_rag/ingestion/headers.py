@@ -69,20 +69,27 @@ def header_text(title: str, path: Sequence[str]) -> str:
     return "\n".join(lines)[:MAX_HEADER_CHARS]
 
 
-def add_headers(chunks: list[TextChunk], *, title: str, text: str, format: str) -> None:
-    """Give each chunk without one its header (title and heading path) in ``metadata``."""
+def chunk_headers(starts: Sequence[int | None], *, title: str, text: str, format: str) -> list[str]:
+    """The header of a chunk starting at each of ``starts`` in ``text`` ("" for none): the
+    title and, for Markdown, the path of the last heading at or before the chunk's start (a
+    chunk opening with a heading is under it, not under the sibling before it)."""
     offsets, paths = heading_marks(text) if format == "markdown" else ([], [])
-    for chunk in chunks:
-        if isinstance(chunk.metadata.get(HEADER_KEY), str):
-            continue
+    headers = []
+    for start in starts:
         path: tuple[str, ...] = ()
-        if offsets and chunk.start is not None:
-            # The last heading at or before the chunk's start (a chunk opening with a heading
-            # is under it, not under the sibling before it).
-            index = bisect.bisect_right(offsets, chunk.start) - 1
+        if offsets and start is not None:
+            index = bisect.bisect_right(offsets, start) - 1
             if index >= 0:
                 path = paths[index]
-        header = header_text(title, path)
+        headers.append(header_text(title, path))
+    return headers
+
+
+def add_headers(chunks: list[TextChunk], *, title: str, text: str, format: str) -> None:
+    """Give each chunk without one its header (title and heading path) in ``metadata``."""
+    bare = [chunk for chunk in chunks if not isinstance(chunk.metadata.get(HEADER_KEY), str)]
+    headers = chunk_headers([c.start for c in bare], title=title, text=text, format=format)
+    for chunk, header in zip(bare, headers, strict=True):
         if header:
             chunk.metadata = {**chunk.metadata, HEADER_KEY: header}
 

@@ -21,7 +21,14 @@ from .base import (
 )
 from .pdf import PdfParser
 from .pdfcost import MAX_CHARS_PER_CODE, _PageCost, longest_cmap_string
-from .registry import BUILTIN_PARSERS, get_parser, parse_bytes, parse_file, parser_registry
+from .registry import (
+    BUILTIN_PARSERS,
+    get_parser,
+    parse_bytes,
+    parse_file,
+    parser_formats,
+    parser_registry,
+)
 from .text import MarkdownParser, TextParser, markdown_title
 
 __all__ = [
@@ -45,5 +52,6 @@ __all__ = [
     "markdown_title",
     "parse_bytes",
     "parse_file",
+    "parser_formats",
     "parser_registry",
 ]

@@ -43,6 +43,11 @@ class Parser:
     """Base class: implement :meth:`parse`. ``__init__`` takes keyword options only."""
 
     content_type = "application/octet-stream"
+    #: What :meth:`parse` hands the chunker: ``"markdown"`` (headings, tables) or ``"text"``.
+    #: A parser that gives Markdown only sometimes says ``"text"`` (a PDF has Markdown only
+    #: where it found tables). A stored document's chunk headers are rebuilt with it
+    #: (``rag_maintenance headers``).
+    format = "text"
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         raise NotImplementedError

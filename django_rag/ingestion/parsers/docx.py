@@ -73,6 +73,7 @@ class DocxParser(Parser):
     dates are metadata."""
 
     content_type = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
+    format = "markdown"
 
     def __init__(self, *, include_headers_footers: bool = False):
         self.include_headers_footers = include_headers_footers
@@ -128,7 +129,7 @@ class DocxParser(Parser):
             if value is not None:
                 metadata[key] = value.isoformat()
         return builder.result(
-            format="markdown",
+            format=self.format,
             content_type=self.content_type,
             title=(str(properties.title or "").strip() or first_heading)[:500],
             metadata=metadata,

@@ -69,6 +69,7 @@ class HtmlParser(Parser):
     description as metadata."""
 
     content_type = "text/html"
+    format = "markdown"
 
     def max_input_bytes(self) -> int | None:
         limit = _limit("MAX_DOCUMENT_CHARS")
@@ -99,7 +100,7 @@ class HtmlParser(Parser):
         }
         return ParsedDocument(
             text=text,
-            format="markdown",
+            format=self.format,
             content_type=self.content_type,
             title=str(getattr(found, "title", "") or "")[:500],
             metadata=metadata,

@@ -63,6 +63,7 @@ class EmlParser(Parser):
     the reason; a budget exceeded anywhere refuses the whole email."""
 
     content_type = "message/rfc822"
+    format = "markdown"
 
     def max_input_bytes(self) -> int | None:
         # Base64 spends 4 bytes on 3: an email may be larger than its text and attachments.
@@ -115,7 +116,7 @@ class EmlParser(Parser):
         if attachments:
             metadata["attachments"] = attachments
         return builder.result(
-            format="markdown",
+            format=self.format,
             content_type=self.content_type,
             title=subject[:500],
             metadata=metadata,

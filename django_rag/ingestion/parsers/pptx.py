@@ -58,6 +58,7 @@ class PptxParser(Parser):
     is the deck's title."""
 
     content_type = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
+    format = "markdown"
 
     def __init__(self, *, include_notes: bool = True):
         self.include_notes = include_notes
@@ -103,7 +104,7 @@ class PptxParser(Parser):
         if properties.author:
             metadata["author"] = str(properties.author)[:500]
         return builder.result(
-            format="markdown",
+            format=self.format,
             content_type=self.content_type,
             title=(str(properties.title or "").strip() or first_title)[:500],
             metadata=metadata,

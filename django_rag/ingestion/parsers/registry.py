@@ -89,6 +89,19 @@ def get_parser(filename: str) -> Parser:
     raise ConfigurationError("PARSERS", spec, f"the parser for {extension} is not a Parser")
 
 
+def parser_formats() -> dict[str, str]:
+    """``{content type: "markdown" or "text"}``: what the registered parser of each content
+    type hands the chunker (:attr:`Parser.format`). A stored document keeps its content type,
+    not its format: its chunk headers are rebuilt with this (``rag_maintenance headers``).
+    Text given to ``ingest`` is ``text/plain``, ``text/markdown`` or ``text/html``, which the
+    built-in parsers cover."""
+    formats: dict[str, str] = {}
+    for extension in parser_registry():
+        parser = get_parser(f"x{extension}")
+        formats.setdefault(parser.content_type, getattr(parser, "format", "text"))
+    return formats
+
+
 def parse_bytes(data: bytes, *, filename: str) -> ParsedDocument:
     parser = get_parser(filename)
     parsed = check_parsed(parser.parse(data, filename=filename), parser=parser, filename=filename)

@@ -61,6 +61,7 @@ class XlsxParser(Parser):
     comments, formatting and hidden sheets' visibility are ignored (hidden sheets are read)."""
 
     content_type = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
+    format = "markdown"
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         openpyxl = require("openpyxl", "xlsx", "Reading Excel (.xlsx) files")
@@ -103,7 +104,7 @@ class XlsxParser(Parser):
             metadata["author"] = str(properties.creator)[:500]
         title = str(properties.title or "") if properties is not None else ""
         return builder.result(
-            format="markdown",
+            format=self.format,
             content_type=self.content_type,
             title=title.strip()[:500],
             metadata=metadata,
@@ -135,6 +136,7 @@ class CsvParser(TextParser):
     first line (comma, semicolon, tab or pipe)."""
 
     content_type = "text/csv"
+    format = "markdown"
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         check_input_size(self, len(data), filename=filename)
@@ -153,7 +155,7 @@ class CsvParser(TextParser):
                 line=reader.line_num,
             ) from exc
         return builder.result(
-            format="markdown",
+            format=self.format,
             content_type=self.content_type,
             metadata={"rows": rows, "delimiter": delimiter},
         )

@@ -63,12 +63,13 @@ def markdown_title(text: str) -> str:
 
 class MarkdownParser(TextParser):
     content_type = "text/markdown"
+    format = "markdown"
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         text = self.decode(data, filename=filename)
         return ParsedDocument(
             text=text,
-            format="markdown",
+            format=self.format,
             content_type=self.content_type,
             title=markdown_title(text),
         )

@@ -1,6 +1,7 @@
 from django.core.management.base import CommandError
 
 from django_rag import maintenance
+from django_rag.conf import get_setting
 from django_rag.exceptions import RagError
 from django_rag.management.progress import RagCommand
 
@@ -8,7 +9,9 @@ from django_rag.management.progress import RagCommand
 class Command(RagCommand):
     help = (
         "Maintenance: `orphans` finds (and with --apply removes) inconsistent rows; `jobs` "
-        "counts (and with --apply deletes) finished jobs older than --days."
+        "counts (and with --apply deletes) finished jobs older than --days; `headers` finds "
+        "(and with --apply rebuilds, re-indexes and re-embeds) chunks whose header does not "
+        "match CHUNK_HEADERS."
     )
 
     def add_arguments(self, parser):
@@ -18,8 +21,16 @@ class Command(RagCommand):
         jobs = actions.add_parser("jobs", help="finished jobs older than --days")
         jobs.add_argument("--days", type=float, default=30, help="age in days (default 30)")
         jobs.add_argument("--apply", action="store_true", help="delete them (default: dry run)")
+        headers = actions.add_parser(
+            "headers", help="chunks whose header does not match CHUNK_HEADERS (set it or not)"
+        )
+        headers.add_argument("--collection", help="only this collection")
+        headers.add_argument("--apply", action="store_true", help="rebuild them (default: dry run)")
 
     def handle(self, *args, action, **options):
+        if action == "headers":
+            self._headers(options["collection"], options["apply"])
+            return
         if action == "jobs":
             found = maintenance.prune_jobs(older_than_days=options["days"], apply=options["apply"])
             verb = "Deleted" if options["apply"] else "Found"
@@ -44,4 +55,21 @@ class Command(RagCommand):
         if not options["apply"] and any(found.values()):
             self.stdout.write(
                 "Dry run: nothing was changed. Run again with --apply to remove them."
+            )
+
+    def _headers(self, collection, apply):
+        try:
+            found = maintenance.refresh_headers(collection=collection, apply=apply)
+        except RagError as exc:
+            raise CommandError(str(exc)) from exc
+        verb = "Rebuilt" if apply else "Found"
+        self.stdout.write(
+            f"{verb} {found['chunks']} chunk header(s) in {found['documents']} document(s) "
+            f"{'now matching' if apply else 'not matching'} CHUNK_HEADERS "
+            f"({'on' if get_setting('CHUNK_HEADERS') else 'off'})."
+        )
+        if found["chunks"] and not apply:
+            self.stdout.write(
+                "Dry run: nothing was changed. Run again with --apply to rebuild, re-index and "
+                "re-embed them."
             )
