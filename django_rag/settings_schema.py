@@ -345,6 +345,12 @@ SCHEMA: tuple[Setting, ...] = (
                 INTEGER,
             ),
             _s(
+                "DIVERSITY",
+                0.0,
+                "Relevance traded for chunks unlike those above them (MMR), 0 (off) to 1.",
+                NUMBER,
+            ),
+            _s(
                 "RERANK_CANDIDATES",
                 3,
                 "With a reranker, RERANK_CANDIDATES x limit chunks are reranked.",

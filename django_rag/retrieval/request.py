@@ -68,6 +68,8 @@ class SearchRequest:
     hnsw_ef_search: int | None = None
     # Chunks each side of a hit returned with it as its context (0: none; retrieval.context).
     context_window: int = 0
+    # Relevance traded for chunks unlike those ranked above them, 0 to 1 (retrieval.diversity).
+    diversity: float = 0.0
     # The DATABASES alias the search reads (models.databases.search_db); None: resolve it then.
     database: str | None = None
 
@@ -111,6 +113,7 @@ def build_request(
     syntax: str | None = None,
     hnsw_ef_search: int | None = None,
     context_window: int | None = None,
+    diversity: float | None = None,
     database: str | None = None,
 ) -> SearchRequest:
     """The :class:`SearchRequest` these options describe, every option checked and every
@@ -138,6 +141,8 @@ def build_request(
         clean_positive_int("hnsw_ef_search", hnsw_ef_search, maximum=MAX_EF_SEARCH)
     context_window = search_setting("CONTEXT_WINDOW") if context_window is None else context_window
     clean_int("context_window", context_window, minimum=0, maximum=MAX_CONTEXT_WINDOW)
+    diversity = search_setting("DIVERSITY") if diversity is None else diversity
+    clean_number("diversity", diversity, minimum=0.0, maximum=1.0)
     names = clean_collection_names(collection)
     return SearchRequest(
         query=query,
@@ -161,6 +166,7 @@ def build_request(
         syntax=syntax,
         hnsw_ef_search=hnsw_ef_search,
         context_window=context_window,
+        diversity=float(diversity),
         database=search_db(database),
     )
 

@@ -20,6 +20,7 @@ from ..signals import span
 from ..validation import check_query_vector, clean_query
 from .aliases import accepts_aliases
 from .context import with_context
+from .diversity import diversify
 from .fusion import rrf_merge
 from .request import (  # noqa: F401 (re-exported: the request's names are importable from here)
     MAX_CANDIDATES,
@@ -55,6 +56,7 @@ def search(
     syntax: str | None = None,
     hnsw_ef_search: int | None = None,
     context_window: int | None = None,
+    diversity: float | None = None,
     reranker: Any = None,
     rewriter: Any = None,
     graph: bool | None = None,
@@ -102,6 +104,13 @@ def search(
     :func:`ask` and the agent then give the LLM); hits whose windows overlap are merged into
     the best-ranked one (``merged_chunk_ids``), so fewer than ``limit`` results may come back.
 
+    ``diversity`` (0 to 1; default ``SEARCH["DIVERSITY"]``, 0: off) picks the ``limit`` results
+    from the best ``candidates x limit`` by maximal marginal relevance: each next result is the
+    candidate most relevant and least like the results above it (cosine similarity of the
+    stored embeddings), so near-duplicate chunks give way to ones that add something
+    (:mod:`django_rag.retrieval.diversity`). With a reranker, the reranker orders the
+    candidates first.
+
     ``database`` is the ``DATABASES`` alias searched (default ``SEARCH["DATABASE"]``, else the
     routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
     to read a write that has not reached the replica yet.
@@ -122,6 +131,7 @@ def search(
         syntax=syntax,
         hnsw_ef_search=hnsw_ef_search,
         context_window=context_window,
+        diversity=diversity,
         database=database,
     )
     return search_request(
@@ -187,11 +197,13 @@ def search_request(
             # keep their own collections and check the names themselves.
             request = resolve_scope(request)
         queries = _rewrite(request.query, rewriter, s) if rewriter is not None else [request.query]
-        searched = request
+        # The pool: larger than limit when a reranker or diversity picks from it.
+        pool = limit
         if ranker is not None:
-            searched = replace(
-                request, limit=min(limit * search_setting("RERANK_CANDIDATES"), MAX_LIMIT)
-            )
+            pool = max(pool, limit * search_setting("RERANK_CANDIDATES"))
+        if request.diversity > 0:
+            pool = max(pool, limit * request.candidates)
+        searched = replace(request, limit=min(pool, MAX_LIMIT))
         rankings = []
         for query in queries:
             vector = None
@@ -220,7 +232,13 @@ def search_request(
             if match.skipped:
                 s.set(graph_skipped=match.skipped)
         if ranker is not None:
-            results = _rerank(ranker, query_text, results, limit, s)
+            # With diversity, the reranker orders the whole pool for MMR to pick from.
+            kept = searched.limit if request.diversity > 0 else limit
+            results = _rerank(ranker, query_text, results, kept, s)
+        if request.diversity > 0:
+            results = diversify(
+                results, limit, request.diversity, using=search_db(request.database)
+            )
         results = results[:limit]
         if request.context_window:
             results = with_context(
