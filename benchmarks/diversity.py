@@ -7,7 +7,9 @@
 1. HotpotQA dev200 (1,947 paragraphs, 200 two-hop questions, two gold paragraphs each): the
    top ``--limit`` results (5) per question; how many of the two gold paragraphs they hold
    (recall), how often both (what a two-hop answer needs), and distinct paragraphs returned.
-   This is the development set: the values of d and candidates are chosen here.
+   Once with the default chunking (a paragraph is about one chunk), once with small chunks
+   (``--small-chunks`` tokens: a paragraph is several chunks, alike, competing for the five
+   places). This is the development set: the values of d and candidates are chosen here.
 2. SciFact (every judged document and random others, ``--scifact-docs``): document nDCG@10 of
    the top 10 chunks, train (to decide on) and test (untuned), to see what diversity costs
    where one relevant document is usually enough.
@@ -47,12 +49,14 @@ CANDIDATES = (2, 4)
 MODES = ("hybrid", "semantic")
 
 
-def ingest(corpus, name: str) -> None:
+def ingest(corpus, name: str, **options) -> None:
     if Document.objects.filter(collection__name=name).count() == len(corpus):
         return
     Document.objects.filter(collection__name=name).delete()
     rag.ingest_many(
-        (corpus_document(doc) for doc in corpus if doc["text"].strip()), collection=name
+        (corpus_document(doc) for doc in corpus if doc["text"].strip()),
+        collection=name,
+        **options,
     )
 
 
@@ -76,12 +80,15 @@ def cell(values, base) -> str:
     return f"{statistics.mean(values):.3f} ({delta:+.3f} [{low:+.3f}, {high:+.3f}])"
 
 
-def hotpot_report(path: Path, embedder, limit: int) -> None:
+def hotpot_report(path: Path, embedder, limit: int, chunk_size: int | None) -> None:
     corpus, queries, qrels = load(path, "test")
-    ingest(corpus, "hotpot")
-    chunks = Chunk.objects.filter(collection__name="hotpot").count()
+    collection = f"hotpot-{chunk_size or 'default'}"
+    options = {"chunk_size": chunk_size, "chunk_overlap": 0} if chunk_size else {}
+    ingest(corpus, collection, **options)
+    chunks = Chunk.objects.filter(collection__name=collection).count()
     cached = CachedQueries(embedder, {q: embedder.embed_query(q) for q in queries.values()})
-    print(f"\n### HotpotQA dev200: top {limit} ({len(corpus):,} paragraphs, {chunks:,} chunks)\n")
+    size = f"{chunk_size}-token chunks" if chunk_size else "default chunks"
+    print(f"\n### HotpotQA dev200: top {limit} ({len(corpus):,} paragraphs, {chunks:,} {size})\n")
     print("| mode | candidates | d | gold recall | both gold | distinct paragraphs |")
     print("|---|---|---|---|---|---|")
     for mode in MODES:
@@ -90,7 +97,7 @@ def hotpot_report(path: Path, embedder, limit: int) -> None:
             for d in DIVERSITIES:
                 recall, both, distinct = [], [], []
                 for qid, text in queries.items():
-                    sources = ranked_sources(cached, text, "hotpot", mode, limit, d, candidates)
+                    sources = ranked_sources(cached, text, collection, mode, limit, d, candidates)
                     gold = set(qrels[qid])
                     found = len(gold & set(sources))
                     recall.append(found / len(gold))
@@ -148,6 +155,13 @@ def main() -> None:
     parser.add_argument("--skip-scifact", action="store_true")
     parser.add_argument("--limit", type=int, default=5, help="HotpotQA: results per question")
     parser.add_argument(
+        "--small-chunks",
+        type=int,
+        default=32,
+        help="HotpotQA again with chunks of this many tokens (a paragraph is several chunks, "
+        "which are alike); 0: skip",
+    )
+    parser.add_argument(
         "--scifact-docs",
         type=int,
         default=1000,
@@ -165,7 +179,8 @@ def main() -> None:
     embedder.embed_query("warm up")
     print(f"Embedder: {embedder.model_name}; chunk headers on (the default).")
     if not args.skip_hotpot:
-        hotpot_report(args.hotpot, embedder, args.limit)
+        for chunk_size in [None] + [args.small_chunks] * bool(args.small_chunks):
+            hotpot_report(args.hotpot, embedder, args.limit, chunk_size)
     if not args.skip_scifact:
         scifact_report(args.scifact, embedder, args.scifact_docs)
 
