@@ -51,6 +51,15 @@ def test_the_setting_is_the_default_and_a_reranker_orders_the_whole_pool(copies,
     assert found[0].text == max((POLICY, SHIPPING, OTHER), key=len)
 
 
+def test_ask_passes_diversity_to_its_search(copies):
+    from django_rag.testing import ScriptedLLM
+
+    llm = ScriptedLLM("Paid within fourteen days [1]; the label is free if damaged [2].")
+    answer = rag.ask("refund policy card", llm=llm, collection="help", limit=2, diversity=0.7)
+    assert [c.text for c in answer.chunks] == [POLICY, SHIPPING]
+    assert SHIPPING in llm.calls[0]["prompt"]
+
+
 @pytest.mark.parametrize("value", [-0.1, 1.5, "0.5", True, float("nan")])
 def test_a_bad_diversity_is_a_typed_error(db, value):
     with pytest.raises(InvalidOption, match="diversity"):
