@@ -739,14 +739,22 @@ def check_known(user: Mapping[str, Any]) -> None:
     for name in sorted(user, key=str):
         setting = BY_NAME.get(name)
         if setting is None:
-            raise UnknownSetting(name, user[name], closest(name, BY_NAME), list(BY_NAME))
+            raise _unknown(name, name, user[name], SCHEMA)
         if setting.is_section:
             value = user[name]
             setting.check(value, name)
-            known = [key.name for key in setting.keys]
             for key in sorted(value, key=str):
-                if key not in known:
-                    raise UnknownSetting(f"{name}.{key}", value[key], closest(key, known), known)
+                if key not in {known.name for known in setting.keys}:
+                    raise _unknown(f"{name}.{key}", key, value[key], setting.keys)
+
+
+def _unknown(path: str, key: Any, value: Any, keys: tuple[Setting, ...]) -> UnknownSetting:
+    """The error for an unknown key; its value is hidden when the key it is closest to is
+    secret (``MCP.TOKEN`` for ``MCP.TOKENS`` holds tokens all the same)."""
+    known = [key.name for key in keys]
+    suggestions = closest(key, known)
+    secret = {key.name for key in keys if key.secret}
+    return UnknownSetting(path, HIDDEN if secret & set(suggestions) else value, suggestions, known)
 
 
 def problems(settings: Mapping[str, Any]) -> list[ConfigurationError]:

@@ -36,19 +36,40 @@ def test_diversity_lets_a_different_chunk_past_the_copies(copies, mode):
     assert [r.chunk_id for r in off] == [r.chunk_id for r in plain]
 
 
-def test_the_setting_is_the_default_and_a_reranker_orders_the_whole_pool(copies, settings):
-    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "SEARCH": {"DIVERSITY": 0.5}}
+def test_the_setting_is_the_default_and_picks_follow_the_rerankers_order(copies, settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "SEARCH": {"DIVERSITY": 0.7}}
     seen = []
 
-    def by_length(query, results):
+    def warehouse_first(query, results):  # the opposite of the retrieval order
         seen.append(len(results))
-        return [float(len(r.text)) for r in results]
+        return [9.0 if "warehouse" in r.text else 1.0 + ("shipping" in r.text) for r in results]
 
-    found = rag.search("refund", collection="help", limit=2, candidates=3, reranker=by_length)
-    # Candidates x limit = 6 asked for; 5 chunks exist, and every one was reranked.
+    retrieved = rag.search(
+        "refund policy card", mode="semantic", collection="help", limit=5, diversity=0
+    )
+    assert retrieved[-1].text == OTHER
+    found = rag.search(
+        "refund policy card",
+        mode="semantic",
+        collection="help",
+        limit=2,
+        candidates=3,
+        reranker=warehouse_first,
+    )
+    # Candidates x limit = 6 asked for; the 5 chunks there are were all reranked, and the
+    # reranker's best is the first pick, its scores the relevance.
     assert seen == [5]
-    assert len({r.text for r in found}) == 2
-    assert found[0].text == max((POLICY, SHIPPING, OTHER), key=len)
+    # Then POLICY over SHIPPING: half its reranked relevance, but less like OTHER (0.1
+    # against 0.26 with these hashed embeddings).
+    assert [r.text for r in found] == [OTHER, POLICY]
+    assert [r.rerank_score for r in found] == [9.0, 1.0]
+
+
+def test_another_store_refuses_diversity(copies):
+    from django_rag.retrieval import MemoryVectorStore
+
+    with pytest.raises(InvalidOption, match="diversity needs the pgvector store"):
+        rag.search("refund", vector_store=MemoryVectorStore(), diversity=0.3)
 
 
 def test_ask_passes_diversity_to_its_search(copies):
@@ -84,14 +105,13 @@ def test_mmr_prefers_the_unlike_candidate_and_zero_keeps_the_ranking():
     st.floats(0, 1),
     st.integers(0, 2**32 - 1),
 )
-def test_mmr_picks_distinct_candidates_most_relevant_first(relevance, limit, diversity, seed):
+def test_mmr_picks_distinct_candidates_the_first_first(relevance, limit, diversity, seed):
+    relevance = sorted(relevance, reverse=True)  # candidates come best first
     rows = np.random.default_rng(seed).normal(size=(len(relevance), 4))
     vectors = rows / np.linalg.norm(rows, axis=1, keepdims=True)
     order = mmr_order(relevance, vectors, limit, diversity)
     assert len(order) == len(set(order)) == min(limit, len(relevance))
     assert all(0 <= i < len(relevance) for i in order)
-    if order:
-        assert relevance[order[0]] == max(relevance)
+    assert order[:1] == [0][: len(order)]
     if diversity == 0:
-        ranked = sorted(range(len(relevance)), key=lambda i: (-relevance[i], i))
-        assert [relevance[i] for i in order] == [relevance[i] for i in ranked[: len(order)]]
+        assert order == list(range(len(order)))

@@ -309,6 +309,11 @@ def test_tokens_are_never_repeated_by_the_settings_check_or_the_config():
     assert any("MCP" in error.msg and "TOKENS" in error.msg for error in errors), errors
     assert all(TOKEN not in error.msg for error in errors)
     assert TOKEN not in repr(config(COLLECTIONS=["a"], TOKENS=[TOKEN]))
+    # A misspelt key near a secret one holds secrets all the same.
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "MCP": {"TOKEN": [TOKEN]}}):
+        errors = check_settings()
+    assert any("did you mean 'TOKENS'" in error.msg for error in errors), errors
+    assert all(TOKEN not in error.msg for error in errors)
 
 
 @pytest.mark.django_db

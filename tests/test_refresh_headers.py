@@ -176,3 +176,14 @@ def test_parser_formats_name_what_each_builtin_parser_hands_the_chunker():
         "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
     ):
         assert formats[content_type] == "markdown", content_type
+
+
+def test_text_given_to_ingest_keeps_its_format_whatever_parser_reads_such_files():
+    from django_rag.ingestion.parsers import Parser
+
+    class PlainMarkdownFiles(Parser):  # a project's parser, without the format attribute
+        content_type = "text/markdown"
+
+    with override_settings(DJANGO_RAG={"PARSERS": {".md": PlainMarkdownFiles}}):
+        formats = parser_formats()
+    assert formats["text/markdown"] == "markdown" and formats["text/html"] == "markdown"

@@ -38,6 +38,7 @@ from .chunkers import TextChunk
 from .graphs import extract_graph
 from .headers import embedding_inputs
 from .parsers import ParsedDocument
+from .parsers.base import TEXT_CONTENT_TYPES
 from .prepare import PreparedChunk, attach_vectors, chunk_text, embed_texts
 
 logger = logging.getLogger(__name__)
@@ -84,13 +85,9 @@ def text_document(text: Any, format: Any) -> ParsedDocument:
         if not isinstance(text, str):
             raise InvalidOption(f"text must be a string, got {type(text).__name__}")
         return ParsedDocument(
-            text=html_to_markdown(text), format="markdown", content_type="text/html"
+            text=html_to_markdown(text), format="markdown", content_type=TEXT_CONTENT_TYPES[format]
         )
-    return ParsedDocument(
-        text=text,
-        format=format,
-        content_type="text/markdown" if format == "markdown" else "text/plain",
-    )
+    return ParsedDocument(text=text, format=format, content_type=TEXT_CONTENT_TYPES[format])
 
 
 def validate(

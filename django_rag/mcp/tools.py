@@ -130,7 +130,7 @@ def _tokens(value: Any) -> tuple[str, ...]:
                 f"{MAX_TOKEN_CHARS} letters, digits or -._~+/=: generate one with "
                 "python -c 'import secrets; print(secrets.token_urlsafe(32))'",
             )
-    return tuple(dict.fromkeys(value))
+    return tuple(value)  # as listed: a client id names its token's position
 
 
 def _names(setting: str, value: Any) -> tuple[str, ...]:

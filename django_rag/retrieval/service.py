@@ -191,6 +191,11 @@ def search_request(
                 "context_window needs the pgvector store (the neighbouring chunks are read "
                 "from PostgreSQL); leave it 0 with another store."
             )
+        if request.diversity and not isinstance(store, PgVectorStore):
+            raise InvalidOption(
+                "diversity needs the pgvector store (the chunks' embeddings are read from "
+                "PostgreSQL); leave it 0 with another store."
+            )
         if isinstance(store, PgVectorStore):
             # Resolved once, before any model loads (an unknown collection is reported
             # first); the store, the chunk scope and the graph read the ids. Other stores

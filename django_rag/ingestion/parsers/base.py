@@ -39,6 +39,11 @@ class ParsedDocument:
         return page_at(start), page_at(max(start, end - 1))
 
 
+#: The content type a text given to ``ingest(text, format=...)`` is stored with, by format
+#: (it goes through no parser; HTML is converted to Markdown first).
+TEXT_CONTENT_TYPES = {"text": "text/plain", "markdown": "text/markdown", "html": "text/html"}
+
+
 class Parser:
     """Base class: implement :meth:`parse`. ``__init__`` takes keyword options only."""
 

@@ -15,7 +15,7 @@ from ...exceptions import (
     MissingDependency,
     UnsupportedFileType,
 )
-from .base import ParsedDocument, Parser, check_input_size, check_parsed
+from .base import TEXT_CONTENT_TYPES, ParsedDocument, Parser, check_input_size, check_parsed
 
 BUILTIN_PARSERS: dict[str, str] = {
     ".txt": "django_rag.ingestion.parsers.TextParser",
@@ -90,12 +90,15 @@ def get_parser(filename: str) -> Parser:
 
 
 def parser_formats() -> dict[str, str]:
-    """``{content type: "markdown" or "text"}``: what the registered parser of each content
-    type hands the chunker (:attr:`Parser.format`). A stored document keeps its content type,
-    not its format: its chunk headers are rebuilt with this (``rag_maintenance headers``).
-    Text given to ``ingest`` is ``text/plain``, ``text/markdown`` or ``text/html``, which the
-    built-in parsers cover."""
-    formats: dict[str, str] = {}
+    """``{content type: "markdown" or "text"}``: what a stored document of each content type
+    was chunked as. A document keeps its content type, not its format: its chunk headers are
+    rebuilt with this (``rag_maintenance headers``). Text given to ``ingest`` comes first
+    (``TEXT_CONTENT_TYPES``: plain text is text, Markdown and HTML are chunked as Markdown),
+    then each registered parser's :attr:`Parser.format`."""
+    formats = {
+        content_type: "text" if given == "text" else "markdown"
+        for given, content_type in TEXT_CONTENT_TYPES.items()
+    }
     for extension in parser_registry():
         parser = get_parser(f"x{extension}")
         formats.setdefault(parser.content_type, getattr(parser, "format", "text"))
