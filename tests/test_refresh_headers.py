@@ -2,7 +2,9 @@
 re-indexed and re-embedded, one document at a time under its row lock."""
 
 import threading
+import time
 from io import StringIO
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -144,6 +146,66 @@ def test_a_document_deleted_while_the_refresh_waits_for_its_lock_is_skipped():
     assert not Document.objects.filter(pk=first.pk).exists()
     assert not Chunk.objects.filter(document_id=first.pk).exists()
     assert [c.metadata["header"] for c in chunks_of(second)] == ["Beta"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refresh_racing_replacements_leaves_every_chunk_consistent():
+    """A thread replaces documents (new text, new version) while the refresh runs: every
+    chunk ends with the header its version should have and an embedding of exactly that
+    header and text; no chunk is left without its document."""
+    texts = [
+        f"# Bed {i}\n\nRadishes in bed {i}.\n\n## Care\n\nWater bed {i} daily." for i in range(12)
+    ]
+    options = {"collection": "garden", "chunk_size": 20, "chunk_overlap": 0, "format": "markdown"}
+    with override_settings(DJANGO_RAG=OFF):
+        for i, text in enumerate(texts):
+            rag.ingest(text, source_id=f"bed-{i}", title=f"Bed {i}", **options)
+    errors, during = [], []
+    refreshing, finished = threading.Event(), threading.Event()
+    apply_headers = maintenance._apply_headers
+
+    def slow_apply(*args):  # the refresh, a document at a time, leaves room between them
+        refreshing.set()
+        try:
+            return apply_headers(*args)
+        finally:
+            time.sleep(0.1)
+
+    def replace_some():
+        try:
+            refreshing.wait(30)
+            for round_ in range(3):
+                for i in range(0, 12, 2):
+                    text = texts[i] + f"\n\nRound {round_}: mulch bed {i}."
+                    rag.ingest(
+                        text, source_id=f"bed-{i}", title=f"Bed {i}", replace=True, **options
+                    )
+                    during.append(not finished.is_set())
+        except Exception as exc:  # reported below: the thread's failure fails the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    with (
+        override_settings(DJANGO_RAG=ON),
+        mock.patch.object(maintenance, "_apply_headers", slow_apply),
+    ):
+        worker = threading.Thread(target=replace_some)
+        worker.start()
+        try:
+            maintenance.refresh_headers(apply=True)
+        finally:
+            finished.set()
+            refreshing.set()
+            worker.join(120)
+        assert any(during), "no replacement ran while the refresh did"
+        assert not errors, errors
+        assert maintenance.refresh_headers() == {"documents": 0, "chunks": 0}
+        assert Document.objects.filter(collection__name="garden").count() == 12
+    chunks = Chunk.objects.filter(collection__name="garden").select_related("document")
+    assert all(c.metadata["header"].startswith(c.document.title) for c in chunks)
+    for document in Document.objects.filter(collection__name="garden"):
+        assert_embedded_as_ingest_would(document)
 
 
 @pytest.mark.django_db
