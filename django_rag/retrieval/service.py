@@ -186,16 +186,15 @@ def search_request(
         database=request.database,
     ) as s:
         store = get_vector_store(vector_store)
-        if request.context_window and not isinstance(store, PgVectorStore):
-            raise InvalidOption(
-                "context_window needs the pgvector store (the neighbouring chunks are read "
-                "from PostgreSQL); leave it 0 with another store."
-            )
-        if request.diversity and not isinstance(store, PgVectorStore):
-            raise InvalidOption(
-                "diversity needs the pgvector store (the chunks' embeddings are read from "
-                "PostgreSQL); leave it 0 with another store."
-            )
+        for option, read in (
+            ("context_window", "the neighbouring chunks are"),
+            ("diversity", "the chunks' embeddings are"),
+        ):
+            if getattr(request, option) and not isinstance(store, PgVectorStore):
+                raise InvalidOption(
+                    f"{option} needs the pgvector store ({read} read from PostgreSQL); "
+                    "leave it 0 with another store."
+                )
         if isinstance(store, PgVectorStore):
             # Resolved once, before any model loads (an unknown collection is reported
             # first); the store, the chunk scope and the graph read the ids. Other stores

@@ -1,8 +1,8 @@
 from django.core.management.base import CommandError
 
 from django_rag import maintenance
-from django_rag.conf import get_setting
 from django_rag.exceptions import RagError
+from django_rag.ingestion.headers import headers_enabled
 from django_rag.management.progress import RagCommand
 
 
@@ -66,7 +66,7 @@ class Command(RagCommand):
         self.stdout.write(
             f"{verb} {found['chunks']} chunk header(s) in {found['documents']} document(s) "
             f"{'now matching' if apply else 'not matching'} CHUNK_HEADERS "
-            f"({'on' if get_setting('CHUNK_HEADERS') else 'off'})."
+            f"({'on' if headers_enabled() else 'off'})."
         )
         if found["chunks"] and not apply:
             self.stdout.write(
