@@ -147,7 +147,11 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
             weights = None if index else weights
         semantic = dict(self.without_excluded(parsed).semantic_hits(vector, limit=pool))
         fulltext = (
-            dict(self.fulltext_hits(parsed, limit=pool, weights=weights))
+            dict(
+                self.fulltext_hits(
+                    parsed, limit=pool, weights=weights, statistics_from=statistics_from
+                )
+            )
             if parsed.match is not None
             else {}
         )
