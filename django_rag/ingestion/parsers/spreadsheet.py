@@ -65,10 +65,10 @@ class XlsxParser(Parser):
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         openpyxl = require("openpyxl", "xlsx", "Reading Excel (.xlsx) files")
-        check_ooxml(data, filename=filename, required="xl/workbook.xml")
+        verified = check_ooxml(data, filename=filename, required="xl/workbook.xml")
         builder = TextBuilder(filename, what="sheet")
         try:
-            workbook = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
+            workbook = openpyxl.load_workbook(verified, read_only=True, data_only=True)
         except RagError:
             raise
         except Exception as exc:
