@@ -135,7 +135,7 @@ def pptx_file() -> bytes:
 
 
 def lying_docx() -> bytes:
-    """About 200 KB: word/document.xml declares its 1.5 KB but inflates to 200 MB."""
+    """About 200 KB: word/document.xml declares its 1.6 KB but inflates to 200 MB."""
     return with_lying_part(docx_file(), "word/document.xml")
 
 
