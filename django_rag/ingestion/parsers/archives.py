@@ -191,7 +191,9 @@ def _inflate(
         raise _damaged(filename, name, "it is encrypted")
     if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
         raise _damaged(
-            filename, name, f"compression method {info.compress_type}; only deflate is read"
+            filename,
+            name,
+            f"compression method {info.compress_type}; only stored and deflated members are read",
         )
     at = info.header_offset
     header = data[at : at + _LOCAL_HEADER.size]
