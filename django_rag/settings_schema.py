@@ -232,7 +232,8 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "MAX_ZIP_UNCOMPRESSED_BYTES",
         256 * MiB,
-        "ZIP-based inputs: most bytes the members may inflate to (None: no limit).",
+        "ZIP-based inputs: most bytes the archives of one parse may inflate to, counted as "
+        "they inflate (None: no limit).",
         INTEGER,
         nullable=True,
     ),

@@ -567,13 +567,19 @@ def test_a_zip_directory_too_large_for_its_members_is_refused_before_reading(set
         parse_bytes(zip_archive(members), filename="parts.docx")
 
 
-def test_a_member_inflating_past_its_declared_size_is_corrupt(settings):
-    """The directory may lie: the member stops at its declared size and fails its check."""
+def test_a_member_inflating_past_its_declared_size_is_refused(settings):
+    """The directory may lie: the member is stopped one byte past its declared size
+    (tests/test_zip_budget.py has the property-based and memory tests)."""
     settings.DJANGO_RAG = DOCX
     data = docx(b"<w:t>" + b"A" * 100_000 + b"</w:t>", 100, declared={"word/document.xml": 10})
     started = time.process_time()
-    with pytest.raises(CorruptFile, match="could not be read"):
+    with pytest.raises(DocumentTooLarge, match="inflates past the 10 bytes") as info:
         parse_bytes(data, filename="liar.docx")
+    assert info.value.details == {
+        "filename": "liar.docx",
+        "member": "word/document.xml",
+        "declared": 10,
+    }
     assert time.process_time() - started < 5
 
 

@@ -4,8 +4,10 @@ library opens it."""
 
 from __future__ import annotations
 
+import io
 import re
 import time
+import zipfile
 from typing import Any
 
 from ...exceptions import CorruptFile, DocumentTooLarge, MissingDependency
@@ -135,29 +137,24 @@ def markdown_table(rows: list[list[Any]]) -> str:
 _DOCTYPE_MARKS = (b"<!DOCTYPE", "<!DOCTYPE".encode("utf-16-le"), "<!DOCTYPE".encode("utf-16-be"))
 
 
-def check_ooxml(data: bytes, *, filename: str, required: str) -> None:
-    """Refuse an Office Open XML file (DOCX, PPTX, XLSX) before its library reads it:
-    the ZIP budgets (:func:`~django_rag.ingestion.archives.open_zip`: members, inflated
-    bytes, ratio), the part the format needs, and any XML part that declares a DTD. OOXML
+def check_ooxml(data: bytes, *, filename: str, required: str) -> io.BytesIO:
+    """Verify an Office Open XML file (DOCX, PPTX, XLSX) before its library reads it, and
+    return what the library must read instead of ``data``: the archive re-packed by
+    :func:`~django_rag.ingestion.archives.verified_zip` (every member inflated once within the
+    ZIP budgets, counted as it inflates, and stored, so the library's own zipfile inflates
+    nothing), once it holds the part the format needs and no XML part declaring a DTD. OOXML
     parts never carry one; a DTD is how entity-expansion bombs ("billion laughs") and
     external entities get in, so refusing it makes the XML parsers' own settings moot."""
-    from .archives import open_zip
+    from .archives import read_member, verified_zip
 
-    with open_zip(data, filename=filename) as archive:
+    verified = verified_zip(data, filename=filename)
+    with zipfile.ZipFile(io.BytesIO(verified)) as archive:
         names = set()
         for member in archive.infolist():
             names.add(member.filename)
             if not member.filename.endswith((".xml", ".rels", ".vml")):
                 continue
-            try:
-                with archive.open(member) as stream:
-                    content = stream.read()
-            except Exception as exc:
-                raise CorruptFile(
-                    f"{filename} is damaged: its part {member.filename[:200]!r} cannot be read "
-                    f"({exc}).",
-                    filename=filename,
-                ) from exc
+            content = read_member(archive, member.filename, filename=filename)
             if any(mark in content for mark in _DOCTYPE_MARKS):
                 raise CorruptFile(
                     f"{filename}: its part {member.filename[:200]!r} declares a DTD, which "
@@ -172,3 +169,4 @@ def check_ooxml(data: bytes, *, filename: str, required: str) -> None:
                 "wrong extension). Re-save it from an office suite.",
                 filename=filename,
             )
+    return io.BytesIO(verified)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import io
 import re
 from typing import Any
 
@@ -80,9 +79,9 @@ class DocxParser(Parser):
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         docx = require("docx", "docx", "Reading Word (.docx) files")
-        check_ooxml(data, filename=filename, required="word/document.xml")
+        verified = check_ooxml(data, filename=filename, required="word/document.xml")
         try:
-            document = docx.Document(io.BytesIO(data))
+            document = docx.Document(verified)
         except Exception as exc:  # lxml, zipfile, KeyError for missing parts
             raise CorruptFile(
                 f"{filename} could not be read as a Word document ({exc}); it may be damaged "

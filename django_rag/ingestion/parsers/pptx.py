@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 from typing import Any
 
 from ...exceptions import CorruptFile, RagError
@@ -65,9 +64,9 @@ class PptxParser(Parser):
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         pptx = require("pptx", "pptx", "Reading PowerPoint (.pptx) files")
-        check_ooxml(data, filename=filename, required="ppt/presentation.xml")
+        verified = check_ooxml(data, filename=filename, required="ppt/presentation.xml")
         try:
-            deck = pptx.Presentation(io.BytesIO(data))
+            deck = pptx.Presentation(verified)
         except Exception as exc:
             raise CorruptFile(
                 f"{filename} could not be read as a PowerPoint deck ({exc}); it may be damaged "

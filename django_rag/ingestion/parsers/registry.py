@@ -106,8 +106,15 @@ def parser_formats() -> dict[str, str]:
 
 
 def parse_bytes(data: bytes, *, filename: str) -> ParsedDocument:
+    """Parse ``data`` with the parser registered for ``filename``'s extension. Every archive
+    the parse opens, however deep (an email's attachments), inflates from one
+    ``MAX_ZIP_UNCOMPRESSED_BYTES`` budget."""
+    from .archives import inflation_budget
+
     parser = get_parser(filename)
-    parsed = check_parsed(parser.parse(data, filename=filename), parser=parser, filename=filename)
+    with inflation_budget():
+        parsed = parser.parse(data, filename=filename)
+    parsed = check_parsed(parsed, parser=parser, filename=filename)
     if not parsed.content_type or parsed.content_type == "application/octet-stream":
         parsed.content_type = mimetypes.guess_type(filename)[0] or "application/octet-stream"
     return parsed

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import csv
 import datetime
-import io
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
 from typing import Any
 
-from ...exceptions import CorruptFile, RagError
+from ...exceptions import CorruptFile, DocumentTooLarge, RagError
 from .base import ParsedDocument, Parser, check_input_size, decode_text
 from .common import TextBuilder, check_ooxml, header_rule, require, table_row
 from .text import TextParser
@@ -65,10 +65,10 @@ class XlsxParser(Parser):
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         openpyxl = require("openpyxl", "xlsx", "Reading Excel (.xlsx) files")
-        check_ooxml(data, filename=filename, required="xl/workbook.xml")
+        verified = check_ooxml(data, filename=filename, required="xl/workbook.xml")
         builder = TextBuilder(filename, what="sheet")
         try:
-            workbook = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
+            workbook = openpyxl.load_workbook(verified, read_only=True, data_only=True)
         except RagError:
             raise
         except Exception as exc:
@@ -130,10 +130,55 @@ def guess_delimiter(text: str) -> str:
     return best if counts[best] else ","
 
 
+# The most characters one CSV row (the lines one record spans) may have. Longer rows are refused
+# before the csv module reads them: a row becomes a list of its fields, about 60 bytes each, so a
+# 30 MB line of one-letter fields took 750 MB and 16 s before MAX_DOCUMENT_CHARS could refuse it.
+MAX_CSV_ROW_CHARS = 1024 * 1024
+# Where a line ends for the csv module (what io.StringIO(newline="") splits at).
+_LINE_END = re.compile(r"\r\n|\r|\n")
+
+
+class _BoundedLines:
+    """The lines of ``text``, each handed over only while the row being read stays within
+    ``limit`` characters: the row is refused before the csv module sees the line that would
+    take it past (the caller calls :meth:`row_done` after each row)."""
+
+    def __init__(self, text: str, *, limit: int, filename: str):
+        self.text = text
+        self.limit = limit
+        self.filename = filename
+        self.row_chars = 0
+        self.lines = 0
+
+    def row_done(self) -> None:
+        self.row_chars = 0
+
+    def __iter__(self) -> Iterator[str]:
+        text, position, length = self.text, 0, len(self.text)
+        while position < length:
+            match = _LINE_END.search(text, position)
+            end = match.end() if match else length
+            self.lines += 1
+            self.row_chars += end - position
+            if self.row_chars > self.limit:
+                raise DocumentTooLarge(
+                    f"{self.filename}: the row reaching line {self.lines:,} is longer than "
+                    f"{self.limit:,} characters, so it was refused before it was read (a row "
+                    "becomes a list of its fields: one this long can take gigabytes). Split "
+                    "the row, or ingest the file as text (.txt).",
+                    filename=self.filename,
+                    line=self.lines,
+                    limit=self.limit,
+                )
+            yield text[position:end]
+            position = end
+
+
 class CsvParser(TextParser):
     """A CSV (or TSV) file as one Markdown table, its first row the header. UTF-8 (with or
     without BOM) or BOM-marked UTF-16, like text files; the delimiter is guessed from the
-    first line (comma, semicolon, tab or pipe)."""
+    first line (comma, semicolon, tab or pipe). A row longer than ``MAX_CSV_ROW_CHARS``
+    characters is refused (:class:`DocumentTooLarge`) before it is read."""
 
     content_type = "text/csv"
     format = "markdown"
@@ -141,11 +186,21 @@ class CsvParser(TextParser):
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         check_input_size(self, len(data), filename=filename)
         text = decode_text(data, filename=filename)
-        delimiter = "\t" if filename.lower().endswith(".tsv") else guess_delimiter(text)
+        if filename.lower().endswith(".tsv"):
+            delimiter = "\t"
+        else:
+            delimiter = guess_delimiter(text[: MAX_CSV_ROW_CHARS + 1])
         builder = TextBuilder(filename)
-        reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+        lines = _BoundedLines(text, limit=MAX_CSV_ROW_CHARS, filename=filename)
+        reader = csv.reader(lines, delimiter=delimiter)
+
+        def rows() -> Iterator[list[str]]:
+            for row in reader:
+                yield row
+                lines.row_done()
+
         try:
-            rows = add_table(builder, reader)
+            count = add_table(builder, rows())
         except csv.Error as exc:
             raise CorruptFile(
                 f"{filename} is not valid CSV at line {reader.line_num} ({exc}). A field longer "
@@ -157,5 +212,5 @@ class CsvParser(TextParser):
         return builder.result(
             format=self.format,
             content_type=self.content_type,
-            metadata={"rows": rows, "delimiter": delimiter},
+            metadata={"rows": count, "delimiter": delimiter},
         )
