@@ -40,6 +40,17 @@ _VISIBLE = re.compile(rf"[^\s{INVISIBLE}]")
 MAX_METADATA_DEPTH = 100
 
 
+# C0 controls (NUL, tab and the line breaks among them), DEL and the C1 controls: nothing a
+# name, an id or a one-line query holds on purpose, and what terminals, logs and headers misread.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def control_character(value: str) -> int | None:
+    """The position of the first control character in ``value`` (C0, DEL, C1), or None."""
+    match = _CONTROL.search(value)
+    return None if match is None else match.start()
+
+
 def is_blank(text: str) -> bool:
     """True when ``text`` has nothing visible: only whitespace and zero-width characters."""
     return _VISIBLE.search(text) is None
@@ -70,6 +81,19 @@ def clean_string(value: Any, what: str, *, max_length: int) -> str:
     if len(value) > max_length:
         raise InvalidOption(
             f"{what} must be at most {max_length} characters, got {len(value):,}; shorten it."
+        )
+    return value
+
+
+def clean_name(value: Any, what: str, *, max_length: int) -> str:
+    """A name or id from an untrusted caller (a collection name, a source id, a title):
+    :func:`clean_string`'s rules, and no control character (tab and line breaks included)."""
+    value = clean_string(value, what, max_length=max_length)
+    position = control_character(value)
+    if position is not None:
+        raise InvalidOption(
+            f"{what} must not contain control characters: {value[position]!r} at character "
+            f"{position}. Use printable characters only."
         )
     return value
 
