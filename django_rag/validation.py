@@ -164,7 +164,14 @@ def clean_metadata(metadata: Any) -> dict:
     return metadata
 
 
-def clean_collection_name(collection: Any) -> str:
+# Primary keys are bigint: a larger number can name no row (and PostgreSQL refuses to compare).
+MAX_PK = 2**63 - 1
+
+
+def clean_collection_name(collection: Any, *, strict: bool = False) -> str:
+    """A collection name (None: ``DEFAULT_COLLECTION``): not blank, at most 255 characters, no
+    NUL, valid Unicode; with ``strict`` (names from untrusted callers: the HTTP API) no control
+    character either (:func:`clean_name`)."""
     name = get_setting("DEFAULT_COLLECTION") if collection is None else collection
     if hasattr(name, "name") and not isinstance(name, str):  # a Collection instance
         name = name.name
@@ -172,12 +179,17 @@ def clean_collection_name(collection: Any) -> str:
         raise InvalidOption(
             f"collection must be a non-empty name of at most 255 characters, got {collection!r}"
         )
+    if strict:
+        return clean_name(name, "collection", max_length=255)
     return clean_string(name, "collection", max_length=255)
 
 
-def clean_collection_names(collection: Any) -> list[str] | None:
+def clean_collection_names(
+    collection: Any, *, strict: bool = False, max_names: int | None = None
+) -> list[str] | None:
     """``collection`` as a list of names (None: no collection named), each checked as
-    :func:`clean_collection_name` checks one; a bytes, dict or non-iterable value is refused."""
+    :func:`clean_collection_name` checks one (``strict`` passed on); a bytes, dict or
+    non-iterable value is refused, and so are more than ``max_names`` names."""
     if collection is None:
         return None
     if isinstance(collection, str):
@@ -188,16 +200,24 @@ def clean_collection_names(collection: Any) -> list[str] | None:
         )
     else:
         names = list(collection)
+    if max_names is not None and len(names) > max_names:
+        raise InvalidOption(
+            f"collection may name at most {max_names} collections, got {len(names)}"
+        )
     for name in names:
         if not isinstance(name, str) or not name:
             raise InvalidOption(f"collection names must be non-empty strings, got {name!r}")
-        clean_collection_name(name)
+        clean_collection_name(name, strict=strict)
     return names
 
 
-def clean_source_id(source_id: Any) -> str:
+def clean_source_id(source_id: Any, *, strict: bool = False) -> str:
+    """A source id (None: ``""``): at most 512 characters, no NUL, valid Unicode; with
+    ``strict`` (untrusted callers) no control character either."""
     if source_id is None:
         return ""
+    if strict:
+        return clean_name(source_id, "source_id", max_length=512)
     return clean_string(source_id, "source_id", max_length=512)
 
 
