@@ -16,7 +16,7 @@ from ninja.files import UploadedFile
 from pydantic import Field
 
 from .. import __version__
-from ..access import can_manage, user_collections
+from ..access import api_collections, can_manage
 from ..answers import ask as ask_service
 from ..conversations import chat as chat_service
 from ..conversations import citation_dict, get_conversation, start_conversation
@@ -79,7 +79,7 @@ class Caller:
         if self.llm:
             limits.check_budget(key)
         request.rag_key = key
-        request.rag_collections = user_collections(user)
+        request.rag_collections = api_collections(user)
         return user
 
 
