@@ -276,6 +276,7 @@ def main() -> None:
             "AUTHENTICATE": "benchmarks.chat.benchmark_user",
             "RATE_LIMIT": None,
             "TOKEN_BUDGET": None,
+            "READ_ALL": "authenticated",  # the benchmark user is not staff
         },
     }
     conf.get_settings.cache_clear()

@@ -3,6 +3,12 @@
 ``DJANGO_RAG["DASHBOARD"]["COLLECTIONS"](user)`` scopes a user to collection names and
 ``DASHBOARD["PERMISSION"](user)`` says who may manage documents; both entry points ask here, so
 a user sees the same collections in the dashboard, the API and the chat box.
+
+Without a scope function the defaults are closed: the dashboard admits only users
+``DASHBOARD["PERMISSION"]`` admits (active staff by default), who read every collection; the
+API (and the chat box on it) lets active staff read every collection and everyone else
+nothing, unless ``API["READ_ALL"]`` opens it (:func:`api_collections`). The MCP server has its
+own list, ``MCP["COLLECTIONS"]``, empty by default.
 """
 
 from __future__ import annotations
@@ -67,3 +73,23 @@ def user_collections(user) -> set[str] | None:
         )
         return set()
     return set(names)
+
+
+def reads_everything(user) -> bool:
+    """Whether ``user`` reads every collection through the API when ``DASHBOARD["COLLECTIONS"]``
+    is not set: ``API["READ_ALL"]`` says who (None, the default, is ``"staff"``: active staff)."""
+    rule = get_setting("API")["READ_ALL"] or "staff"
+    if rule == "anyone":
+        return True
+    if not (user.is_authenticated and user.is_active):
+        return False
+    return rule == "authenticated" or bool(user.is_staff)
+
+
+def api_collections(user) -> set[str] | None:
+    """The collection names ``user`` may read through the HTTP API and the chat box, or None
+    for all: ``DASHBOARD["COLLECTIONS"](user)`` when it is set (:func:`user_collections`),
+    else all for whom :func:`reads_everything` allows and nothing for anyone else."""
+    if _callable("COLLECTIONS") is None:
+        return None if reads_everything(user) else set()
+    return user_collections(user)

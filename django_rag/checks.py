@@ -470,3 +470,32 @@ def check_api(app_configs=None, **kwargs):
             )
         )
     return errors
+
+
+@checks.register(checks.Tags.urls, checks.Tags.security)
+def check_api_scope(app_configs=None, **kwargs):
+    """W006: the API is mounted and nothing says who reads what through it (no
+    ``DASHBOARD["COLLECTIONS"]``, no ``API["READ_ALL"]``): only active staff read collections,
+    every other caller nothing. The hint says how to open it."""
+    try:
+        settings = get_settings()
+    except ConfigurationError:
+        return []  # reported as E005 by check_settings
+    if settings["DASHBOARD"].get("COLLECTIONS") is not None:
+        return []
+    if settings["API"].get("READ_ALL") is not None or not _api_mounted():
+        return []
+    return [
+        checks.Warning(
+            "The django_rag API is mounted and its collection scope is unconfigured "
+            "(DASHBOARD['COLLECTIONS'] and API['READ_ALL'] are not set): only active staff "
+            "read collections through it; other logged-in users and anonymous visitors read "
+            "nothing (searches answer 403, listings are empty).",
+            hint="Give DASHBOARD['COLLECTIONS'] a function (user) -> collection names for a "
+            "per-user scope, or set API['READ_ALL'] = 'authenticated' to let every logged-in "
+            "user read every collection ('anyone' adds anonymous visitors when "
+            "API['ANONYMOUS'] is on); API['READ_ALL'] = 'staff' keeps the default and "
+            "silences this warning (docs/api.md#scope).",
+            id="django_rag.W006",
+        )
+    ]

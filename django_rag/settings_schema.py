@@ -578,6 +578,16 @@ SCHEMA: tuple[Setting, ...] = (
                 (bool,),
             ),
             _s(
+                "READ_ALL",
+                None,
+                "Who reads every collection when DASHBOARD['COLLECTIONS'] is not set: 'staff' "
+                "(active staff; other callers read nothing), 'authenticated' (every logged-in "
+                "user), 'anyone' (anonymous visitors too, with ANONYMOUS); None: 'staff', and "
+                "system check W006 says so.",
+                choices=("staff", "authenticated", "anyone"),
+                nullable=True,
+            ),
+            _s(
                 "RATE_LIMIT",
                 60,
                 "Requests per minute per user (per IP address when anonymous); None: no limit.",

@@ -40,6 +40,17 @@ _VISIBLE = re.compile(rf"[^\s{INVISIBLE}]")
 MAX_METADATA_DEPTH = 100
 
 
+# C0 controls (NUL, tab and the line breaks among them), DEL and the C1 controls: nothing a
+# name, an id or a one-line query holds on purpose, and what terminals, logs and headers misread.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def control_character(value: str) -> int | None:
+    """The position of the first control character in ``value`` (C0, DEL, C1), or None."""
+    match = _CONTROL.search(value)
+    return None if match is None else match.start()
+
+
 def is_blank(text: str) -> bool:
     """True when ``text`` has nothing visible: only whitespace and zero-width characters."""
     return _VISIBLE.search(text) is None
@@ -70,6 +81,19 @@ def clean_string(value: Any, what: str, *, max_length: int) -> str:
     if len(value) > max_length:
         raise InvalidOption(
             f"{what} must be at most {max_length} characters, got {len(value):,}; shorten it."
+        )
+    return value
+
+
+def clean_name(value: Any, what: str, *, max_length: int) -> str:
+    """A name or id from an untrusted caller (a collection name, a source id, a title):
+    :func:`clean_string`'s rules, and no control character (tab and line breaks included)."""
+    value = clean_string(value, what, max_length=max_length)
+    position = control_character(value)
+    if position is not None:
+        raise InvalidOption(
+            f"{what} must not contain control characters: {value[position]!r} at character "
+            f"{position}. Use printable characters only."
         )
     return value
 
@@ -140,7 +164,14 @@ def clean_metadata(metadata: Any) -> dict:
     return metadata
 
 
-def clean_collection_name(collection: Any) -> str:
+# Primary keys are bigint: a larger number can name no row (and PostgreSQL refuses to compare).
+MAX_PK = 2**63 - 1
+
+
+def clean_collection_name(collection: Any, *, strict: bool = False) -> str:
+    """A collection name (None: ``DEFAULT_COLLECTION``): not blank, at most 255 characters, no
+    NUL, valid Unicode; with ``strict`` (names from untrusted callers: the HTTP API) no control
+    character either (:func:`clean_name`)."""
     name = get_setting("DEFAULT_COLLECTION") if collection is None else collection
     if hasattr(name, "name") and not isinstance(name, str):  # a Collection instance
         name = name.name
@@ -148,12 +179,17 @@ def clean_collection_name(collection: Any) -> str:
         raise InvalidOption(
             f"collection must be a non-empty name of at most 255 characters, got {collection!r}"
         )
+    if strict:
+        return clean_name(name, "collection", max_length=255)
     return clean_string(name, "collection", max_length=255)
 
 
-def clean_collection_names(collection: Any) -> list[str] | None:
+def clean_collection_names(
+    collection: Any, *, strict: bool = False, max_names: int | None = None
+) -> list[str] | None:
     """``collection`` as a list of names (None: no collection named), each checked as
-    :func:`clean_collection_name` checks one; a bytes, dict or non-iterable value is refused."""
+    :func:`clean_collection_name` checks one (``strict`` passed on); a bytes, dict or
+    non-iterable value is refused, and so are more than ``max_names`` names."""
     if collection is None:
         return None
     if isinstance(collection, str):
@@ -164,16 +200,24 @@ def clean_collection_names(collection: Any) -> list[str] | None:
         )
     else:
         names = list(collection)
+    if max_names is not None and len(names) > max_names:
+        raise InvalidOption(
+            f"collection may name at most {max_names} collections, got {len(names)}"
+        )
     for name in names:
         if not isinstance(name, str) or not name:
             raise InvalidOption(f"collection names must be non-empty strings, got {name!r}")
-        clean_collection_name(name)
+        clean_collection_name(name, strict=strict)
     return names
 
 
-def clean_source_id(source_id: Any) -> str:
+def clean_source_id(source_id: Any, *, strict: bool = False) -> str:
+    """A source id (None: ``""``): at most 512 characters, no NUL, valid Unicode; with
+    ``strict`` (untrusted callers) no control character either."""
     if source_id is None:
         return ""
+    if strict:
+        return clean_name(source_id, "source_id", max_length=512)
     return clean_string(source_id, "source_id", max_length=512)
 
 

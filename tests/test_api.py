@@ -15,6 +15,7 @@ from django.test import Client  # noqa: E402
 
 import django_rag as rag  # noqa: E402
 from django_rag.models import Chunk, Conversation, Document, Message  # noqa: E402
+from django_rag.testing import ScriptedLLM  # noqa: E402
 from tests.conftest import stub_llm  # noqa: E402
 from tests.stub_openai import Drop  # noqa: E402
 
@@ -295,7 +296,11 @@ def test_uploads_go_through_the_job_path_and_documents_can_be_deleted(site, clie
 
 
 def test_anonymous_chat_is_kept_per_session_when_allowed(site, settings):
-    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "API": {"ANONYMOUS": True}, "DASHBOARD": {}}
+    settings.DJANGO_RAG = {
+        **settings.DJANGO_RAG,
+        "API": {"ANONYMOUS": True, "READ_ALL": "anyone"},
+        "DASHBOARD": {},
+    }
     site.stub.default = "Paris [1]."
     visitor = requests.Session()
     visitor.cookies.set("csrftoken", CSRF)
@@ -315,12 +320,122 @@ def test_anonymous_chat_is_kept_per_session_when_allowed(site, settings):
 
     # Anonymous limits count per address: dropping the session cookie buys no fresh limit.
     cache.clear()
-    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "API": {"ANONYMOUS": True, "RATE_LIMIT": 2}}
+    settings.DJANGO_RAG = {
+        **settings.DJANGO_RAG,
+        "API": {"ANONYMOUS": True, "READ_ALL": "anyone", "RATE_LIMIT": 2},
+    }
     codes = []
     for _ in range(3):
         fresh = requests.Session()
         codes.append(fresh.get(site.api + "/conversations").status_code)
     assert codes == [200, 200, 429]
+
+
+# --- the default scope (issue 34): closed without DASHBOARD["COLLECTIONS"] --------------------
+
+
+def no_collection(user):
+    return []
+
+
+@pytest.fixture
+def unscoped(settings):
+    """No scope function: the API's default decides who reads what."""
+    cache.clear()
+    settings.DJANGO_RAG = {
+        "EMBEDDER": "hashing",
+        "LLM": ScriptedLLM(default="Radium [1]."),
+        "API": {"RATE_LIMIT": None, "ANONYMOUS": True},
+    }
+    rag.ingest(CURIE, collection="help", source_id="curie", title="Marie Curie")
+    yield settings
+    cache.clear()
+
+
+def caller(username=None, *, staff=False):
+    client = Client()
+    if username is not None:
+        client.force_login(User.objects.create_user(username, is_staff=staff))
+    return client
+
+
+def post(client, path, body):
+    return client.post("/rag/api" + path, body, content_type="application/json")
+
+
+def reads(client) -> bool:
+    """Whether the caller reads the 'help' collection (a search finds it)."""
+    response = post(client, "/search", {"query": "radium"})
+    if response.status_code == 403:
+        assert response.json()["error"]["code"] == "permission_denied"
+        return False
+    assert response.status_code == 200, response.content
+    return [h["collection"] for h in response.json()["results"]] == ["help"]
+
+
+def test_without_a_scope_a_user_who_is_not_staff_reads_nothing(unscoped):
+    reader = caller("reader")
+    doc, chunk = Document.objects.get(), Chunk.objects.get()
+    assert not reads(reader)
+    named = post(reader, "/search", {"query": "radium", "collection": "help"})
+    assert named.status_code == 404 and named.json()["error"]["code"] == "unknown_collection"
+    assert post(reader, "/ask", {"question": "Who discovered radium?"}).status_code == 403
+    assert reader.get("/rag/api/collections").json() == {"collections": []}
+    assert reader.get("/rag/api/documents").json() == {"documents": []}
+    assert reader.get(f"/rag/api/documents/{doc.pk}").status_code == 404
+    assert reader.get(f"/rag/api/chunks/{chunk.pk}").status_code == 404
+    # Their own conversation may be started, but a turn has nothing to search.
+    conv = post(reader, "/conversations", {})
+    assert conv.status_code == 201
+    turn = post(reader, f"/conversations/{conv.json()['id']}/messages", {"message": "radium?"})
+    assert turn.status_code == 403
+    # An allowed anonymous visitor reads nothing either; staff read everything, as before.
+    assert not reads(caller())
+    assert caller().get(f"/rag/api/chunks/{chunk.pk}").status_code == 404
+    boss = caller("boss", staff=True)
+    assert reads(boss)
+    assert [c["name"] for c in boss.get("/rag/api/collections").json()["collections"]] == ["help"]
+    assert boss.get(f"/rag/api/chunks/{chunk.pk}").json()["source_id"] == "curie"
+
+
+@pytest.mark.parametrize(
+    ("read_all", "staff", "reader", "anonymous"),
+    [
+        (None, True, False, False),
+        ("staff", True, False, False),
+        ("authenticated", True, True, False),
+        ("anyone", True, True, True),
+    ],
+)
+def test_read_all_says_who_reads_every_collection(unscoped, read_all, staff, reader, anonymous):
+    api = {**unscoped.DJANGO_RAG["API"], "READ_ALL": read_all}
+    unscoped.DJANGO_RAG = {**unscoped.DJANGO_RAG, "API": api}
+    assert reads(caller("boss", staff=True)) is staff
+    assert reads(caller("reader")) is reader
+    assert reads(caller()) is anonymous
+
+
+def test_a_scope_function_decides_for_everyone_whatever_read_all_says(unscoped):
+    unscoped.DJANGO_RAG = {
+        **unscoped.DJANGO_RAG,
+        "API": {"RATE_LIMIT": None, "READ_ALL": "anyone"},
+        "DASHBOARD": {"COLLECTIONS": "tests.test_api.no_collection"},
+    }
+    assert not reads(caller("boss", staff=True))
+    assert not reads(caller("reader"))
+
+
+def test_an_inactive_staff_user_from_a_token_hook_reads_nothing(unscoped, settings):
+    user = User.objects.create_user("alice", is_staff=True, is_active=False)
+    api = {**unscoped.DJANGO_RAG["API"], "AUTHENTICATE": "tests.test_api.token_user"}
+    unscoped.DJANGO_RAG = {**unscoped.DJANGO_RAG, "API": api}
+    response = Client().post(
+        "/rag/api/search",
+        {"query": "radium"},
+        content_type="application/json",
+        HTTP_AUTHORIZATION="Bearer alice-token",
+    )
+    assert user.is_staff and response.status_code == 403
 
 
 def test_the_openapi_description_lists_every_endpoint(site):

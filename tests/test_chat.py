@@ -120,6 +120,58 @@ def test_clean_reply_is_bounded_and_strips_prefaces():
     assert clean_reply("ok query\n" + "z" * 10_000_000, "m") == "ok query"
 
 
+UNUSABLE_REPLIES = [
+    pytest.param("\ud800", id="lone-surrogate"),
+    pytest.param("refunds for \udc80opened products", id="surrogate-inside"),
+    pytest.param("refunds\x00 for opened products", id="nul"),
+    pytest.param("refunds\x07 for opened products", id="bell"),
+    pytest.param("refunds\tfor opened products", id="tab"),
+    pytest.param("refunds \x9b for opened products", id="c1-control"),
+    pytest.param("\u200b\u200d", id="invisible-only"),
+    pytest.param("", id="empty"),
+]
+
+
+@pytest.mark.parametrize("reply", UNUSABLE_REPLIES)
+def test_an_unusable_condenser_reply_falls_back_to_the_message(corpus, reply):
+    """A scripted condenser replying text the user could not have sent (issue 34): the turn
+    searches the user's message, answers, and stores why; it never fails as invalid_text."""
+    llm = answers("First [1].", "Second [1].")
+    first = rag.chat("Tell me about Tesla", llm=llm)
+    condense_llm = ScriptedLLM(reply)
+    second = rag.chat(
+        "what did he design?", conversation=first.conversation, llm=llm, condense_llm=condense_llm
+    )
+    assert len(condense_llm.calls) == 1  # the condenser was asked, and its reply refused
+    assert second.condensed is False
+    assert second.query == "what did he design?"
+    assert second.text == "Second [1]."
+    assert second.message.retrieval["fallback"] == "the condenser's reply was unusable"
+    assert clean_reply(reply, "what did he design?") is None
+
+
+def test_a_condensed_query_longer_than_max_query_chars_falls_back(corpus, settings):
+    # The reply passes the condenser's own length rule (three times the message) but not the
+    # search's MAX_QUERY_CHARS: the message is searched instead of answering 400 query_too_long.
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "MAX_QUERY_CHARS": 40}
+    llm = answers("First [1].", "Second [1].")
+    first = rag.chat("Tell me about Tesla", llm=llm)
+    message = "and what did he design then, exactly?"  # 37 characters: within the limit
+    second = rag.chat(
+        message,
+        conversation=first.conversation,
+        llm=llm,
+        condense_llm=ScriptedLLM("What did Nikola Tesla design in 1887 and later?"),
+    )
+    assert second.condensed is False and second.query == message
+    assert second.message.retrieval["fallback"] == "the condenser's reply was unusable"
+
+
+def test_a_usable_reply_with_quotes_and_unicode_is_kept():
+    assert clean_reply("Qu'a conçu Nikola Tesla ?", "et lui ?") == "Qu'a conçu Nikola Tesla ?"
+    assert clean_reply("Tesla 🔌 motor\r\n", "and him?") == "Tesla 🔌 motor"
+
+
 def test_memory_keeps_the_newest_turns_within_the_token_budget():
     turns = [("user", "a" * 40, 10), ("assistant", "b" * 40, 10), ("user", "c" * 40, 10)]
     assert recent_turns(turns, 20) == [("assistant", "b" * 40), ("user", "c" * 40)]

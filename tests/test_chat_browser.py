@@ -30,7 +30,11 @@ def screenshot(driver, name):
 @pytest.fixture
 def page(live_server, client, tmp_path, settings, stub_llm_server):
     cache.clear()
-    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "LLM": stub_llm(stub_llm_server)}
+    settings.DJANGO_RAG = {
+        "EMBEDDER": "hashing",
+        "LLM": stub_llm(stub_llm_server),
+        "API": {"READ_ALL": "authenticated"},  # the reader is not staff
+    }
     rag.ingest(
         "Refunds are paid within 14 days of the return reaching our warehouse.",
         collection="help",

@@ -3,6 +3,7 @@ import sys
 import pytest
 from django.conf import settings
 from django.contrib.sessions.middleware import SessionMiddleware
+from django.core import checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection
@@ -296,6 +297,49 @@ def test_unmounted_api_is_not_checked(settings):
 
 
 urlpatterns: list = []  # ROOT_URLCONF of the test above
+
+
+# --- the API's scope (W006) ------------------------------------------------------------------
+
+
+def scope_checks():
+    from django_rag.checks import check_api_scope
+
+    return check_api_scope()
+
+
+@needs_api
+def test_a_mounted_api_without_a_scope_is_w006_with_a_hint_that_opens_it(settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing"}
+    (warning,) = scope_checks()
+    assert warning.id == "django_rag.W006" and warning.level == checks.WARNING
+    assert "DASHBOARD['COLLECTIONS']" in warning.msg and "API['READ_ALL']" in warning.msg
+    assert "API['READ_ALL'] = 'authenticated'" in warning.hint
+    assert "DASHBOARD['COLLECTIONS']" in warning.hint
+    with pytest.raises(SystemCheckError, match="W006"):
+        call_command("check", "--fail-level", "WARNING")
+
+
+@needs_api
+@pytest.mark.parametrize("read_all", ["staff", "authenticated", "anyone"])
+def test_read_all_or_a_scope_function_silences_w006(settings, read_all):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "API": {"READ_ALL": read_all}}
+    assert scope_checks() == []
+    settings.DJANGO_RAG = {
+        "EMBEDDER": "hashing",
+        "DASHBOARD": {"COLLECTIONS": "tests.test_api.tenant_scope"},
+    }
+    assert scope_checks() == []
+
+
+@needs_api
+def test_w006_is_not_raised_for_an_unmounted_api_or_a_bad_setting(settings):
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "API": {"READ_ALL": "everybody"}}
+    assert scope_checks() == []  # E005 reports the value
+    assert any(e.id == "django_rag.E005" and "READ_ALL" in e.msg for e in check_settings())
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing"}
+    settings.ROOT_URLCONF = "tests.test_checks"  # a urlconf without the API
+    assert scope_checks() == []
 
 
 def test_authenticate_hook_that_does_not_import_is_e012(settings):

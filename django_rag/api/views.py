@@ -6,17 +6,17 @@ validated by pydantic schemas, and the OpenAPI description generated from the sa
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 from django.db.models import Count
 from django.http import HttpResponse
-from ninja import File, Form, Query, Schema
+from ninja import File, Form, Path, Query, Schema
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.files import UploadedFile
 from pydantic import Field
 
 from .. import __version__
-from ..access import can_manage, user_collections
+from ..access import api_collections, can_manage
 from ..answers import ask as ask_service
 from ..conversations import chat as chat_service
 from ..conversations import citation_dict, get_conversation, start_conversation
@@ -25,7 +25,6 @@ from ..ingestion.service import delete as delete_document
 from ..ingestion.service import ingest_bytes
 from ..models import Chunk, Collection, Conversation, Document
 from ..retrieval.service import search as search_service
-from ..validation import clean_collection_name
 from . import limits
 from .errors import (
     ApiError,
@@ -34,6 +33,16 @@ from .errors import (
     not_authenticated,
     not_found,
     rag_error_response,
+)
+from .inputs import (
+    MAX_OFFSET,
+    MAX_PK,
+    CollectionName,
+    CollectionScope,
+    OptionalCollection,
+    SourceId,
+    Text,
+    Title,
 )
 from .openapi import RagNinjaAPI
 from .sse import stream_events
@@ -46,7 +55,6 @@ api = RagNinjaAPI(
     docs_url=None,  # the interactive page loads its assets from a CDN; the JSON is served
 )
 
-MAX_ID = 2**63 - 1
 Scope = str | list[str] | None
 
 
@@ -71,7 +79,7 @@ class Caller:
         if self.llm:
             limits.check_budget(key)
         request.rag_key = key
-        request.rag_collections = user_collections(user)
+        request.rag_collections = api_collections(user)
         return user
 
 
@@ -140,10 +148,13 @@ def scope(request, requested: Scope) -> list[str] | None:
     return sorted(allowed)
 
 
-def _pk(value: int) -> int:
-    if not 1 <= value <= MAX_ID:
-        raise not_found()
-    return value
+def _id() -> Any:
+    """A path id: an integer a bigint primary key can hold (else 400 invalid_input)."""
+    return Path(..., ge=1, le=MAX_PK)
+
+
+def _offset() -> Any:
+    return Query(0, ge=0, le=MAX_OFFSET)
 
 
 def _scoped(queryset, request, field: str = "collection__name"):
@@ -178,15 +189,15 @@ def answer_json(answer) -> dict:
 
 
 class SearchIn(Schema):
-    query: str = Field(min_length=1, max_length=10_000)
-    collection: Scope = None
+    query: Text
+    collection: CollectionScope = None
     mode: Literal["semantic", "fulltext", "hybrid"] | None = None
     limit: int = Field(10, ge=1, le=50)
 
 
 class AskIn(Schema):
-    question: str = Field(min_length=1, max_length=10_000)
-    collection: Scope = None
+    question: Text
+    collection: CollectionScope = None
     mode: Literal["semantic", "fulltext", "hybrid"] | None = None
     limit: int = Field(5, ge=1, le=20)
     stream: bool = False
@@ -221,12 +232,12 @@ def ask(request, body: AskIn):
 
 
 class ConversationIn(Schema):
-    title: str = Field("", max_length=200)
-    collection: Scope = None
+    title: Title = ""
+    collection: CollectionScope = None
 
 
 class MessageIn(Schema):
-    message: str = Field(min_length=1, max_length=10_000)
+    message: Text
     mode: Literal["semantic", "fulltext", "hybrid"] | None = None
     limit: int = Field(5, ge=1, le=20)
     stream: bool = False
@@ -257,7 +268,7 @@ def conversation_json(conv: Conversation, *, messages: bool = False) -> dict:
 
 
 @api.get("/conversations", auth=OPEN, tags=["chat"], summary="Your conversations")
-def conversations(request, offset: int = Query(0, ge=0), limit: int = Query(20, ge=1, le=100)):
+def conversations(request, offset: int = _offset(), limit: int = Query(20, ge=1, le=100)):
     if request.user.is_authenticated:
         mine = Conversation.objects.filter(owner=request.user)
     else:
@@ -273,8 +284,8 @@ def create_conversation(request, body: ConversationIn):
 
 
 @api.get("/conversations/{conversation_id}", auth=OPEN, tags=["chat"], summary="A conversation")
-def conversation(request, conversation_id: int):
-    conv = get_conversation(_pk(conversation_id), **_owner(request))
+def conversation(request, conversation_id: int = _id()):
+    conv = get_conversation(conversation_id, **_owner(request))
     return conversation_json(conv, messages=True)
 
 
@@ -284,8 +295,8 @@ def conversation(request, conversation_id: int):
     tags=["chat"],
     summary="Send a message; the answer comes back as JSON or SSE",
 )
-def post_message(request, conversation_id: int, body: MessageIn):
-    conv = get_conversation(_pk(conversation_id), **_owner(request))
+def post_message(request, body: MessageIn, conversation_id: int = _id()):
+    conv = get_conversation(conversation_id, **_owner(request))
     # The stored scope is checked again: the user's own scope may have shrunk since.
     collection = scope(request, conv.collections)
     result = chat_service(
@@ -348,8 +359,8 @@ def document_json(doc: Document) -> dict:
 @api.get("/documents", auth=READ, tags=["documents"], summary="Documents you may read")
 def documents(
     request,
-    collection: str | None = Query(None, max_length=255),
-    offset: int = Query(0, ge=0),
+    collection: Annotated[OptionalCollection, Query(None)],
+    offset: int = _offset(),
     limit: int = Query(20, ge=1, le=100),
 ):
     rows = _scoped(Document.objects.select_related("collection"), request)
@@ -361,10 +372,10 @@ def documents(
 
 
 @api.get("/documents/{document_id}", auth=READ, tags=["documents"], summary="One document")
-def document(request, document_id: int):
+def document(request, document_id: int = _id()):
     doc = (
         _scoped(Document.objects.select_related("collection"), request)
-        .filter(pk=_pk(document_id))
+        .filter(pk=document_id)
         .first()
     )
     if doc is None:
@@ -376,21 +387,20 @@ def document(request, document_id: int):
 def upload(
     request,
     file: File[UploadedFile],
-    collection: str = Form(..., max_length=255),
-    source_id: str = Form("", max_length=512),
+    collection: Form[CollectionName],
+    source_id: Annotated[SourceId, Form("")],
     replace: bool = Form(False),
 ):
     if not can_manage(request.user):
         raise forbidden("Uploading needs the dashboard permission (DASHBOARD['PERMISSION']).")
-    name = clean_collection_name(collection)
-    scope(request, name)
+    scope(request, collection)
     if file.size > limits.get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"]:
         raise ApiError(413, "request_too_large", "The file is larger than MAX_UPLOAD_BYTES.")
     # Stored with its job: parsed by the job, in a memory-limited child, never in this process.
     doc = ingest_bytes(
         file.read(),
         filename=file.name,
-        collection=name,
+        collection=collection,
         source_id=source_id or None,
         replace=replace,
         background=True,
@@ -401,10 +411,10 @@ def upload(
 
 
 @api.delete("/documents/{document_id}", auth=READ, tags=["documents"], summary="Delete a document")
-def remove_document(request, document_id: int):
+def remove_document(request, document_id: int = _id()):
     if not can_manage(request.user):
         raise forbidden("Deleting needs the dashboard permission (DASHBOARD['PERMISSION']).")
-    doc = _scoped(Document.objects.all(), request).filter(pk=_pk(document_id)).first()
+    doc = _scoped(Document.objects.all(), request).filter(pk=document_id).first()
     if doc is None:
         raise not_found("No such document.")
     delete_document(doc)
@@ -412,10 +422,10 @@ def remove_document(request, document_id: int):
 
 
 @api.get("/chunks/{chunk_id}", auth=OPEN, tags=["documents"], summary="One chunk (a citation)")
-def chunk(request, chunk_id: int):
+def chunk(request, chunk_id: int = _id()):
     row = (
         _scoped(Chunk.objects.select_related("document", "collection"), request)
-        .filter(pk=_pk(chunk_id))
+        .filter(pk=chunk_id)
         .first()
     )
     if row is None:

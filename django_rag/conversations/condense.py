@@ -4,7 +4,9 @@ A condenser is any ``(message, turns) -> str`` callable, or a :class:`Condenser`
 :class:`LLMCondenser` asks an LLM (``CHAT["LLM"]``, else ``DJANGO_RAG["LLM"]``) with its own
 prompt. The first turn of a conversation is never condensed. A condenser that fails (an LLM
 error) or replies something unusable (empty, several paragraphs, far longer than the message)
-falls back to the message itself: retrieval then runs on what the user typed.
+falls back to the message itself: retrieval then runs on what the user typed. So does a reply
+holding a control character or an unpaired surrogate, or longer than ``MAX_QUERY_CHARS``: the
+model's mistake never fails the turn as if the user had sent bad text.
 """
 
 from __future__ import annotations
@@ -16,8 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conf import build_component, get_setting
-from ..exceptions import RagError
+from ..exceptions import InvalidInput, RagError
 from ..llm import LLM, get_llm
+from ..validation import clean_query, control_character
 from . import prompts
 
 logger = logging.getLogger("django_rag.conversations")
@@ -100,7 +103,7 @@ def clean_reply(reply: Any, message: str) -> str | None:
     Linear in the first ``MAX_REPLY_CHARS`` characters; the rest is never read."""
     if not isinstance(reply, str):
         return None
-    text = reply[:MAX_REPLY_CHARS].replace("\x00", "")
+    text = reply[:MAX_REPLY_CHARS]
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if not lines:
         return None
@@ -115,7 +118,16 @@ def clean_reply(reply: Any, message: str) -> str | None:
         return None
     if len(query) > max(MAX_QUERY_CHARS, 3 * len(message)):
         return None
-    return query
+    # What the user's message may hold, a model's reply may not: a control character (NUL
+    # included) or an unpaired surrogate makes it unusable, as does a query longer than
+    # MAX_QUERY_CHARS, so the turn searches the message instead of failing on the reply.
+    if control_character(query) is not None:
+        return None
+    try:
+        visible = clean_query(query)  # "" when only invisible characters are left
+    except InvalidInput:
+        return None
+    return query if visible else None
 
 
 def condense(message: str, turns: Turns, condenser: Condenser | None) -> Condensed:

@@ -19,7 +19,7 @@ from ..llm import collect_usage
 from ..models import Conversation, Message
 from ..results import Answer, Usage
 from ..signals import span
-from ..validation import clean_query
+from ..validation import clean_collection_names, clean_query, clean_title
 from .condense import Condensed, condense, get_condenser
 from .memory import estimate_tokens, recent_turns
 
@@ -76,12 +76,10 @@ class ChatStream:
 
 
 def _scope(collection: Any) -> list[str] | None:
-    if collection is None:
-        return None
-    if isinstance(collection, str):
-        return [collection]
-    names = list(collection)
-    if not names or not all(isinstance(name, str) and name for name in names):
+    # Checked as search checks names (blank, too long, NUL, unpaired surrogate) before the
+    # scope is stored: a name PostgreSQL cannot store would fail the insert, not the caller.
+    names = clean_collection_names(collection)
+    if names is not None and not names:
         raise InvalidOption("collection must be a name or a non-empty list of names")
     return names
 
@@ -119,7 +117,7 @@ def start_conversation(
         owner=user if authenticated else None,
         session_key="" if authenticated else session_key,
         collections=_scope(collection),
-        title=(title or "")[:TITLE_CHARS],
+        title=clean_title(title)[:TITLE_CHARS],
     )
 
 
@@ -256,6 +254,9 @@ def chat(
     if not isinstance(message, str) or not message.strip():
         raise InvalidInput("chat() needs a non-empty message string.")
     message = clean_query(message).strip()
+    if not message:  # only NUL or invisible characters: nothing to search or answer
+        raise InvalidInput("chat() needs a message with something visible in it.")
+    title = clean_title(title) or None
     if engine not in ENGINES:
         raise InvalidOption(f"engine must be one of {', '.join(ENGINES)}, got {engine!r}")
     if stream and engine != "ask":

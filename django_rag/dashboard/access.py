@@ -14,7 +14,7 @@ from django.http import Http404, HttpResponse, HttpResponseBadRequest
 
 from ..access import can_manage, user_collections
 from ..exceptions import ConfigurationError, RagError
-from ..validation import clean_string
+from ..validation import MAX_PK, clean_string
 
 logger = logging.getLogger(__name__)
 
@@ -52,17 +52,13 @@ def param(request, name: str, *, method: str = "GET", max_length: int = 500) -> 
     return clean_string(data.get(name) or "", name, max_length=max_length)
 
 
-# Primary keys are bigint: a larger number can name no row.
-_MAX_PK = 2**63 - 1
-
-
 def object_id(value: Any) -> int:
     """A primary key from the URL or a parameter; anything but an id that can exist is a 404."""
     try:
         pk = int(value)
     except (TypeError, ValueError):  # not a number (or one with thousands of digits)
         raise Http404("No such object.") from None
-    if not 1 <= pk <= _MAX_PK:
+    if not 1 <= pk <= MAX_PK:
         raise Http404("No such object.")
     return pk
 

@@ -67,4 +67,8 @@ DJANGO_RAG = {
     "EMBEDDER": {"BACKEND": "sentence-transformers", "OPTIONS": {"model": "all-MiniLM-L6-v2"}},
     "EMBEDDING_DIMENSIONS": 384,
     "DEFAULT_COLLECTION": "default",
+    # Who reads every collection through the API and the chat box (/chat/) when
+    # DASHBOARD["COLLECTIONS"] is not set: active staff (the default, stated so that system
+    # check W006 is quiet); "authenticated" would open it to every logged-in user.
+    "API": {"READ_ALL": "staff"},
 }
