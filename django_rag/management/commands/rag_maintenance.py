@@ -11,7 +11,8 @@ class Command(RagCommand):
         "Maintenance: `orphans` finds (and with --apply removes) inconsistent rows; `jobs` "
         "counts (and with --apply deletes) finished jobs older than --days; `headers` finds "
         "(and with --apply rebuilds, re-indexes and re-embeds) chunks whose header does not "
-        "match CHUNK_HEADERS."
+        "match CHUNK_HEADERS; `vector-index` compares the HNSW index with VECTOR_INDEX_TYPE "
+        "(and with --apply rebuilds it of that type)."
     )
 
     def add_arguments(self, parser):
@@ -26,8 +27,17 @@ class Command(RagCommand):
         )
         headers.add_argument("--collection", help="only this collection")
         headers.add_argument("--apply", action="store_true", help="rebuild them (default: dry run)")
+        index = actions.add_parser(
+            "vector-index", help="the HNSW index against VECTOR_INDEX_TYPE ('vector'/'halfvec')"
+        )
+        index.add_argument(
+            "--apply", action="store_true", help="rebuild it when it differs (default: dry run)"
+        )
 
     def handle(self, *args, action, **options):
+        if action == "vector-index":
+            self._vector_index(options["apply"])
+            return
         if action == "headers":
             self._headers(options["collection"], options["apply"])
             return
@@ -72,4 +82,25 @@ class Command(RagCommand):
             self.stdout.write(
                 "Dry run: nothing was changed. Run again with --apply to rebuild, re-index and "
                 "re-embed them."
+            )
+
+    def _vector_index(self, apply):
+        try:
+            state = maintenance.vector_index(apply=apply)
+        except (RagError, LookupError) as exc:
+            raise CommandError(str(exc)) from exc
+        found = state["index"] or "missing"
+        if state["rebuilt"]:
+            self.stdout.write(
+                f"Rebuilt the HNSW index as {found} (VECTOR_INDEX_TYPE={state['configured']!r})."
+            )
+        elif state["matches"]:
+            self.stdout.write(
+                f"The HNSW index is {found}, as VECTOR_INDEX_TYPE={state['configured']!r} asks."
+            )
+        else:
+            self.stdout.write(
+                f"The HNSW index is {found} but VECTOR_INDEX_TYPE={state['configured']!r}. Dry "
+                "run: nothing was changed. Run again with --apply to rebuild it (built "
+                "concurrently: searches and writes go on meanwhile)."
             )
