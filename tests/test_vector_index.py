@@ -168,6 +168,18 @@ def test_switching_the_setting_and_rebuilding_gives_an_index_of_that_type(halfve
     assert check_database(databases=["default"]) == []
 
 
+def test_the_info_page_shows_the_index_type(staff, settings):
+    from django.urls import reverse
+
+    body = staff.get(reverse("django_rag_dashboard:info")).content.decode()
+    assert "Vector index: vector (VECTOR_INDEX_TYPE vector)" in body
+    assert "does not match" not in body
+    settings.DJANGO_RAG = HALF
+    body = staff.get(reverse("django_rag_dashboard:info")).content.decode()
+    assert "VECTOR_INDEX_TYPE halfvec)" in body
+    assert "rag_maintenance vector-index --apply" in body
+
+
 def test_a_missing_index_is_w006(settings):
     with connection.cursor() as cursor:
         cursor.execute(f"DROP INDEX {vi.HNSW_INDEX}")
