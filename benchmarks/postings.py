@@ -48,7 +48,7 @@ from django.db import connection  # noqa: E402
 from benchmarks.beir import load, metrics  # noqa: E402
 from django_rag.conf import search_setting  # noqa: E402
 from django_rag.models import Chunk, fulltext_search, impact_search, postings  # noqa: E402
-from django_rag.models.fulltext import parse_query, term_weights  # noqa: E402
+from django_rag.models.fulltext import parse_query  # noqa: E402
 from django_rag.store import rebuild_postings  # noqa: E402
 
 
@@ -246,7 +246,6 @@ def main() -> None:
             cursor.execute("DROP TABLE IF EXISTS bench_sparse")
             cursor.execute("DROP TABLE IF EXISTS bench_vocabulary")
     print(f"\n- Load average at the end: {os.getloadavg()[0]:.1f}")
-    del term_weights  # imported for readers of this script: the statistics the lists bound with
 
 
 if __name__ == "__main__":

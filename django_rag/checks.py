@@ -15,12 +15,13 @@ from .conf import (
     get_settings,
     import_string,
     validate_settings,
+    vector_index_type,
 )
 from .embeddings import get_embedder
 from .exceptions import ConfigurationError, UnknownSetting
 from .ingestion.chunkers import get_chunker
 from .ingestion.parsers import get_parser, parser_registry
-from .models import Chunk
+from .models import Chunk, vector_index
 from .retrieval.stores import get_vector_store
 from .store.vector_stores import writes_supported
 
@@ -197,7 +198,8 @@ def _version_errors(postgresql, installed, available) -> list:
 @checks.register(checks.Tags.database)
 def check_database(app_configs=None, databases=None, **kwargs):
     """E001 (pgvector unavailable), E004 (column size != EMBEDDING_DIMENSIONS), E008 and E009
-    (PostgreSQL or pgvector older than supported), W001, W002."""
+    (PostgreSQL or pgvector older than supported), E013 (``VECTOR_INDEX_TYPE`` "halfvec" on a
+    pgvector without it), W007 (the HNSW index is not of ``VECTOR_INDEX_TYPE``), W001, W002."""
 
     alias = _chunk_db()
     if databases is None or alias not in databases:
@@ -232,6 +234,7 @@ def check_database(app_configs=None, databases=None, **kwargs):
                 [Chunk._meta.db_table],
             )
             column = cursor.fetchone()
+        index = vector_index.installed_index(connection) if column is not None else None
     except DatabaseError as exc:
         return [
             checks.Warning(
@@ -254,7 +257,53 @@ def check_database(app_configs=None, databases=None, **kwargs):
                     id="django_rag.E004",
                 )
             )
+    errors.extend(_index_type_messages(installed or available, column, index))
     return errors
+
+
+def _index_type_messages(pgvector, column, index) -> list:
+    """E013: ``VECTOR_INDEX_TYPE`` is "halfvec" but pgvector has no halfvec (before 0.7).
+    W007: the chunk table's HNSW index is missing or of another type than the setting."""
+    try:
+        kind = vector_index_type()
+    except ConfigurationError:
+        return []  # reported as E005 by check_settings
+    if pgvector < vector_index.MINIMUM_PGVECTOR[kind]:
+        if kind == "vector":
+            return []  # E009
+        return [
+            checks.Error(
+                f"DJANGO_RAG['VECTOR_INDEX_TYPE'] is 'halfvec' but pgvector {_shown(pgvector)} "
+                "has no halfvec type (pgvector 0.7 brought it): the index cannot be built and "
+                "semantic searches would fail.",
+                hint="Upgrade pgvector on the server to 0.7 or newer and run ALTER EXTENSION "
+                "vector UPDATE; in this database, or set VECTOR_INDEX_TYPE back to 'vector' "
+                "(docs/scaling.md, 'Half-precision index').",
+                id="django_rag.E013",
+            )
+        ]
+    if column is None:
+        return []  # not migrated yet: migrate builds the index of the configured type
+    dimensions = int(column[0].partition("(")[2].rstrip(")") or 0) or None
+    if index is not None and index.matches(kind, dimensions):
+        return []
+    if index is None:
+        problem = "is missing"
+    else:
+        problem = (
+            f"holds {index.describe()} but DJANGO_RAG['VECTOR_INDEX_TYPE'] is {kind!r} "
+            f"(semantic searches order by the {kind} distance, which it cannot serve)"
+        )
+    return [
+        checks.Warning(
+            f"The HNSW index of the chunk vectors ({vector_index.HNSW_INDEX}) {problem}: every semantic "
+            "search scans every chunk.",
+            hint="Rebuild the index of the configured type: python manage.py rag_maintenance "
+            "vector-index --apply (built concurrently: searches and writes go on meanwhile); "
+            "or set VECTOR_INDEX_TYPE back to the index's type.",
+            id="django_rag.W007",
+        )
+    ]
 
 
 @checks.register(checks.Tags.urls)

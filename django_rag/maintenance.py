@@ -282,6 +282,8 @@ def switch_embedder(
     params = {"model": embedder.model_name, "dimensions": dimensions}
     job = _job(SWITCH, params, resume, job)
     try:
+        # Refused before any work when the configured index type cannot hold its vectors.
+        schema.check_switch(dimensions)
         with span("reembed", model=embedder.model_name, switch=True) as s:
             # A new job over a leftover shadow column of the same model keeps its vectors.
             schema.prepare_shadow(dimensions, fresh=False)
@@ -496,6 +498,23 @@ def remove_orphans() -> dict[str, int]:
     return removed
 
 
+# --- the HNSW index's type ----------------------------------------------------------------------
+
+
+def vector_index(*, apply: bool = False) -> dict[str, Any]:
+    """The chunk vectors' HNSW index against ``VECTOR_INDEX_TYPE``: ``configured``, ``index``
+    (what the database has: ``"vector"``, ``"halfvec(n)"``, or None), ``dimensions`` (the
+    column's), ``matches``; with ``apply``, an index that does not match is rebuilt of the
+    configured type (concurrently: searches go on meanwhile) and ``rebuilt`` says so."""
+    state = schema.index_state()
+    state["rebuilt"] = False
+    if apply and not state["matches"]:
+        with span("vector_index", configured=state["configured"], previous=state["index"]):
+            schema.rebuild_index()
+        state = {**schema.index_state(), "rebuilt": True}
+    return state
+
+
 # --- info ----------------------------------------------------------------------------------------
 
 
@@ -514,6 +533,7 @@ def info() -> dict[str, Any]:
         "settings": redact(get_settings()),
         "embedder": {"model": embedder.model_name, "dimensions": embedder.dimensions},
         "embedding_dimensions": get_setting("EMBEDDING_DIMENSIONS"),
+        "vector_index": schema.index_state(),
         "pgvector": pgvector_version(),
         "collections": collections,
         "chunks_by_model": dict(_chunks_by_model()),

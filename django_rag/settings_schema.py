@@ -141,8 +141,17 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "EMBEDDING_DIMENSIONS",
         384,
-        "Size of the chunk embedding column; equals the embedder's output size (at most 2,000).",
+        "Size of the chunk embedding column; equals the embedder's output size (at most 2,000 "
+        "with VECTOR_INDEX_TYPE 'vector', 4,000 with 'halfvec').",
         INTEGER,
+    ),
+    _s(
+        "VECTOR_INDEX_TYPE",
+        "vector",
+        "What the HNSW index of the chunk vectors holds: 'vector' (32-bit floats) or 'halfvec' "
+        "(16-bit floats, an expression index over the same column: about 43% smaller, models "
+        "up to 4,000 dimensions, pgvector 0.7+); rag_maintenance vector-index rebuilds it.",
+        choices=("vector", "halfvec"),
     ),
     _s(
         "NEXT_EMBEDDER",
@@ -583,7 +592,7 @@ SCHEMA: tuple[Setting, ...] = (
                 "Who reads every collection when DASHBOARD['COLLECTIONS'] is not set: 'staff' "
                 "(active staff; other callers read nothing), 'authenticated' (every logged-in "
                 "user), 'anyone' (anonymous visitors too, with ANONYMOUS); None: 'staff', and "
-                "system check W006 says so.",
+                "system check W007 says so.",
                 choices=("staff", "authenticated", "anyone"),
                 nullable=True,
             ),

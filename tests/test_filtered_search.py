@@ -130,7 +130,7 @@ def test_index_path_uses_iterative_scans_on_pgvector_08(populated):
     small = Collection.objects.get(name="small")
     rows = Chunk.objects.filter(collection_id__in=[small.pk])
     vector = np.asarray(get_embedder().embed_query(" ".join(rng.choices(vocabulary, k=6))))
-    base = rows.annotate(distance=CosineDistance("embedding", vector.tolist()))
+    base = rows._ranked(vector.tolist())
     with transaction.atomic(), connection.cursor() as cursor:
         # The planner would rather sort the collection's 50 rows; push it onto the index.
         for setting in ("enable_seqscan", "enable_bitmapscan", "enable_sort"):

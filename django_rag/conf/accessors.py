@@ -259,24 +259,52 @@ def check_background_settings() -> None:
 
 
 MAX_DIMENSIONS = 2000  # pgvector's HNSW limit for `vector` columns
+# pgvector's HNSW limit for `halfvec`: with VECTOR_INDEX_TYPE "halfvec" the column stays `vector`
+# (which stores up to 16,000 dimensions) and the index holds `embedding::halfvec(n)`.
+MAX_HALFVEC_DIMENSIONS = 4000
+VECTOR_INDEX_LIMITS = {"vector": MAX_DIMENSIONS, "halfvec": MAX_HALFVEC_DIMENSIONS}
+
+
+def vector_index_type() -> str:
+    """``VECTOR_INDEX_TYPE``: ``"vector"`` or ``"halfvec"``, what the HNSW index holds."""
+    return get_setting("VECTOR_INDEX_TYPE")
+
+
+def check_index_dimensions(dims: int, setting: str = "EMBEDDING_DIMENSIONS", value=None) -> int:
+    """``dims`` if the configured HNSW index type can index vectors of that size, else a
+    :class:`ConfigurationError` naming ``setting`` (shown with ``value``, default ``dims``)
+    and what to do."""
+    kind = vector_index_type()
+    limit = VECTOR_INDEX_LIMITS[kind]
+    if dims <= limit:
+        return dims
+    if kind == "vector" and dims <= MAX_HALFVEC_DIMENSIONS:
+        # pgvector's HNSW index takes `vector` columns of at most 2,000 dimensions: migrate
+        # would fail creating it. Say so before, with what to do.
+        fix = (
+            "set VECTOR_INDEX_TYPE = 'halfvec' (half-precision vectors in the index, up to "
+            "4,000 dimensions), or use a model that can shorten its vectors (OpenAI's "
+            "text-embedding-3 models take dimensions=1536, for example) and set "
+            "EMBEDDING_DIMENSIONS to that size"
+        )
+    else:
+        fix = (
+            "use an embedding model of at most 4,000 dimensions, or one that can shorten its "
+            "vectors (OpenAI's text-embedding-3 models take dimensions=1536, for example)"
+        )
+    raise ConfigurationError(
+        setting,
+        dims if value is None else value,
+        f"{dims} dimensions are above {limit}, the most pgvector's HNSW index takes for "
+        f"{kind} (VECTOR_INDEX_TYPE = {kind!r}); {fix}",
+    )
 
 
 def embedding_dimensions() -> int:
     dims = get_setting("EMBEDDING_DIMENSIONS")
     if not isinstance(dims, int) or isinstance(dims, bool) or dims <= 0:
         raise ConfigurationError("EMBEDDING_DIMENSIONS", dims, "must be a positive integer")
-    if dims > MAX_DIMENSIONS:
-        # pgvector's HNSW index takes `vector` columns of at most 2,000 dimensions: migrate
-        # would fail creating it. Say so before, with what to do.
-        raise ConfigurationError(
-            "EMBEDDING_DIMENSIONS",
-            dims,
-            f"is above {MAX_DIMENSIONS}, the most pgvector's HNSW index takes for vector "
-            "columns; use an embedding model of at most 2,000 dimensions, or one that can "
-            "shorten its vectors (OpenAI's text-embedding-3 models take dimensions=1536, for "
-            "example) and set EMBEDDING_DIMENSIONS to that size",
-        )
-    return dims
+    return check_index_dimensions(dims)
 
 
 _reset_callbacks: list[Callable[[], None]] = []

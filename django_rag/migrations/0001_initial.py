@@ -4,7 +4,7 @@ import django.contrib.postgres.indexes
 import django.contrib.postgres.search
 import django.db.models.deletion
 import django_rag.models.fields
-import pgvector.django.indexes
+import django_rag.models.vector_index
 from pgvector.django import VectorExtension
 from django.db import migrations, models
 
@@ -150,7 +150,10 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name="chunk",
-            index=pgvector.django.indexes.HnswIndex(
+            # Of the type VECTOR_INDEX_TYPE names when migrate runs (an expression index over
+            # embedding::halfvec(n) for "halfvec"), as the column's size comes from
+            # EMBEDDING_DIMENSIONS: neither is in the migration state.
+            index=django_rag.models.vector_index.EmbeddingIndex(
                 ef_construction=64,
                 fields=["embedding"],
                 m=16,

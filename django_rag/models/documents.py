@@ -6,11 +6,11 @@ from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import Func
-from pgvector.django import HnswIndex
 
 from ..exceptions import CollectionNotEmpty
 from .fields import EmbeddingField
 from .managers import ChunkQuerySet
+from .vector_index import HNSW_EF_CONSTRUCTION, HNSW_INDEX, HNSW_M, EmbeddingIndex
 
 
 class Collection(models.Model):
@@ -159,11 +159,12 @@ class Chunk(models.Model):
             ),
         ]
         indexes = [
-            HnswIndex(
-                name="django_rag_chunk_hnsw_idx",
+            # Of the type VECTOR_INDEX_TYPE names when it is created (models.vector_index).
+            EmbeddingIndex(
+                name=HNSW_INDEX,
                 fields=["embedding"],
-                m=16,
-                ef_construction=64,
+                m=HNSW_M,
+                ef_construction=HNSW_EF_CONSTRUCTION,
                 opclasses=["vector_cosine_ops"],
             ),
             GinIndex(fields=["search_vector"], name="django_rag_chunk_fts_idx"),

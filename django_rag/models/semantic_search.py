@@ -12,8 +12,9 @@ from django.db import connections, transaction
 from django.db.models import F, Value
 from pgvector.django import CosineDistance
 
-from ..conf import search_setting
+from ..conf import search_setting, vector_index_type
 from .result_rows import _result, _with_result_columns
+from .vector_index import ranking_distance, require_supported
 
 try:
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
@@ -92,7 +93,7 @@ class SemanticSearch:
     def _nearest(self, vector: Sequence[float], limit: int, *, columns: bool = False) -> list:
         """Rows ``(pk, cosine distance[, result columns])`` of the ``limit`` nearest chunks,
         nearest first; complete under any filter (see :meth:`semantic_hits`)."""
-        base = self.annotate(distance=CosineDistance("embedding", vector))
+        base = self._ranked(vector)
         if self.query.where:
             cap = search_setting("EXACT_SEARCH_MAX_ROWS")
             if self._count_upto(cap + 1) <= cap:
@@ -104,6 +105,19 @@ class SemanticSearch:
         if len(rows) < limit and self._count_upto(limit) > len(rows):
             rows = self._exact(base, limit, columns=columns)
         return rows
+
+    def _ranked(self, vector: Sequence[float]):
+        """This queryset with ``distance`` and ``rank`` to ``vector``. ``distance`` (full
+        precision) is what a hit reports and the exact scan ranks by; ``rank`` is the distance
+        the HNSW index holds, which an index scan must order by for the planner to use the
+        index: the same for a ``"vector"`` index, ``embedding::halfvec(n) <=>
+        query::halfvec(n)`` for ``"halfvec"`` (``VECTOR_INDEX_TYPE``)."""
+        base = self.annotate(distance=CosineDistance("embedding", vector))
+        if vector_index_type() == "vector":
+            return base.annotate(rank=F("distance"))
+        # A typed error where pgvector has no halfvec (before 0.7), not a failing query.
+        require_supported("halfvec", pgvector_version(self.db))
+        return base.annotate(rank=ranking_distance(vector))
 
     def _count_upto(self, cap: int) -> int:
         return self.order_by().values("pk")[:cap].count()
@@ -142,9 +156,10 @@ class SemanticSearch:
         settings = [("hnsw.ef_search", str(min(ef_search, 1000)))]
         if iterative:
             settings.append(("hnsw.iterative_scan", "relaxed_order"))
-        ranked = base.order_by("distance").values_list("pk", "distance")[:limit]
+        ranked = base.order_by("rank").values_list("pk", "distance")[:limit]
         rows = self._fetch(ranked, columns=columns, settings=settings)
-        # relaxed_order may return neighbours slightly out of order.
+        # relaxed_order may return neighbours slightly out of order; a halfvec index ranks by
+        # half-precision distances: the hits are in the order of their full-precision ones.
         return sorted(rows, key=lambda row: (row[1], row[0]))
 
     def _fetch(self, ranked, *, columns: bool, settings=()) -> list:

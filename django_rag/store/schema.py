@@ -1,8 +1,9 @@
 """Changes to the chunk table beyond rows: vectors written in batches, the shadow column of a
 zero-downtime model switch and its swap, and the removal of inconsistent rows.
 
-Index definitions come from the ``Chunk`` model's ``Meta.indexes``, so a swapped column gets
-exactly the index a fresh migration would create.
+Index definitions come from the ``Chunk`` model's ``Meta.indexes`` (the HNSW index of the
+type ``VECTOR_INDEX_TYPE`` names, :mod:`django_rag.models.vector_index`), so a swapped column
+gets exactly the index a fresh migration would create.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from django.db import connections, transaction
-from pgvector.django import HnswIndex
 
-from ..models import Chunk, Entity
+from ..conf import check_index_dimensions, vector_index_type
+from ..models import Chunk, Entity, vector_index
 from ..models.databases import write_db
 from .headers import indexed_sql
 from .vector_stores import sync_vectors
@@ -22,6 +23,7 @@ ENTITIES = Entity._meta.db_table
 NEXT = "embedding_next"
 NEXT_MODEL = "embedding_model_next"
 NEXT_INDEX = "django_rag_chunk_hnsw_next"
+REBUILT_INDEX = "django_rag_chunk_hnsw_rebuilt"
 
 
 def _connection():
@@ -41,13 +43,14 @@ def _index(name_prefix: str):
     raise LookupError(name_prefix)
 
 
-def _hnsw_sql(name: str, column: str, *, concurrently: bool) -> str:
-    index = _index("django_rag_chunk_hnsw")
-    assert isinstance(index, HnswIndex)
-    options = ", ".join(index.get_with_params())
-    return (
-        f"CREATE INDEX {'CONCURRENTLY' if concurrently else ''} {name} ON {CHUNKS} "
-        f"USING hnsw ({column} {index.opclasses[0]}) WITH ({options})"
+def _hnsw_sql(name: str, column: str, dimensions: int, *, concurrently: bool, connection) -> str:
+    """The HNSW index of the configured type on ``column`` (refused, before any work, where
+    pgvector lacks the type or cannot index vectors of this size with it)."""
+    kind = vector_index_type()
+    check_index_dimensions(dimensions, "VECTOR_INDEX_TYPE", kind)
+    vector_index.require_supported(kind, vector_index.extension_version(connection))
+    return vector_index.index_sql(
+        name, CHUNKS, column, dimensions, kind=kind, concurrently=concurrently
     )
 
 
@@ -78,22 +81,13 @@ def write_vectors(
 
 def shadow_dimensions() -> int | None:
     """The size of the shadow column left by a switch, or None."""
-    with _connection().cursor() as cursor:
-        cursor.execute(
-            "SELECT format_type(atttypid, atttypmod) FROM pg_attribute "
-            "WHERE attrelid = %s::regclass AND attname = %s AND NOT attisdropped",
-            [CHUNKS, NEXT],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    return int(row[0].split("(")[1].rstrip(")"))
+    return vector_index.column_dimensions(_connection(), CHUNKS, NEXT)
 
 
-def _flush_deferred_checks(cursor) -> None:
-    # Django's foreign keys are deferred; PostgreSQL refuses ALTER TABLE while checks of this
-    # transaction are pending, so run them now.
-    if _connection().in_atomic_block:
+def _flush_deferred_checks(cursor, connection=None) -> None:
+    # Django's foreign keys are deferred; PostgreSQL refuses ALTER TABLE (and CREATE INDEX)
+    # while checks of this transaction are pending, so run them now.
+    if (connection or _connection()).in_atomic_block:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
 
 
@@ -140,7 +134,15 @@ def index_shadow() -> None:
         cursor.execute(
             f"DROP INDEX {'CONCURRENTLY' if concurrently else ''} IF EXISTS {NEXT_INDEX}"
         )
-        cursor.execute(_hnsw_sql(NEXT_INDEX, NEXT, concurrently=concurrently))
+        cursor.execute(
+            _hnsw_sql(
+                NEXT_INDEX,
+                NEXT,
+                shadow_dimensions(),
+                concurrently=concurrently,
+                connection=_connection(),
+            )
+        )
 
 
 def lock_chunk_writes() -> None:
@@ -153,7 +155,6 @@ def swap_shadow(dimensions: int) -> None:
     """Replace the embedding column by the shadow column, with the model's indexes, and clear
     the graph's entity vectors (they come from the old model). Run in the transaction that
     called :func:`lock_chunk_writes` and filled the last shadow vectors."""
-    hnsw = _index("django_rag_chunk_hnsw")
     model_index = _index("django_rag_chunk_model")
     with _connection().cursor() as cursor:
         _flush_deferred_checks(cursor)
@@ -164,13 +165,67 @@ def swap_shadow(dimensions: int) -> None:
             f"ALTER TABLE {CHUNKS} ALTER COLUMN embedding SET NOT NULL, "
             "ALTER COLUMN embedding_model SET NOT NULL"
         )
-        cursor.execute(f"ALTER INDEX {NEXT_INDEX} RENAME TO {hnsw.name}")
+        cursor.execute(f"ALTER INDEX {NEXT_INDEX} RENAME TO {vector_index.HNSW_INDEX}")
         cursor.execute(f"CREATE INDEX {model_index.name} ON {CHUNKS} (embedding_model)")
         # Graph matching skips entities without a vector until they are embedded again.
         cursor.execute(
             f"ALTER TABLE {ENTITIES} ALTER COLUMN embedding TYPE vector({int(dimensions)}) "
             "USING NULL"
         )
+
+
+def check_switch(dimensions: int) -> None:
+    """Refuse a model switch whose vectors the configured index type cannot hold, before any
+    vector is embedded (the shadow index is built only at the end)."""
+    check_index_dimensions(dimensions, "NEXT_EMBEDDER")
+    vector_index.require_supported(
+        vector_index_type(), vector_index.extension_version(_connection())
+    )
+
+
+# --- the HNSW index's type ------------------------------------------------------------------------
+
+
+def index_state(connection=None) -> dict:
+    """What ``VECTOR_INDEX_TYPE`` asks for and what the chunk table's HNSW index is:
+    ``configured``, ``dimensions`` (of the column), ``index`` (``"vector"``,
+    ``"halfvec(n)"``, another operator class, or None when there is none) and ``matches``."""
+    connection = connection or _connection()
+    kind = vector_index_type()
+    dimensions = vector_index.column_dimensions(connection, CHUNKS)
+    found = vector_index.installed_index(connection)
+    return {
+        "configured": kind,
+        "dimensions": dimensions,
+        "index": found.describe() if found else None,
+        "matches": found is not None and found.matches(kind, dimensions),
+    }
+
+
+def rebuild_index(connection=None) -> None:
+    """Build the chunk vectors' HNSW index again, of the type ``VECTOR_INDEX_TYPE`` names.
+
+    Outside a transaction the new index is built concurrently under another name while
+    searches use the old one, then replaces it in a short transaction (writers and searches
+    wait only for the drop and the rename); inside one (a migration), in place.
+    """
+    connection = connection or _connection()
+    dimensions = vector_index.column_dimensions(connection, CHUNKS)
+    if dimensions is None:
+        raise LookupError(f"{CHUNKS}.embedding does not exist: run migrate first")
+    concurrently = not connection.in_atomic_block
+    build = _hnsw_sql(
+        REBUILT_INDEX, "embedding", dimensions, concurrently=concurrently, connection=connection
+    )
+    with connection.cursor() as cursor:
+        _flush_deferred_checks(cursor, connection)
+        # A build that failed half-way (concurrently) leaves an invalid index of this name.
+        cursor.execute(f"DROP INDEX {'CONCURRENTLY' if concurrently else ''} IF EXISTS "
+                       f"{REBUILT_INDEX}")  # fmt: skip
+        cursor.execute(build)
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        cursor.execute(f"DROP INDEX IF EXISTS {vector_index.HNSW_INDEX}")
+        cursor.execute(f"ALTER INDEX {REBUILT_INDEX} RENAME TO {vector_index.HNSW_INDEX}")
 
 
 # --- inconsistent rows ----------------------------------------------------------------------------

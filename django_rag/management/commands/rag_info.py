@@ -22,6 +22,13 @@ class Command(RagCommand):
         embedder = data["embedder"]
         self.stdout.write(f"Embedder: {embedder['model']} ({embedder['dimensions']} dimensions)")
         self.stdout.write(f"EMBEDDING_DIMENSIONS: {data['embedding_dimensions']}")
+        index = data["vector_index"]
+        self.stdout.write(
+            f"Vector index: {index['index'] or 'missing'} (VECTOR_INDEX_TYPE="
+            f"{index['configured']!r}"
+            + (")" if index["matches"] else "; rebuild it: manage.py rag_maintenance vector-index "
+               "--apply)")
+        )  # fmt: skip
         self.stdout.write(f"pgvector: {data['pgvector']}")
         work = data["background"]
         self.stdout.write(

@@ -12,7 +12,8 @@ class Command(RagCommand):
         "counts (and with --apply deletes) finished jobs older than --days; `headers` finds "
         "(and with --apply rebuilds, re-indexes and re-embeds) chunks whose header does not "
         "match CHUNK_HEADERS; `postings` checks (and with --apply rebuilds) the full-text "
-        "posting lists."
+        "posting lists; `vector-index` compares the HNSW index with VECTOR_INDEX_TYPE (and "
+        "with --apply rebuilds it of that type)."
     )
 
     def add_arguments(self, parser):
@@ -33,10 +34,19 @@ class Command(RagCommand):
         lists.add_argument(
             "--apply", action="store_true", help="rebuild every list (default: dry run)"
         )
+        index = actions.add_parser(
+            "vector-index", help="the HNSW index against VECTOR_INDEX_TYPE ('vector'/'halfvec')"
+        )
+        index.add_argument(
+            "--apply", action="store_true", help="rebuild it when it differs (default: dry run)"
+        )
 
     def handle(self, *args, action, **options):
         if action == "postings":
             self._postings(options["apply"])
+            return
+        if action == "vector-index":
+            self._vector_index(options["apply"])
             return
         if action == "headers":
             self._headers(options["collection"], options["apply"])
@@ -96,4 +106,25 @@ class Command(RagCommand):
             self.stdout.write(
                 "Dry run: nothing was changed. Run again with --apply to rebuild the lists "
                 "(writers wait while it runs; searches go on)."
+            )
+
+    def _vector_index(self, apply):
+        try:
+            state = maintenance.vector_index(apply=apply)
+        except (RagError, LookupError) as exc:
+            raise CommandError(str(exc)) from exc
+        found = state["index"] or "missing"
+        if state["rebuilt"]:
+            self.stdout.write(
+                f"Rebuilt the HNSW index as {found} (VECTOR_INDEX_TYPE={state['configured']!r})."
+            )
+        elif state["matches"]:
+            self.stdout.write(
+                f"The HNSW index is {found}, as VECTOR_INDEX_TYPE={state['configured']!r} asks."
+            )
+        else:
+            self.stdout.write(
+                f"The HNSW index is {found} but VECTOR_INDEX_TYPE={state['configured']!r}. Dry "
+                "run: nothing was changed. Run again with --apply to rebuild it (built "
+                "concurrently: searches and writes go on meanwhile)."
             )
