@@ -225,8 +225,8 @@ def test_a_damaged_structure_is_found_and_repaired(shallow):
             [parse_query("w1x").terms[0]],
         )
         cursor.execute(
-            "INSERT INTO django_rag_posting (chunk_id, term, collection_id, impact) "
-            "SELECT id, 'zzz', collection_id, 1 FROM django_rag_chunk LIMIT 1"
+            "INSERT INTO django_rag_posting (chunk_id, term, collection_id, impact, tf, length) "
+            "SELECT id, 'zzz', collection_id, 1, 1, 1 FROM django_rag_chunk LIMIT 1"
         )
     found = check_postings()
     assert found["missing"] >= 2 and found["wrong_impact"] > 0 and found["stray"] == 1

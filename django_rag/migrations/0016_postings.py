@@ -28,8 +28,8 @@ BEGIN
                    coalesce(r.fts_length, 0) AS length
             FROM new_rows r, unnest(r.search_vector) u
         ), added AS (
-            INSERT INTO django_rag_posting (chunk_id, term, collection_id, impact)
-            SELECT p.id, p.term, p.collection_id, {_NEW_IMPACT} FROM p
+            INSERT INTO django_rag_posting (chunk_id, term, collection_id, impact, tf, length)
+            SELECT p.id, p.term, p.collection_id, {_NEW_IMPACT}, p.tf, p.length FROM p
             LEFT JOIN django_rag_term t ON t.term = p.term AND t.collection_id = p.collection_id
             WHERE {_NEW_IMPACT} > coalesce(t.impact_floor, 0)
             RETURNING collection_id, term
@@ -76,8 +76,8 @@ BEGIN
             FROM old_rows o JOIN new_rows r ON r.id = o.id, unnest(r.search_vector) u
             WHERE {_CHANGED}
         ), added AS (
-            INSERT INTO django_rag_posting (chunk_id, term, collection_id, impact)
-            SELECT p.id, p.term, p.collection_id, {_NEW_IMPACT} FROM p
+            INSERT INTO django_rag_posting (chunk_id, term, collection_id, impact, tf, length)
+            SELECT p.id, p.term, p.collection_id, {_NEW_IMPACT}, p.tf, p.length FROM p
             LEFT JOIN django_rag_term t ON t.term = p.term AND t.collection_id = p.collection_id
             WHERE {_NEW_IMPACT} > coalesce(t.impact_floor, 0)
             RETURNING collection_id, term
@@ -154,6 +154,8 @@ class Migration(migrations.Migration):
                 ("chunk_id", models.BigIntegerField()),
                 ("term", models.TextField()),
                 ("impact", models.FloatField()),
+                ("tf", models.SmallIntegerField()),
+                ("length", models.IntegerField()),
                 (
                     "collection",
                     models.ForeignKey(

@@ -1,15 +1,19 @@
 """Full-text top-k over the impact-ordered posting lists (:mod:`.postings`): a threshold
 algorithm whose cost follows how deep it reads, not how many chunks hold the query's words.
 
-Each round reads every query term's best ``depth`` postings in the searched collections (one
-statement), scores the chunks it has not scored yet exactly (the same BM25 SQL as every other
-path, with the queryset's filters), and stops when the ``limit``-th score is above what any
-chunk it has not read could score: the sum, over the terms, of the term's weight times the most
-its tf part can be at the term's frontier (:func:`.postings.unseen_bound`), plus every phrase
-boost. Otherwise it reads four times deeper. The result is the exact top ``limit`` (ties by
-primary key), the same as scoring every chunk.
+Each round reads every query word's best ``depth`` postings in the searched collections (one
+statement). A posting carries the word's tf in the chunk and the chunk's length, so the chunk's
+exact share of that word is known without reading the chunk; what it could get from the words
+whose lists it was not read in is bounded by those words' frontiers (:func:`.postings.unseen_bound`).
+That gives each chunk read an upper bound, and a chunk not read at all a bound too (every word
+at its frontier, plus every phrase boost). Chunks are then scored exactly (the same BM25 SQL as
+every other path, with the queryset's filters), best upper bound first, a batch at a time,
+until no chunk left unscored could reach the ``limit``-th exact score. The round's result
+stands when that score is also above the bound of the chunks not read; otherwise the next
+round reads four times deeper. The result is the exact top ``limit`` (ties by primary key), as
+if every chunk were scored; usually a few dozen chunks are.
 
-When a round reaches the end of a list that was trimmed (the rest of the term's chunks are only
+When a round reaches the end of a list that was trimmed (the rest of the word's chunks are only
 known to be at or below its floor) and still cannot stop, it gives up (returns None) and the
 caller falls back to MaxScore over the GIN index, which is always complete.
 """
@@ -25,11 +29,19 @@ from ..conf import search_setting
 from . import postings
 from .postings import list_heads, unseen_bound
 
-# The first round's depth per term and list (times `limit`, at least FIRST_DEPTH), and how much
+# The first round's depth per word and list (times `limit`, at least FIRST_DEPTH), and how much
 # deeper each next round reads.
 FIRST_DEPTH = 64
 DEPTH_PER_RESULT = 8
 DEPTH_GROWTH = 4
+# Chunks scored exactly per statement (at least; 2 x limit when more).
+SCORE_BATCH = 32
+
+
+def _above(bound: float, score: float) -> bool:
+    """Whether a chunk bounded by ``bound`` could reach ``score`` (with a hair for rounding:
+    PostgreSQL and Python compute the same BM25 in different orders)."""
+    return bound * (1 + 1e-9) + 1e-12 >= score
 
 
 def impact_hits(
@@ -48,43 +60,64 @@ def impact_hits(
         return None
     k1 = float(search_setting("BM25_K1"))
     b = float(search_setting("BM25_B"))
+    average = weights.average_length
     scoring = weights.scoring()
     boost_total = sum(w for _, w in boosts)
     table = scored.model._meta.db_table
+    batch_size = max(SCORE_BATCH, 2 * limit)
+
+    def part(tf: int, length: int) -> float:
+        """BM25's tf part, as bm25_sql computes it."""
+        return tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))
+
+    exact: dict[int, float] = {}  # chunks scored, that pass the queryset's filters
+    dropped: set[int] = set()  # chunks scored that do not
     depth = max(FIRST_DEPTH, DEPTH_PER_RESULT * limit)
-    seen: set[int] = set()
-    best: list[tuple[int, float]] = []
     while True:
         heads = list_heads(weights.terms, depth, using=scored.db, collection_ids=collection_ids)
-        new = sorted({pk for ids, _ in heads.values() for pk in ids} - seen)
-        if new:
-            seen.update(new)
-            found = (
-                scored.filter(
-                    RawSQL(f"{table}.id = ANY(%s::bigint[])", [new], output_field=BooleanField())
-                )
-                .order_by("-fulltext_score", "pk")
-                .values_list("pk", "fulltext_score")[:limit]
-            )
-            best = sorted([*best, *found], key=lambda hit: (-hit[1], hit[0]))[:limit]
         frontiers = [heads[term][1] for term in weights.terms]
-        if not any(frontiers):
-            return best  # every chunk holding a query word was read and scored
-        bound = sum(
+        rest = [
             weight
             * unseen_bound(
                 frontier,
                 k1=k1,
                 b=b,
-                average_length=weights.average_length,
+                average_length=average,
                 max_tf=weights.max_tf[i] if i < len(weights.max_tf) else None,
                 min_length=weights.min_length[i] if i < len(weights.min_length) else None,
             )
             for i, (weight, frontier) in enumerate(zip(scoring, frontiers, strict=True))
-        )
-        bound = (bound + boost_total) * (1 + 1e-9) + 1e-12
-        # Strictly above: an unread chunk scoring as much could tie and come first by pk.
-        if len(best) == limit and best[-1][1] > bound:
+        ]
+        unread = sum(rest) + boost_total
+        # Each chunk read: its exact share of the words it was read under, plus the bound of
+        # the others.
+        upper: dict[int, float] = {}
+        for i, term in enumerate(weights.terms):
+            for chunk, tf, length in heads[term][0]:
+                upper[chunk] = upper.get(chunk, unread) + scoring[i] * part(tf, length) - rest[i]
+        while True:
+            best = sorted(exact.items(), key=lambda hit: (-hit[1], hit[0]))[:limit]
+            floor = best[-1][1] if len(best) == limit else float("-inf")
+            pending = [
+                chunk
+                for chunk, bound in upper.items()
+                if chunk not in exact and chunk not in dropped and _above(bound, floor)
+            ]
+            if not pending:
+                break
+            pending.sort(key=lambda chunk: (-upper[chunk], chunk))
+            batch = pending[:batch_size]
+            found = dict(
+                scored.filter(
+                    RawSQL(f"{table}.id = ANY(%s::bigint[])", [batch], output_field=BooleanField())
+                ).values_list("pk", "fulltext_score")
+            )
+            exact.update(found)
+            dropped.update(chunk for chunk in batch if chunk not in found)
+        if not any(frontiers):
+            return best  # every chunk holding a query word was read
+        # Strictly above: a chunk not read scoring as much could tie and come first by pk.
+        if len(best) == limit and not _above(unread, best[-1][1]):
             return best
         if depth > postings.TRIM_AT + limit:
             # Past any trimmed list's length: what is left is only bounded by the floors.

@@ -102,6 +102,52 @@ def unseen_bound(
     return best if math.isfinite(best) else k1 + 1
 
 
+def list_heads(
+    terms: list[str],
+    depth: int,
+    *,
+    using: str = "default",
+    collection_ids: Sequence[int] | None = None,
+) -> dict[str, tuple[list[tuple[int, int, int]], float]]:
+    """The best ``depth`` postings of each of ``terms`` in each collection of
+    ``collection_ids`` (None: every collection), read in one statement (one snapshot, floors
+    included): ``{term: ([(chunk id, tf, length)], frontier)}``. Every chunk holding the term
+    that is not in the list has an impact at most ``frontier`` there (0: none is left)."""
+    if not terms:
+        return {}
+    scope, params = "", []
+    if collection_ids is not None:
+        scope, params = " AND collection_id = ANY(%s)", [[int(pk) for pk in collection_ids]]
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            "SELECT q.term, q.collection_id, q.floor, h.chunk_id, h.impact, h.tf, h.length "
+            "FROM (SELECT term, collection_id, max(floor) AS floor FROM ("
+            "SELECT term, collection_id, impact_floor AS floor FROM django_rag_term "
+            f"WHERE term = ANY(%s){scope} "
+            "UNION ALL SELECT term, collection_id, 0 FROM django_rag_term_delta "
+            f"WHERE term = ANY(%s){scope}) s GROUP BY 1, 2) q "
+            "LEFT JOIN LATERAL (SELECT chunk_id, impact, tf, length FROM django_rag_posting p "
+            "WHERE p.term = q.term AND p.collection_id = q.collection_id "
+            "ORDER BY p.impact DESC LIMIT %s) h ON true",
+            [list(terms), *params, list(terms), *params, int(depth)],
+        )
+        rows = cursor.fetchall()
+    lists: dict[tuple[str, int], tuple[float, list[tuple[int, float, int, int]]]] = {}
+    for term, pk, floor, chunk_id, value, tf, length in rows:
+        _, read = lists.setdefault((term, pk), (float(floor or 0.0), []))
+        if chunk_id is not None:
+            read.append((chunk_id, value, tf, length))
+    heads: dict[str, tuple[list[tuple[int, int, int]], float]] = {term: ([], 0.0) for term in terms}
+    for (term, _), (floor, read) in lists.items():
+        found, frontier = heads[term]
+        found.extend((chunk_id, tf, length) for chunk_id, _, tf, length in read)
+        # A full read may have left postings as good as its last one; a short one left only
+        # postings at or below the floor.
+        edge = max(read[-1][1], floor) if len(read) >= depth else floor
+        heads[term] = (found, max(frontier, edge))
+    return heads
+
+
 class Posting(models.Model):
     """A chunk holding a term, with the term's impact in it (see the module docstring)."""
 
@@ -118,6 +164,10 @@ class Posting(models.Model):
         related_name="+",
     )
     impact = models.FloatField()
+    # The term's frequency in the chunk and the chunk's length: a search computes the chunk's
+    # exact share of the term from them, without reading the chunk.
+    tf = models.SmallIntegerField()
+    length = models.IntegerField()
 
     class Meta:
         db_table = "django_rag_posting"
@@ -129,49 +179,3 @@ class Posting(models.Model):
 
     def __str__(self) -> str:
         return f"{self.term} in chunk {self.chunk_id}: {self.impact:.3f}"
-
-
-def list_heads(
-    terms: list[str],
-    depth: int,
-    *,
-    using: str = "default",
-    collection_ids: Sequence[int] | None = None,
-) -> dict[str, tuple[list[int], float]]:
-    """The best ``depth`` postings of each of ``terms`` in each collection of
-    ``collection_ids`` (None: every collection), read in one statement (one snapshot, floors
-    included): ``{term: (chunk ids, frontier)}``. Every chunk holding the term whose id is not
-    in the list has an impact at most ``frontier`` there (0: none is left)."""
-    if not terms:
-        return {}
-    scope, params = "", []
-    if collection_ids is not None:
-        scope, params = " AND collection_id = ANY(%s)", [[int(pk) for pk in collection_ids]]
-    with connections[using].cursor() as cursor:
-        cursor.execute(
-            "SELECT q.term, q.collection_id, q.floor, h.chunk_id, h.impact FROM ("
-            "SELECT term, collection_id, max(floor) AS floor FROM ("
-            f"SELECT term, collection_id, impact_floor AS floor FROM django_rag_term "
-            f"WHERE term = ANY(%s){scope} "
-            "UNION ALL SELECT term, collection_id, 0 FROM django_rag_term_delta "
-            f"WHERE term = ANY(%s){scope}) s GROUP BY 1, 2) q "
-            "LEFT JOIN LATERAL (SELECT chunk_id, impact FROM django_rag_posting p "
-            "WHERE p.term = q.term AND p.collection_id = q.collection_id "
-            "ORDER BY p.impact DESC LIMIT %s) h ON true",
-            [list(terms), *params, list(terms), *params, int(depth)],
-        )
-        rows = cursor.fetchall()
-    lists: dict[tuple[str, int], tuple[float, list[tuple[int, float]]]] = {}
-    for term, pk, floor, chunk_id, value in rows:
-        _, postings = lists.setdefault((term, pk), (float(floor or 0.0), []))
-        if chunk_id is not None:
-            postings.append((chunk_id, value))
-    heads: dict[str, tuple[list[int], float]] = {term: ([], 0.0) for term in terms}
-    for (term, _), (floor, postings) in lists.items():
-        ids, frontier = heads[term]
-        ids.extend(chunk_id for chunk_id, _ in postings)
-        # A full read may have left postings as good as its last one; a short one left only
-        # postings at or below the floor.
-        edge = max(postings[-1][1], floor) if len(postings) >= depth else floor
-        heads[term] = (ids, max(frontier, edge))
-    return heads

@@ -19,7 +19,8 @@ from .statistics import TF_SQL, compact_statistics
 _IMPACT = impact_sql(TF_SQL, "coalesce(c.fts_length, 0)")
 # Every (chunk, term) of the chunk table with its impact.
 _ALL_POSTINGS = f"""
-    SELECT c.id AS chunk_id, u.lexeme AS term, c.collection_id, {_IMPACT} AS impact
+    SELECT c.id AS chunk_id, u.lexeme AS term, c.collection_id, {_IMPACT} AS impact,
+           {TF_SQL} AS tf, coalesce(c.fts_length, 0) AS length
     FROM django_rag_chunk c, unnest(c.search_vector) u
 """
 
@@ -28,7 +29,7 @@ def check_postings(using: str = "default") -> dict[str, int]:
     """What breaks the lists' invariant, recounted from the chunks: ``missing`` (a chunk's
     posting above its term's floor that is not listed: a search could miss the chunk),
     ``stray`` (a listed posting whose chunk no longer holds the term in that collection) and
-    ``wrong_impact`` (a listed posting whose impact differs from the chunk's). All 0 unless
+    ``wrong_impact`` (a listed posting whose impact, tf or length differs from the chunk's). All 0 unless
     something bypassed the triggers or edited the tables."""
     with connections[using].cursor() as cursor:
         cursor.execute(
@@ -47,7 +48,8 @@ def check_postings(using: str = "default") -> dict[str, int]:
                                      AND e.collection_id = p.collection_id)),
                 (SELECT count(*) FROM django_rag_posting p JOIN expected e
                     ON e.chunk_id = p.chunk_id AND e.term = p.term
-                 WHERE abs(e.impact - p.impact) > 1e-9 * greatest(abs(e.impact), 1))
+                 WHERE abs(e.impact - p.impact) > 1e-9 * greatest(abs(e.impact), 1)
+                    OR e.tf <> p.tf OR e.length <> p.length)
             """
         )
         missing, stray, wrong = cursor.fetchone()
@@ -71,15 +73,15 @@ def rebuild_postings(using: str = "default") -> int:
         cursor.execute(
             f"""
             CREATE TEMPORARY TABLE django_rag_ranked ON COMMIT DROP AS
-            SELECT chunk_id, term, collection_id, impact,
+            SELECT chunk_id, term, collection_id, impact, tf, length,
                    row_number() OVER (PARTITION BY term, collection_id
                                       ORDER BY impact DESC, chunk_id) AS rank
             FROM ({_ALL_POSTINGS}) a
             """
         )
         cursor.execute(
-            "INSERT INTO django_rag_posting (chunk_id, term, collection_id, impact) "
-            "SELECT chunk_id, term, collection_id, impact FROM django_rag_ranked "
+            "INSERT INTO django_rag_posting (chunk_id, term, collection_id, impact, tf, length) "
+            "SELECT chunk_id, term, collection_id, impact, tf, length FROM django_rag_ranked "
             "WHERE rank <= %s",
             [postings.LIST_DEPTH],
         )
