@@ -548,3 +548,42 @@ def check_api_scope(app_configs=None, **kwargs):
             id="django_rag.W006",
         )
     ]
+
+
+# Cache backends whose ``incr`` reads the value and writes it back (Django's ``BaseCache.incr``)
+# or keeps nothing: concurrent requests lose counts, and limits stop holding.
+_NON_ATOMIC_CACHES = {
+    "django.core.cache.backends.db.DatabaseCache": "the database cache",
+    "django.core.cache.backends.filebased.FileBasedCache": "the file-based cache",
+    "django.core.cache.backends.dummy.DummyCache": "the dummy cache (it keeps nothing)",
+}
+
+
+@checks.register(checks.Tags.caches, checks.Tags.security)
+def check_api_cache(app_configs=None, **kwargs):
+    """W008: the API is mounted with a rate limit or token budget, and ``API["CACHE"]`` is a
+    cache whose ``incr`` is not atomic (database, file-based) or that keeps nothing (dummy):
+    concurrent requests lose counts, so neither limit holds."""
+    from django.conf import settings as django_settings
+
+    try:
+        api = get_settings()["API"]
+    except ConfigurationError:
+        return []  # reported as E005 by check_settings
+    if api.get("RATE_LIMIT") is None and api.get("TOKEN_BUDGET") is None:
+        return []
+    alias = api.get("CACHE")
+    backend = (getattr(django_settings, "CACHES", None) or {}).get(alias, {}).get("BACKEND", "")
+    kind = _NON_ATOMIC_CACHES.get(backend)
+    if kind is None or not _api_mounted():
+        return []
+    return [
+        checks.Warning(
+            f"API['CACHE'] ({alias!r}) is {kind}, whose counters are not atomic: concurrent "
+            "requests lose counts, so the API's rate limit and token budget do not hold.",
+            hint="Point API['CACHE'] at a cache shared by every web process with an atomic "
+            "incr: Redis (django.core.cache.backends.redis.RedisCache) or Memcached "
+            "(docs/security.md#rate-limits-and-token-budgets).",
+            id="django_rag.W008",
+        )
+    ]

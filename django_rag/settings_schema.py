@@ -611,8 +611,23 @@ SCHEMA: tuple[Setting, ...] = (
                 nullable=True,
             ),
             _s("TOKEN_WINDOW", 86_400, "Seconds of the token budget's window.", INTEGER),
+            _s(
+                "RESERVE_TOKENS",
+                None,
+                "Tokens an answer reserves against TOKEN_BUDGET before it runs (settled with "
+                "what it used); None: estimated from the question, limit, chat history and the "
+                "LLM's max_tokens.",
+                INTEGER,
+                nullable=True,
+            ),
             _s("MAX_BODY_BYTES", 64 * 1024, "Largest JSON request body, in bytes.", INTEGER),
-            _s("CACHE", "default", "The CACHES alias rate limits and budgets count in.", (str,)),
+            _s(
+                "CACHE",
+                "default",
+                "The CACHES alias rate limits and budgets count in (shared by every process, "
+                "with an atomic incr: Redis or Memcached).",
+                (str,),
+            ),
         ),
     ),
     _s(

@@ -94,6 +94,12 @@ class AnswerStream:
         except StopIteration as stop:
             self.answer = stop.value
 
+    def close(self) -> None:
+        """Stop the answer where it is (the consumer went away): the LLM's stream is closed,
+        and what it cost so far is recorded as usage (:class:`~django_rag.llm.TextStream`).
+        :attr:`answer` stays None."""
+        self._events.close()
+
     @property
     def chunks(self) -> list[SearchResult]:
         return self.answer.chunks if self.answer else []

@@ -23,7 +23,9 @@ from ..conversations import citation_dict, get_conversation, start_conversation
 from ..exceptions import RagError, UnknownCollection
 from ..ingestion.service import delete as delete_document
 from ..ingestion.service import ingest_bytes
+from ..llm import UsageMeter
 from ..models import Chunk, Collection, Conversation, Document
+from ..results import Usage
 from ..retrieval.service import search as search_service
 from . import limits
 from .errors import (
@@ -211,21 +213,62 @@ def search(request, body: SearchIn):
     return {"results": [hit.to_dict() for hit in hits]}
 
 
+class Budgeted:
+    """One answer run against the caller's token budget: tokens are reserved before the
+    answer starts (:func:`limits.reserve`, 429 when the budget is spent) and settled with what
+    every LLM call of the request used, counted by a :class:`UsageMeter`: when the answer is
+    done, when it fails, and when the client drops its stream (what was written so far)."""
+
+    def __init__(self, request, text: str, limit: int, *, chat: bool = False):
+        tokens = limits.estimate_request(text, limit, chat=chat)
+        self.reservation = limits.reserve(request.rag_key, tokens)
+        self.meter = UsageMeter()
+
+    def run(self, service, *args, **kwargs):
+        """``service(*args, **kwargs)`` inside the meter; a failure settles what it used."""
+        try:
+            with self.meter.active():
+                return service(*args, **kwargs)
+        except BaseException:
+            self.settle()
+            raise
+
+    def settle(self, usage: Usage | None = None) -> None:
+        """Charge what the request used: the answer's usage when it is known, never less than
+        what the meter counted (condensing, grounding, a stream's partial estimate)."""
+        used = self.meter.usage.total_tokens
+        if usage is not None:
+            used = max(used, usage.total_tokens)
+        self.reservation.settle(used)
+
+    def stream(self, meta: dict, pieces, finish):
+        """The SSE response; ``finish`` settles with the answer's usage before ``done`` is
+        sent, and closing the response settles with what the meter counted if it did not
+        (a failed or dropped stream)."""
+        return stream_events(meta, pieces, finish, meter=self.meter, on_close=self.settle)
+
+
 @api.post("/ask", auth=LLM, tags=["search"], summary="Answer a question (JSON or SSE)")
 def ask(request, body: AskIn):
     collection = scope(request, body.collection)
-    result = ask_service(
-        body.question, collection=collection, mode=body.mode, limit=body.limit, stream=body.stream
+    budget = Budgeted(request, body.question, body.limit)
+    result = budget.run(
+        ask_service,
+        body.question,
+        collection=collection,
+        mode=body.mode,
+        limit=body.limit,
+        stream=body.stream,
     )
     if not body.stream:
-        limits.spend(request.rag_key, result.usage.total_tokens)
+        budget.settle(result.usage)
         return answer_json(result)
 
     def finish():
-        limits.spend(request.rag_key, result.answer.usage.total_tokens)
+        budget.settle(result.answer.usage)
         return answer_json(result.answer)
 
-    return stream_events({"query": body.question}, result, finish)
+    return budget.stream({"query": body.question}, result, finish)
 
 
 # --- conversations -------------------------------------------------------------------------------
@@ -299,7 +342,9 @@ def post_message(request, body: MessageIn, conversation_id: int = _id()):
     conv = get_conversation(conversation_id, **_owner(request))
     # The stored scope is checked again: the user's own scope may have shrunk since.
     collection = scope(request, conv.collections)
-    result = chat_service(
+    budget = Budgeted(request, body.message, body.limit, chat=True)
+    result = budget.run(
+        chat_service,
         body.message,
         conversation=conv,
         collection=collection,
@@ -309,7 +354,7 @@ def post_message(request, body: MessageIn, conversation_id: int = _id()):
         **_owner(request),
     )
     if not body.stream:
-        limits.spend(request.rag_key, result.answer.usage.total_tokens)
+        budget.settle(result.answer.usage)
         return {
             "conversation": conv.pk,
             "message_id": result.message.pk,
@@ -320,11 +365,11 @@ def post_message(request, body: MessageIn, conversation_id: int = _id()):
 
     def finish():
         reply = result.reply
-        limits.spend(request.rag_key, reply.answer.usage.total_tokens)
+        budget.settle(reply.answer.usage)
         return {"message_id": reply.message.pk, **answer_json(reply.answer)}
 
     meta = {"conversation": conv.pk, "query": result.query, "condensed": result.condensed}
-    return stream_events(meta, result, finish)
+    return budget.stream(meta, result, finish)
 
 
 # --- collections, documents, chunks ------------------------------------------------------------

@@ -74,6 +74,11 @@ class ChatStream:
         yield from self._stream
         self.reply = self._turn.store(self._stream.answer)
 
+    def close(self) -> None:
+        """Stop the turn where it is (the consumer went away): nothing is stored, and the
+        LLM's stream is closed (:meth:`AnswerStream.close`)."""
+        self._stream.close()
+
 
 def _scope(collection: Any) -> list[str] | None:
     # Checked as search checks names (blank, too long, NUL, unpaired surrogate) before the

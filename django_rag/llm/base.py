@@ -207,6 +207,28 @@ class _Collector:
             self.usage.add(usage)
 
 
+class UsageMeter:
+    """Sums the usage of every LLM call made while it is :meth:`active`, however many times
+    it is entered: a streamed answer runs a piece at a time (each piece inside
+    ``meter.active()``), and the meter holds what every piece cost, including the estimate a
+    stream records when it is cut or dropped (:class:`TextStream`)."""
+
+    def __init__(self) -> None:
+        self._collector = _Collector()
+
+    @property
+    def usage(self) -> Usage:
+        return self._collector.usage
+
+    @contextmanager
+    def active(self) -> Iterator[Usage]:
+        token = _collectors.set((*_collectors.get(), self._collector))
+        try:
+            yield self._collector.usage
+        finally:
+            _collectors.reset(token)
+
+
 @contextmanager
 def collect_usage() -> Iterator[Usage]:
     """Sum the usage of every LLM call made inside the block (nested blocks all see it).
@@ -214,12 +236,8 @@ def collect_usage() -> Iterator[Usage]:
     Calls made in worker threads are counted when the thread runs in a copy of the caller's
     context (``contextvars.copy_context().run``), as django_rag's own thread pools do.
     """
-    collector = _Collector()
-    token = _collectors.set((*_collectors.get(), collector))
-    try:
-        yield collector.usage
-    finally:
-        _collectors.reset(token)
+    with UsageMeter().active() as usage:
+        yield usage
 
 
 def record_usage(usage: Usage) -> None:
@@ -282,6 +300,12 @@ Messages = list[dict[str, Any]]
 def _ends_json(text: str) -> bool:
     """Whether a reply ends as a JSON value (or a fence around one) does."""
     return text.rstrip().rstrip("`").rstrip().endswith(("}", "]"))
+
+
+def estimate_tokens(chars: int) -> int:
+    """Tokens in ``chars`` characters of text, estimated at four characters a token (rounded
+    up), where no tokenizer of the model is at hand."""
+    return -(-max(0, chars) // 4)
 
 
 def build_messages(prompt: str, system: str | None) -> Messages:
@@ -474,6 +498,7 @@ class TextStream:
             pieces: list[str] = []
             usage = Usage()
             items = llm._stream(self._messages, **self._options)
+            complete = False
             try:
                 while True:
                     self._check_deadline(end, pieces)
@@ -491,12 +516,29 @@ class TextStream:
                     elif item:
                         pieces.append(item)
                         yield item
+                complete = True
             finally:
                 close = getattr(items, "close", None)
                 if close is not None:
                     close()
+                known = usage.calls or usage.total_tokens
+                if not complete and (pieces or known):
+                    # Cut, timed out, or dropped by the consumer (GeneratorExit) after it
+                    # began: the provider was paid for the prompt and the words written so
+                    # far. (One that failed before its first word, refused, costs nothing.)
+                    record_usage(usage if known else self._estimate(pieces))
             self.completion = Completion("".join(pieces), usage, llm.model_name)
             llm._finish(s, self.completion)
+
+    def _estimate(self, pieces: list[str]) -> Usage:
+        """What a stream that did not finish cost, as far as it went: its prompt and the text
+        written so far, at four characters a token (the provider's usage comes only with the
+        last chunk)."""
+        prompt = sum(len(str(m.get("content") or "")) for m in self._messages)
+        written = sum(len(piece) for piece in pieces)
+        return Usage.of_call(
+            self._llm.model_name, estimate_tokens(prompt), estimate_tokens(written), None
+        )
 
     def _check_deadline(self, end: float | None, pieces: list[str]) -> None:
         if end is not None and time.monotonic() > end:
