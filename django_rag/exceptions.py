@@ -40,6 +40,7 @@ class ConfigurationError(RagError, ImproperlyConfigured):
         )
         self.setting = setting
         self.value = value
+        self.cause = cause
 
 
 class UnknownSetting(ConfigurationError):

@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from django.http import StreamingHttpResponse
+from django.utils.translation import gettext as _
 
 from ..exceptions import RagError
 from .errors import public_message
@@ -19,12 +20,13 @@ def frame(event: str, data: dict) -> str:
 
 
 def stream_events(
-    meta: dict, pieces: Iterable[str], finish: Callable[[], dict]
+    meta: dict, pieces: Iterable[str], finish: Callable[[], dict], *, staff: bool = False
 ) -> StreamingHttpResponse:
     """``meta`` first, a ``token`` event per piece of text, then ``done`` with what
     ``finish()`` returns (citations, usage...). A failure while streaming (a cut upstream
     stream, a timeout) ends the stream with an ``error`` event and no ``done``: the client
-    never mistakes a partial answer for a finished one."""
+    never mistakes a partial answer for a finished one. The event's message is the visitor's
+    short text, or the details for ``staff`` (:func:`~django_rag.api.errors.public_message`)."""
 
     def events() -> Iterator[str]:
         yield frame("meta", meta)
@@ -34,13 +36,12 @@ def stream_events(
                     yield frame("token", {"text": piece})
             done = finish()
         except RagError as exc:
-            yield frame("error", {"code": exc.code, "message": public_message(exc)})
+            yield frame("error", {"code": exc.code, "message": public_message(exc, staff=staff)})
             return
         except Exception:  # never a half answer presented as whole; the log has the cause
             logger.exception("API stream failed")
-            yield frame(
-                "error", {"code": "internal_error", "message": "The answer failed; try again."}
-            )
+            message = _("The answer failed. Please try again.")
+            yield frame("error", {"code": "internal_error", "message": message})
             return
         yield frame("done", done)
 

@@ -29,6 +29,7 @@ from . import limits
 from .errors import (
     ApiError,
     forbidden,
+    is_staff,
     json_error,
     not_authenticated,
     not_found,
@@ -94,7 +95,7 @@ UPLOAD = Caller(upload=True)
 
 @api.exception_handler(RagError)
 def _rag_error(request, exc):
-    return rag_error_response(exc)
+    return rag_error_response(exc, staff=is_staff(getattr(request, "user", None)))
 
 
 @api.exception_handler(ApiError)
@@ -225,7 +226,7 @@ def ask(request, body: AskIn):
         limits.spend(request.rag_key, result.answer.usage.total_tokens)
         return answer_json(result.answer)
 
-    return stream_events({"query": body.question}, result, finish)
+    return stream_events({"query": body.question}, result, finish, staff=is_staff(request.user))
 
 
 # --- conversations -------------------------------------------------------------------------------
@@ -324,7 +325,7 @@ def post_message(request, body: MessageIn, conversation_id: int = _id()):
         return {"message_id": reply.message.pk, **answer_json(reply.answer)}
 
     meta = {"conversation": conv.pk, "query": result.query, "condensed": result.condensed}
-    return stream_events(meta, result, finish)
+    return stream_events(meta, result, finish, staff=is_staff(request.user))
 
 
 # --- collections, documents, chunks ------------------------------------------------------------
