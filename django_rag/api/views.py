@@ -20,11 +20,12 @@ from ..access import api_collections, can_manage
 from ..answers import ask as ask_service
 from ..conversations import chat as chat_service
 from ..conversations import citation_dict, get_conversation, start_conversation
-from ..exceptions import RagError, UnknownCollection
+from ..exceptions import InvalidOption, RagError, UnknownCollection
 from ..ingestion.service import delete as delete_document
 from ..ingestion.service import ingest_bytes
 from ..models import Chunk, Collection, Conversation, Document
 from ..retrieval.service import search as search_service
+from ..validation import upload_source_id
 from . import limits
 from .errors import (
     ApiError,
@@ -397,12 +398,24 @@ def upload(
     scope(request, collection)
     if file.size > limits.get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"]:
         raise ApiError(413, "request_too_large", "The file is larger than MAX_UPLOAD_BYTES.")
+    try:
+        # As the dashboard: the file's name unless a source id is sent, so `replace` always
+        # has a document to replace and a folder sync of the same file finds it.
+        source_id = upload_source_id(source_id, file.name or "", strict=True)
+    except InvalidOption:
+        raise ApiError(
+            400,
+            "invalid_input",
+            "source_id: the file's name cannot serve as the document's source id (it is "
+            "empty, longer than 512 characters, or has a control character); send a "
+            "source_id field.",
+        ) from None
     # Stored with its job: parsed by the job, in a memory-limited child, never in this process.
     doc = ingest_bytes(
         file.read(),
         filename=file.name,
         collection=collection,
-        source_id=source_id or None,
+        source_id=source_id,
         replace=replace,
         background=True,
     )
