@@ -19,7 +19,12 @@ from .. import __version__
 from ..access import api_collections, can_manage
 from ..answers import ask as ask_service
 from ..conversations import chat as chat_service
-from ..conversations import citation_dict, get_conversation, start_conversation
+from ..conversations import (
+    citation_dict,
+    get_conversation,
+    rename_conversation,
+    start_conversation,
+)
 from ..exceptions import InvalidOption, RagError, UnknownCollection
 from ..ingestion.service import delete as delete_document
 from ..ingestion.service import ingest_bytes
@@ -289,6 +294,18 @@ def create_conversation(request, body: ConversationIn):
 def conversation(request, conversation_id: int = _id()):
     conv = get_conversation(conversation_id, **_owner(request))
     return conversation_json(conv, messages=True)
+
+
+class ConversationEdit(Schema):
+    title: Title
+
+
+@api.patch(
+    "/conversations/{conversation_id}", auth=OPEN, tags=["chat"], summary="Rename a conversation"
+)
+def edit_conversation(request, body: ConversationEdit, conversation_id: int = _id()):
+    conv = rename_conversation(conversation_id, body.title, **_owner(request))
+    return conversation_json(conv)
 
 
 @api.post(
