@@ -40,6 +40,7 @@ class ConfigurationError(RagError, ImproperlyConfigured):
         )
         self.setting = setting
         self.value = value
+        self.cause = cause
 
 
 class UnknownSetting(ConfigurationError):
@@ -75,6 +76,36 @@ class MissingDependency(RagError, ImproperlyConfigured):
         )
         self.package = package
         self.extra = extra
+
+
+class BrokenDependency(MissingDependency):
+    """An optional dependency is installed but cannot be imported: a package it needs is
+    missing or broken (an older pip, for one, skips a dependency's extra whose name it does not
+    normalise). ``module`` is the module whose import failed and ``error`` the ImportError, as
+    ``Class: message``."""
+
+    code = "broken_dependency"
+
+    def __init__(
+        self, package: str, extra: str, feature: str, *, version: str, module: str, error: str
+    ):
+        RagError.__init__(
+            self,
+            f"{feature} needs the '{package}' package, which is installed ({version}) but cannot "
+            f"be imported: importing {module} failed with {error}. Install what it is missing "
+            f"with: pip install 'django-rag[{extra}]' (the extra names every package "
+            "its imports need), or install the module the error names.",
+            package=package,
+            extra=extra,
+            version=version,
+            module=module,
+            error=error,
+        )
+        self.package = package
+        self.extra = extra
+        self.version = version
+        self.module = module
+        self.error = error
 
 
 class MissingModel(MissingDependency):

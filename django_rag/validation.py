@@ -221,6 +221,28 @@ def clean_source_id(source_id: Any, *, strict: bool = False) -> str:
     return clean_string(source_id, "source_id", max_length=512)
 
 
+def upload_source_id(source_id: Any, filename: str, *, strict: bool = False) -> str:
+    """The source id of an uploaded file: the one given, else the file's name (its last path
+    part). Every upload then has an identity: uploading it again with *replace* supersedes it,
+    and a folder synced into the same collection finds it by that name. The dashboard and the
+    API both call this. Raises :class:`InvalidOption` (``details["field"]``: ``source_id``)
+    when the given id, or the file's name standing in for it, cannot be stored."""
+    if source_id:
+        return clean_source_id(source_id, strict=strict)
+    name = str(filename or "").replace("\\", "/").rsplit("/", 1)[-1]
+    try:
+        cleaned = clean_source_id(name, strict=strict)
+    except InvalidOption:
+        cleaned = ""
+    if not cleaned:
+        raise InvalidOption(
+            "The file's name cannot serve as its source id (it is empty, longer than 512 "
+            "characters, or has a character that cannot be stored): give a source id.",
+            field="source_id",
+        )
+    return cleaned
+
+
 def clean_title(title: Any) -> str:
     if title is None:
         return ""

@@ -155,10 +155,14 @@ def test_conversation_bodies_never_answer_500(callers, data):
     created = body_of(data, [], ["title", "collection"])
     # A message to a conversation that exists (the staff caller's own) or not (the others').
     message = body_of(data, ["message"], ["mode", "limit", "stream"])
+    renamed = body_of(data, ["title"], [])
     path = f"{API}/conversations/{conv.pk}/messages"
     for client in clients.values():
         check(client.post(API + "/conversations", created, content_type="application/json"))
         check(client.post(path, message, content_type="application/json"))
+        check(
+            client.patch(f"{API}/conversations/{conv.pk}", renamed, content_type="application/json")
+        )
 
 
 @PROPERTY
@@ -199,6 +203,7 @@ def test_path_ids_never_answer_500(callers, existing_ids, data):
                 ("get", "/chunks/{}"),
                 ("get", "/conversations/{}"),
                 ("post", "/conversations/{}/messages"),
+                ("patch", "/conversations/{}"),
             ]
         )
     )
@@ -206,6 +211,8 @@ def test_path_ids_never_answer_500(callers, existing_ids, data):
     for client in clients.values():
         if method == "post":
             response = client.post(path, {"message": "radium?"}, content_type="application/json")
+        elif method == "patch":
+            response = client.patch(path, {"title": "Radium"}, content_type="application/json")
         else:
             response = getattr(client, method)(path)
         check(response)

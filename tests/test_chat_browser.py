@@ -112,3 +112,30 @@ def test_a_cut_stream_shows_an_incomplete_answer_not_a_finished_one(page):
     assert "incomplete" in answer.find_element(By.CSS_SELECTOR, ".rag-chat__error").text
     assert not answer.find_elements(By.CSS_SELECTOR, ".rag-chat__sources")
     screenshot(driver, "chat-box-error")
+
+
+def test_an_answer_with_no_words_is_unavailable_and_a_failure_names_no_provider(page):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from tests.stub_openai import Failure
+
+    driver, server, stub = page
+    stub.default = ""  # the model finishes without a word
+    driver.get(server.url + "/host/chat/")
+    typed = driver.find_element(By.CSS_SELECTOR, "[data-rag-input]")
+    typed.send_keys("Refunds?", Keys.ENTER)
+    wait_for(driver, lambda d: d.find_elements(By.CSS_SELECTOR, ".rag-chat__error"))
+    answer = driver.find_element(By.CSS_SELECTOR, ".rag-chat__message--assistant")
+    note = answer.find_element(By.CSS_SELECTOR, ".rag-chat__error").text
+    assert note == "No answer is available for this question right now. Please try again later."
+    assert "rag-chat__message--unavailable" in answer.get_attribute("class")
+
+    stub.default = Failure(500, "upstream exploded")
+    typed.send_keys("And opened products?", Keys.ENTER)
+    wait_for(driver, lambda d: len(d.find_elements(By.CSS_SELECTOR, ".rag-chat__error")) == 2)
+    note = driver.find_elements(By.CSS_SELECTOR, ".rag-chat__error")[1].text
+    assert note == "The assistant is unavailable right now. Please try again later."
+    shown = driver.find_element(By.CSS_SELECTOR, "[data-rag-log]").text
+    for leak in ("openai", "gpt", "litellm", "Error", "incomplete", "upstream exploded"):
+        assert leak not in shown

@@ -524,11 +524,14 @@ def test_a_format_whose_extra_is_missing_says_which_extra_to_install(
     monkeypatch, filename, module, extra
 ):
     from django_rag.exceptions import MissingDependency
+    from django_rag.ingestion.parsers import common
 
-    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, module, None)  # as if it were not installed:
+    monkeypatch.setattr(common, "installed_version", lambda distribution: None)  # no metadata
     with pytest.raises(MissingDependency, match=rf"django-rag\[{extra}\]") as caught:
         parse_bytes(b"PK\x05\x06" + b"\x00" * 18, filename=filename)
     assert caught.value.details["extra"] == extra
+    assert caught.value.code == "missing_dependency"
 
 
 @docx_extra

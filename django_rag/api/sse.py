@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator
 
 from django.http import StreamingHttpResponse
+from django.utils.translation import gettext as _
 
 from ..exceptions import RagError
 from ..llm import UsageMeter
@@ -70,13 +71,15 @@ def stream_events(
     *,
     meter: UsageMeter | None = None,
     on_close: Callable[[], None] | None = None,
+    staff: bool = False,
 ) -> StreamingHttpResponse:
     """``meta`` first, a ``token`` event per piece of text, then ``done`` with what
     ``finish()`` returns (citations, usage...). A failure while streaming (a cut upstream
     stream, a timeout) ends the stream with an ``error`` event and no ``done``: the client
     never mistakes a partial answer for a finished one. ``meter`` counts the LLM calls made
     while streaming; ``on_close`` runs once when the response is closed (:class:`EventStream`).
-    """
+    The error event's message is the visitor's short text, or the details for ``staff``
+    (:func:`~django_rag.api.errors.public_message`)."""
 
     def events() -> Iterator[str]:
         try:
@@ -87,13 +90,13 @@ def stream_events(
                         yield frame("token", {"text": piece})
                 done = finish()
             except RagError as exc:
-                yield frame("error", {"code": exc.code, "message": public_message(exc)})
+                message = public_message(exc, staff=staff)
+                yield frame("error", {"code": exc.code, "message": message})
                 return
             except Exception:  # never a half answer presented as whole; the log has the cause
                 logger.exception("API stream failed")
-                yield frame(
-                    "error", {"code": "internal_error", "message": "The answer failed; try again."}
-                )
+                message = _("The answer failed. Please try again.")
+                yield frame("error", {"code": "internal_error", "message": message})
                 return
             yield frame("done", done)
         finally:

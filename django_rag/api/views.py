@@ -19,18 +19,25 @@ from .. import __version__
 from ..access import api_collections, can_manage
 from ..answers import ask as ask_service
 from ..conversations import chat as chat_service
-from ..conversations import citation_dict, get_conversation, start_conversation
-from ..exceptions import RagError, UnknownCollection
+from ..conversations import (
+    citation_dict,
+    get_conversation,
+    rename_conversation,
+    start_conversation,
+)
+from ..exceptions import InvalidOption, RagError, UnknownCollection
 from ..ingestion.service import delete as delete_document
 from ..ingestion.service import ingest_bytes
 from ..llm import UsageMeter
 from ..models import Chunk, Collection, Conversation, Document
 from ..results import Usage
 from ..retrieval.service import search as search_service
+from ..validation import upload_source_id
 from . import limits
 from .errors import (
     ApiError,
     forbidden,
+    is_staff,
     json_error,
     not_authenticated,
     not_found,
@@ -96,7 +103,7 @@ UPLOAD = Caller(upload=True)
 
 @api.exception_handler(RagError)
 def _rag_error(request, exc):
-    return rag_error_response(exc)
+    return rag_error_response(exc, staff=is_staff(getattr(request, "user", None)))
 
 
 @api.exception_handler(ApiError)
@@ -241,11 +248,13 @@ class Budgeted:
             used = max(used, usage.total_tokens)
         self.reservation.settle(used)
 
-    def stream(self, meta: dict, pieces, finish):
+    def stream(self, meta: dict, pieces, finish, *, staff: bool = False):
         """The SSE response; ``finish`` settles with the answer's usage before ``done`` is
         sent, and closing the response settles with what the meter counted if it did not
-        (a failed or dropped stream)."""
-        return stream_events(meta, pieces, finish, meter=self.meter, on_close=self.settle)
+        (a failed or dropped stream). ``staff`` callers see errors' details."""
+        return stream_events(
+            meta, pieces, finish, meter=self.meter, on_close=self.settle, staff=staff
+        )
 
 
 @api.post("/ask", auth=LLM, tags=["search"], summary="Answer a question (JSON or SSE)")
@@ -268,7 +277,7 @@ def ask(request, body: AskIn):
         budget.settle(result.answer.usage)
         return answer_json(result.answer)
 
-    return budget.stream({"query": body.question}, result, finish)
+    return budget.stream({"query": body.question}, result, finish, staff=is_staff(request.user))
 
 
 # --- conversations -------------------------------------------------------------------------------
@@ -332,6 +341,18 @@ def conversation(request, conversation_id: int = _id()):
     return conversation_json(conv, messages=True)
 
 
+class ConversationEdit(Schema):
+    title: Title
+
+
+@api.patch(
+    "/conversations/{conversation_id}", auth=OPEN, tags=["chat"], summary="Rename a conversation"
+)
+def edit_conversation(request, body: ConversationEdit, conversation_id: int = _id()):
+    conv = rename_conversation(conversation_id, body.title, **_owner(request))
+    return conversation_json(conv)
+
+
 @api.post(
     "/conversations/{conversation_id}/messages",
     auth=LLM,
@@ -369,7 +390,7 @@ def post_message(request, body: MessageIn, conversation_id: int = _id()):
         return {"message_id": reply.message.pk, **answer_json(reply.answer)}
 
     meta = {"conversation": conv.pk, "query": result.query, "condensed": result.condensed}
-    return budget.stream(meta, result, finish)
+    return budget.stream(meta, result, finish, staff=is_staff(request.user))
 
 
 # --- collections, documents, chunks ------------------------------------------------------------
@@ -441,12 +462,24 @@ def upload(
     scope(request, collection)
     if file.size > limits.get_setting("DASHBOARD")["MAX_UPLOAD_BYTES"]:
         raise ApiError(413, "request_too_large", "The file is larger than MAX_UPLOAD_BYTES.")
+    try:
+        # As the dashboard: the file's name unless a source id is sent, so `replace` always
+        # has a document to replace and a folder sync of the same file finds it.
+        source_id = upload_source_id(source_id, file.name or "", strict=True)
+    except InvalidOption:
+        raise ApiError(
+            400,
+            "invalid_input",
+            "source_id: the file's name cannot serve as the document's source id (it is "
+            "empty, longer than 512 characters, or has a control character); send a "
+            "source_id field.",
+        ) from None
     # Stored with its job: parsed by the job, in a memory-limited child, never in this process.
     doc = ingest_bytes(
         file.read(),
         filename=file.name,
         collection=collection,
-        source_id=source_id or None,
+        source_id=source_id,
         replace=replace,
         background=True,
     )

@@ -21,7 +21,9 @@ from .service import (
     chat,
     citation_dict,
     get_conversation,
+    rename_conversation,
     start_conversation,
+    title_from_message,
 )
 
 __all__ = [
@@ -35,5 +37,7 @@ __all__ = [
     "get_condenser",
     "get_conversation",
     "recent_turns",
+    "rename_conversation",
     "start_conversation",
+    "title_from_message",
 ]

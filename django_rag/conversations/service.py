@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -19,12 +20,29 @@ from ..llm import collect_usage
 from ..models import Conversation, Message
 from ..results import Answer, Usage
 from ..signals import span
-from ..validation import clean_collection_names, clean_query, clean_title
+from ..validation import INVISIBLE, clean_collection_names, clean_query, clean_title
 from .condense import Condensed, condense, get_condenser
 from .memory import estimate_tokens, recent_turns
 
 ENGINES = ("ask", "agent", "loop")
 TITLE_CHARS = 80
+# A title made from the first message: a prefix short enough for a list of conversations.
+AUTO_TITLE_CHARS = 60
+_NOT_TITLE = re.compile(rf"[\x00-\x1f\x7f-\x9f{INVISIBLE}]")
+
+
+def title_from_message(message: str, *, limit: int = AUTO_TITLE_CHARS) -> str:
+    """A conversation's title from its first message: control and invisible characters
+    dropped, whitespace runs (line breaks included) folded to one space, and at most ``limit``
+    characters, cut at a word boundary with an ellipsis when it is longer."""
+    text = " ".join(_NOT_TITLE.sub(" ", message or "").split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space >= limit // 2:  # a word boundary not too far back; else cut inside the word
+        cut = cut[:space]
+    return cut.rstrip(" ,;:.-–—") + "…"
 
 
 @dataclass
@@ -126,6 +144,22 @@ def start_conversation(
     )
 
 
+def rename_conversation(
+    conversation: Any, title: str, *, user=None, session_key: str | None = None
+) -> Conversation:
+    """Set a conversation's title (``user``/``session_key`` must own it, as for
+    :func:`get_conversation`). An empty title goes back to the one made from the first
+    message (still empty before any turn, and then made from the first message)."""
+    conv = get_conversation(conversation, user=user, session_key=session_key)
+    title = clean_title(title).strip()[:TITLE_CHARS]
+    if not title:
+        first = conv.messages.filter(role=Message.Role.USER).order_by("pk").first()
+        title = title_from_message(first.text) if first is not None else ""
+    conv.title = title
+    conv.save(update_fields=["title", "updated_at"])
+    return conv
+
+
 def owns(conv: Conversation, *, user=None, session_key: str | None = None) -> bool:
     authenticated = user is not None and getattr(user, "is_authenticated", False)
     if authenticated:
@@ -162,8 +196,14 @@ class _Turn:
                     owner=self.user if authenticated else None,
                     session_key="" if authenticated else (self.session_key or ""),
                     collections=self.scope,
-                    title=(self.title or self.message)[:TITLE_CHARS],
+                    title=(self.title or title_from_message(self.message))[:TITLE_CHARS],
                 )
+            elif not conv.title:
+                # A conversation started without a title takes one from its first message;
+                # only while it has none (a title set meanwhile, by its owner, stays).
+                title = (self.title or title_from_message(self.message))[:TITLE_CHARS]
+                if Conversation.objects.filter(pk=conv.pk, title="").update(title=title):
+                    conv.title = title
             user_message = Message.objects.create(
                 conversation=conv,
                 role=Message.Role.USER,

@@ -5,7 +5,7 @@ from django.core.validators import MaxLengthValidator
 
 from ..conf import get_setting
 from ..exceptions import InvalidInput
-from ..validation import clean_collection_name, clean_filename, clean_source_id
+from ..validation import clean_collection_name, clean_filename, upload_source_id
 
 FORMATS = [("text", "Plain text"), ("markdown", "Markdown")]
 
@@ -111,7 +111,7 @@ class UploadForm(forms.Form):
             return data
         typed = data.get("source_id") or ""
         try:
-            data["source_id"] = clean_source_id(typed or upload.name)
+            data["source_id"] = upload_source_id(typed, upload.name)
         except InvalidInput:
             if typed:
                 self.add_error(

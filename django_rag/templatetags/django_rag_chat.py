@@ -8,6 +8,7 @@ from django.middleware.csrf import get_token
 from django.templatetags.static import static
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext as _
 
 from ..conf import get_setting
 
@@ -37,15 +38,16 @@ def rag_chat(
     api_url: str | None = None,
     collection: str | None = None,
     citation_url: str | None = None,
-    title: str = "Ask our documents",
-    placeholder: str = "Ask a question…",
+    title: str | None = None,
+    placeholder: str | None = None,
 ):
     """A chat box that streams answers from the API at ``api_url`` (default: where
     ``django_rag.api.urls`` is included), searching ``collection`` (default: every collection
     the visitor may read), with citations linked through ``citation_url`` (default
     ``CHAT["CITATION_URL"]``; ``{source_id}``, ``{document_id}``, ``{chunk_id}``,
     ``{collection}`` are filled in). The conversation is kept per user (or session) across
-    page loads."""
+    page loads. Its own texts (buttons, the notes on a failed answer) are translated with
+    Django's gettext; the API's error messages are the visitor's short texts."""
     request = context.get("request")
     user = getattr(request, "user", None)
     if user is not None and user.is_authenticated:
@@ -62,8 +64,8 @@ def rag_chat(
         "api_url": api_url or _api_root(),
         "collection": collection or "",
         "citation_url": citation_url or "",
-        "title": title,
-        "placeholder": placeholder,
+        "title": _("Ask our documents") if title is None else title,
+        "placeholder": _("Ask a question…") if placeholder is None else placeholder,
         "csrf_token": get_token(request) if request is not None else "",
         "owner": owner,
     }

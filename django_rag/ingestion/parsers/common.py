@@ -4,24 +4,63 @@ library opens it."""
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import io
 import re
 import time
 import zipfile
 from typing import Any
 
-from ...exceptions import CorruptFile, DocumentTooLarge, MissingDependency
+from ...exceptions import BrokenDependency, CorruptFile, DocumentTooLarge, MissingDependency
 from .base import Page, ParsedDocument, _limit, _too_many_chars
 
 
-def require(module: str, extra: str, what: str) -> Any:
-    """Import ``module`` or raise :class:`MissingDependency` naming the extra that installs it."""
-    import importlib
+def require(module: str, extra: str, what: str, *, distribution: str | None = None) -> Any:
+    """Import ``module`` or raise :class:`MissingDependency` naming the extra that installs it.
 
+    ``distribution`` is the name of the package that provides ``module`` (default: the module's
+    top-level name). When that package is installed but the import fails all the same, the
+    error is :class:`BrokenDependency`: it names the module whose import failed and the real
+    ImportError, instead of calling an installed package "not installed"."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        raise MissingDependency(module.split(".")[0], extra, what) from exc
+        package = distribution or module.split(".")[0]
+        version = installed_version(package)
+        if version is None:
+            raise MissingDependency(package, extra, what) from exc
+        raise BrokenDependency(
+            package,
+            extra,
+            what,
+            version=version,
+            module=failed_module(exc, module),
+            error=f"{type(exc).__name__}: {exc}"[:500],
+        ) from exc
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (its metadata), or None when it is not."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def failed_module(exc: ImportError, module: str) -> str:
+    """The module whose code raised ``exc``: the deepest frame of its traceback outside the
+    import machinery (``require`` itself is the first frame); ``module`` when there is none (the
+    import was refused before any of the package's code ran)."""
+    name = None
+    tb = exc.__traceback__
+    tb = tb.tb_next if tb is not None else None  # skip require()'s own frame
+    while tb is not None:
+        frame_module = tb.tb_frame.f_globals.get("__name__", "")
+        if frame_module and not frame_module.startswith(("importlib", "_frozen_importlib")):
+            name = frame_module
+        tb = tb.tb_next
+    return name or module
 
 
 class TextBuilder:

@@ -78,7 +78,7 @@ class DocxParser(Parser):
         self.include_headers_footers = include_headers_footers
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
-        docx = require("docx", "docx", "Reading Word (.docx) files")
+        docx = require("docx", "docx", "Reading Word (.docx) files", distribution="python-docx")
         verified = check_ooxml(data, filename=filename, required="word/document.xml")
         try:
             document = docx.Document(verified)

@@ -49,7 +49,7 @@ def _too_many_pixels(filename: str, width: int | None, height: int | None) -> Do
 
 def _open(data: bytes, filename: str) -> Any:
     """The image, decoded within the pixel cap and flattened onto white (grey or RGB)."""
-    require("PIL.Image", "ocr", "Reading images")
+    require("PIL.Image", "ocr", "Reading images", distribution="pillow")
     from PIL import Image, ImageOps, UnidentifiedImageError
 
     try:

@@ -10,7 +10,6 @@ from ...exceptions import (
     CorruptFile,
     DocumentTooLarge,
     EncryptedPDF,
-    MissingDependency,
 )
 from ..ocr import ScannedPages
 from ..pdftext import (
@@ -23,6 +22,7 @@ from ..pdftext import (
 )
 from ..titles import pdf_title
 from .base import Page, ParsedDocument, Parser, _limit, _too_many_chars
+from .common import require
 from .pdfcost import _PageCost
 from .pdftables import TABLE_MAX_PAGE_BYTES, find_tables, text_with_tables
 
@@ -45,10 +45,7 @@ class PdfParser(Parser):
     content_type = "application/pdf"
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
-        try:
-            import pymupdf
-        except ImportError as exc:
-            raise MissingDependency("pymupdf", "pdf", "Reading PDF files") from exc
+        pymupdf = require("pymupdf", "pdf", "Reading PDF files")
         started = time.monotonic()
         max_chars = _limit("MAX_DOCUMENT_CHARS")
         max_pages = _limit("MAX_PDF_PAGES")

@@ -63,7 +63,9 @@ class PptxParser(Parser):
         self.include_notes = include_notes
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
-        pptx = require("pptx", "pptx", "Reading PowerPoint (.pptx) files")
+        pptx = require(
+            "pptx", "pptx", "Reading PowerPoint (.pptx) files", distribution="python-pptx"
+        )
         verified = check_ooxml(data, filename=filename, required="ppt/presentation.xml")
         try:
             deck = pptx.Presentation(verified)

@@ -44,12 +44,28 @@
     }
   }
 
+  /* An error whose message is for the visitor: the API's text, or one of the box's own. */
+  function shown(message) {
+    var error = new Error(message);
+    error.shown = true;
+    return error;
+  }
+
   function ChatBox(root) {
     this.root = root;
     this.api = root.dataset.api.replace(/\/?$/, "/");
     this.collection = root.dataset.collection || null;
     this.citationUrl = root.dataset.citationUrl || "";
     this.csrf = root.dataset.csrf || "";
+    /* The box's own texts, translated by the template (data-text-*). */
+    this.texts = {
+      incomplete: root.dataset.textIncomplete || "The answer is incomplete.",
+      unavailable: root.dataset.textUnavailable ||
+        "No answer is available right now. Please try again later.",
+      failed: root.dataset.textFailed || "The request failed. Please try again.",
+      cut: root.dataset.textCut || "The answer was cut off. Please ask again.",
+      source: root.dataset.textSource || "Source",
+    };
     this.storageKey = "django_rag_chat:" + root.dataset.owner + ":" + this.api + ":" +
       (this.collection || "");
     this.log = root.querySelector("[data-rag-log]");
@@ -127,7 +143,7 @@
     citations.forEach(function (citation) {
       var item = document.createElement("li");
       item.value = citation.number;
-      var label = citation.title || citation.filename || citation.source_id || "Source";
+      var label = citation.title || citation.filename || citation.source_id || box.texts.source;
       var href = box.citationUrl ? safeHref(fill(box.citationUrl, citation)) : null;
       var node = document.createElement(href ? "a" : "span");
       if (href) node.href = href;
@@ -144,7 +160,7 @@
     if (this.collection) body.collection = this.collection;
     var response = await this.request("POST", "conversations", body);
     var data = await response.json();
-    if (!response.ok) throw new Error(data.error ? data.error.message : "Could not start.");
+    if (!response.ok) throw shown(data.error ? data.error.message : this.texts.failed);
     this.conversation = data.id;
     try { window.sessionStorage.setItem(this.storageKey, String(data.id)); } catch (e) { /* ok */ }
   };
@@ -167,7 +183,7 @@
       );
       if (!response.ok) {
         var error = await response.json().catch(function () { return {}; });
-        throw new Error(error.error ? error.error.message : "The request failed.");
+        throw shown(error.error ? error.error.message : box.texts.failed);
       }
       var finished = false;
       await readEvents(response, function (name, data) {
@@ -179,15 +195,20 @@
           body.textContent = data.text;
           box.citations(answer, data.citations);
         } else if (name === "error") {
-          throw new Error(data.message);
+          throw shown(data.message);
         }
       });
-      if (!finished) throw new Error("The answer was cut off; please ask again.");
+      if (!finished) throw shown(body.textContent.trim() ? this.texts.cut : this.texts.unavailable);
     } catch (err) {
+      /* Part of an answer is incomplete; no words at all is no answer: unavailable. */
+      var partial = body.textContent.trim() !== "";
       answer.classList.add("rag-chat__message--error");
+      answer.classList.add(partial ? "rag-chat__message--incomplete" : "rag-chat__message--unavailable");
       var note = document.createElement("p");
       note.className = "rag-chat__error";
-      note.textContent = err.message + " (The answer is incomplete.)";
+      /* A network or script error: the box's own words, never the browser's. */
+      var message = err && err.shown ? err.message : (partial ? this.texts.cut : this.texts.failed);
+      note.textContent = partial ? message + " (" + this.texts.incomplete + ")" : message;
       answer.appendChild(note);
     } finally {
       answer.classList.remove("rag-chat__message--streaming");
