@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from django.db.models import BooleanField
 from django.db.models.expressions import RawSQL
 
@@ -34,8 +35,10 @@ from .postings import list_heads, unseen_bound
 FIRST_DEPTH = 64
 DEPTH_PER_RESULT = 8
 DEPTH_GROWTH = 4
-# Chunks scored exactly per statement (at least; 2 x limit when more).
+# Chunks scored exactly per statement (at least; 2 x limit when more), and how many batches'
+# worth of chunks that could still enter make the next round read deeper instead.
 SCORE_BATCH = 32
+PENDING_LIMIT = 4
 
 
 def _above(bound: float, score: float) -> bool:
@@ -65,47 +68,54 @@ def impact_hits(
     boost_total = sum(w for _, w in boosts)
     table = scored.model._meta.db_table
     batch_size = max(SCORE_BATCH, 2 * limit)
-
-    def part(tf: int, length: int) -> float:
-        """BM25's tf part, as bm25_sql computes it."""
-        return tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))
+    weight_of = np.asarray(scoring, dtype=np.float64)
 
     exact: dict[int, float] = {}  # chunks scored, that pass the queryset's filters
     dropped: set[int] = set()  # chunks scored that do not
     depth = max(FIRST_DEPTH, DEPTH_PER_RESULT * limit)
     while True:
         heads = list_heads(weights.terms, depth, using=scored.db, collection_ids=collection_ids)
-        frontiers = [heads[term][1] for term in weights.terms]
-        rest = [
-            weight
-            * unseen_bound(
-                frontier,
-                k1=k1,
-                b=b,
-                average_length=average,
-                max_tf=weights.max_tf[i] if i < len(weights.max_tf) else None,
-                min_length=weights.min_length[i] if i < len(weights.min_length) else None,
-            )
-            for i, (weight, frontier) in enumerate(zip(scoring, frontiers, strict=True))
-        ]
-        unread = sum(rest) + boost_total
-        # Each chunk read: its exact share of the words it was read under, plus the bound of
-        # the others.
-        upper: dict[int, float] = {}
-        for i, term in enumerate(weights.terms):
-            for chunk, tf, length in heads[term][0]:
-                upper[chunk] = upper.get(chunk, unread) + scoring[i] * part(tf, length) - rest[i]
+        frontiers = heads.frontiers
+        rest = np.array(
+            [
+                weight
+                * unseen_bound(
+                    frontier,
+                    k1=k1,
+                    b=b,
+                    average_length=average,
+                    max_tf=weights.max_tf[i] if i < len(weights.max_tf) else None,
+                    min_length=weights.min_length[i] if i < len(weights.min_length) else None,
+                )
+                for i, (weight, frontier) in enumerate(zip(scoring, frontiers, strict=True))
+            ]
+        )
+        unread = float(rest.sum()) + boost_total
+        # Each chunk read: its exact share of the words it was read under (BM25's tf part as
+        # bm25_sql computes it, times the word's weight; a lower bound of its score), and that
+        # plus the bound of the other words (an upper bound).
+        chunks, index = np.unique(heads.chunks, return_inverse=True)
+        tf, length, term = heads.tf, heads.length, heads.term_index
+        share = weight_of[term] * tf * (k1 + 1) / (tf + k1 * (1 - b + b * length / average))
+        known = np.bincount(index, weights=share, minlength=len(chunks))
+        upper = unread + known - np.bincount(index, weights=rest[term], minlength=len(chunks))
+        # The likeliest first: the best known shares set the floor soonest.
+        order = np.lexsort((chunks, -upper, -known))
+        chunks, upper = chunks[order].tolist(), upper[order].tolist()
+        deeper = any(frontiers) and depth <= postings.TRIM_AT + limit
+        batches = 0
         while True:
             best = sorted(exact.items(), key=lambda hit: (-hit[1], hit[0]))[:limit]
             floor = best[-1][1] if len(best) == limit else float("-inf")
             pending = [
                 chunk
-                for chunk, bound in upper.items()
-                if chunk not in exact and chunk not in dropped and _above(bound, floor)
+                for chunk, bound in zip(chunks, upper, strict=True)
+                if _above(bound, floor) and chunk not in exact and chunk not in dropped
             ]
-            if not pending:
+            # Too many chunks could still enter: reading deeper tightens their bounds for less
+            # than scoring them all (once a batch has set a floor).
+            if not pending or (batches and deeper and len(pending) > PENDING_LIMIT * batch_size):
                 break
-            pending.sort(key=lambda chunk: (-upper[chunk], chunk))
             batch = pending[:batch_size]
             found = dict(
                 scored.filter(
@@ -114,12 +124,14 @@ def impact_hits(
             )
             exact.update(found)
             dropped.update(chunk for chunk in batch if chunk not in found)
-        if not any(frontiers):
-            return best  # every chunk holding a query word was read
-        # Strictly above: a chunk not read scoring as much could tie and come first by pk.
-        if len(best) == limit and not _above(unread, best[-1][1]):
-            return best
-        if depth > postings.TRIM_AT + limit:
+            batches += 1
+        if not pending:
+            if not any(frontiers):
+                return best  # every chunk holding a query word was read
+            # Strictly above: a chunk not read scoring as much could tie and come first by pk.
+            if len(best) == limit and not _above(unread, best[-1][1]):
+                return best
+        if not deeper:
             # Past any trimmed list's length: what is left is only bounded by the floors.
             return None
         depth *= DEPTH_GROWTH

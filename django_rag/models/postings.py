@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 from django.db import connections, models
 
 REFERENCE_K1 = 1.2
@@ -102,50 +104,71 @@ def unseen_bound(
     return best if math.isfinite(best) else k1 + 1
 
 
+@dataclass
+class ListHeads:
+    """What :func:`list_heads` read: one entry per posting (``chunks``, the index of its
+    word in the query's ``terms``, its ``tf`` and chunk ``length``), and each word's
+    ``frontiers``: every chunk holding the word that was not read has an impact at most that
+    (0: none is left)."""
+
+    chunks: np.ndarray
+    term_index: np.ndarray
+    tf: np.ndarray
+    length: np.ndarray
+    frontiers: list[float]
+
+
 def list_heads(
     terms: list[str],
     depth: int,
     *,
     using: str = "default",
     collection_ids: Sequence[int] | None = None,
-) -> dict[str, tuple[list[tuple[int, int, int]], float]]:
+) -> ListHeads:
     """The best ``depth`` postings of each of ``terms`` in each collection of
     ``collection_ids`` (None: every collection), read in one statement (one snapshot, floors
-    included): ``{term: ([(chunk id, tf, length)], frontier)}``. Every chunk holding the term
-    that is not in the list has an impact at most ``frontier`` there (0: none is left)."""
-    if not terms:
-        return {}
+    included), a row of arrays per word and collection."""
     scope, params = "", []
     if collection_ids is not None:
         scope, params = " AND collection_id = ANY(%s)", [[int(pk) for pk in collection_ids]]
     with connections[using].cursor() as cursor:
         cursor.execute(
-            "SELECT q.term, q.collection_id, q.floor, h.chunk_id, h.impact, h.tf, h.length "
+            "SELECT q.term, q.floor, h.n, h.last, h.ids, h.tfs, h.lengths "
             "FROM (SELECT term, collection_id, max(floor) AS floor FROM ("
             "SELECT term, collection_id, impact_floor AS floor FROM django_rag_term "
             f"WHERE term = ANY(%s){scope} "
             "UNION ALL SELECT term, collection_id, 0 FROM django_rag_term_delta "
             f"WHERE term = ANY(%s){scope}) s GROUP BY 1, 2) q "
-            "LEFT JOIN LATERAL (SELECT chunk_id, impact, tf, length FROM django_rag_posting p "
+            "CROSS JOIN LATERAL (SELECT count(*) AS n, min(impact) AS last, "
+            "array_agg(chunk_id) AS ids, array_agg(tf) AS tfs, array_agg(length) AS lengths "
+            "FROM (SELECT chunk_id, impact, tf, length FROM django_rag_posting p "
             "WHERE p.term = q.term AND p.collection_id = q.collection_id "
-            "ORDER BY p.impact DESC LIMIT %s) h ON true",
+            "ORDER BY p.impact DESC LIMIT %s) x) h",
             [list(terms), *params, list(terms), *params, int(depth)],
         )
         rows = cursor.fetchall()
-    lists: dict[tuple[str, int], tuple[float, list[tuple[int, float, int, int]]]] = {}
-    for term, pk, floor, chunk_id, value, tf, length in rows:
-        _, read = lists.setdefault((term, pk), (float(floor or 0.0), []))
-        if chunk_id is not None:
-            read.append((chunk_id, value, tf, length))
-    heads: dict[str, tuple[list[tuple[int, int, int]], float]] = {term: ([], 0.0) for term in terms}
-    for (term, _), (floor, read) in lists.items():
-        found, frontier = heads[term]
-        found.extend((chunk_id, tf, length) for chunk_id, _, tf, length in read)
+    position = {term: i for i, term in enumerate(terms)}
+    frontiers = [0.0] * len(terms)
+    parts: list[tuple[list, int, list, list]] = []
+    for term, floor, n, last, ids, tfs, lengths in rows:
+        i = position[term]
+        floor = float(floor or 0.0)
         # A full read may have left postings as good as its last one; a short one left only
         # postings at or below the floor.
-        edge = max(read[-1][1], floor) if len(read) >= depth else floor
-        heads[term] = (found, max(frontier, edge))
-    return heads
+        edge = max(float(last), floor) if n >= depth else floor
+        frontiers[i] = max(frontiers[i], edge)
+        if n:
+            parts.append((ids, i, tfs, lengths))
+    if not parts:
+        empty = np.zeros(0, dtype=np.int64)
+        return ListHeads(empty, empty, empty, empty, frontiers)
+    return ListHeads(
+        np.fromiter((pk for ids, _, _, _ in parts for pk in ids), dtype=np.int64),
+        np.concatenate([np.full(len(ids), i, dtype=np.int64) for ids, i, _, _ in parts]),
+        np.fromiter((tf for _, _, tfs, _ in parts for tf in tfs), dtype=np.float64),
+        np.fromiter((x for _, _, _, lengths in parts for x in lengths), dtype=np.float64),
+        frontiers,
+    )
 
 
 class Posting(models.Model):
