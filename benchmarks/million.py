@@ -47,7 +47,7 @@ from django.db import connection  # noqa: E402
 from pgvector.psycopg import register_vector  # noqa: E402
 
 import django_rag as rag  # noqa: E402
-from benchmarks.beir import CachedQueries, load, metrics, passage  # noqa: E402,F401
+from benchmarks.beir import CachedQueries, load, metrics  # noqa: E402
 from django_rag.conf import embedding_dimensions, get_setting, search_setting  # noqa: E402
 from django_rag.embeddings import get_embedder  # noqa: E402
 from django_rag.models import Chunk, Collection, Document  # noqa: E402
@@ -121,7 +121,9 @@ def build_indexes(dims: int, *, half: bool) -> dict[str, float]:
     execute("SET max_parallel_maintenance_workers = 1")
     seconds = {}
     execute(f"DROP INDEX IF EXISTS {HNSW}")
-    seconds["HNSW (vector)"] = execute(_hnsw_sql(HNSW, "embedding", concurrently=False))
+    seconds["HNSW (vector)"] = execute(
+        _hnsw_sql(HNSW, "embedding", dims, concurrently=False, connection=connection)
+    )
     execute(f"DROP INDEX IF EXISTS {GIN}")
     seconds["GIN (search_vector)"] = execute(
         f"CREATE INDEX {GIN} ON django_rag_chunk USING gin (search_vector)"

@@ -154,7 +154,7 @@ def load(target: int, vocabulary: list[str], rng: np.random.Generator) -> None:
     execute("DROP TABLE IF EXISTS bench_pad")
     execute("SET maintenance_work_mem = '1GB'")
     built = time.perf_counter()
-    execute(_hnsw_sql(HNSW, "embedding", concurrently=False))
+    execute(_hnsw_sql(HNSW, "embedding", DIMENSIONS, concurrently=False, connection=connection))
     execute(f"CREATE INDEX {GIN} ON django_rag_chunk USING gin (search_vector)")
     available, loaded, _ = extension_status(connection)
     if available and loaded:
