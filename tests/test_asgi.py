@@ -241,3 +241,49 @@ def test_a_client_that_leaves_mid_stream_stores_no_turn_and_is_charged_what_was_
         # Stopped at the piece being made when the client left.
         assert spent <= prompt + estimate_tokens(len("word0 word1 word2 "))
     wait_for(lambda: server_connections() == 0, timeout=30, what="the server's connections")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("server", ["asgi"], indirect=True)
+def test_the_chat_box_under_uvicorn_shows_the_first_word_before_the_answer_ends(
+    site, stub, tmp_path
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    from tests.test_dashboard_browser import chromium
+
+    driver = chromium(tmp_path)
+    held = stub.default = Held(ANSWER, after=1)
+    try:
+        driver.get(site["url"] + "/static-missing")
+        driver.add_cookie(
+            {"name": "sessionid", "value": site["session"].cookies["sessionid"], "path": "/"}
+        )
+        driver.get(site["url"] + "/host/chat/")
+        driver.find_element(By.CSS_SELECTOR, "[data-rag-input]").send_keys(
+            "Who won in 1911?", Keys.ENTER
+        )
+        selector = ".rag-chat__message--assistant .rag-chat__text"
+
+        def first_word_shown(d):
+            texts = d.find_elements(By.CSS_SELECTOR, selector)
+            return bool(texts) and texts[0].get_attribute("textContent") == "Marie "
+
+        wait_for(lambda: first_word_shown(driver), timeout=30, what="the first word")
+        # Shown while the answer is still being written: the LLM holds the rest.
+        answer = driver.find_element(By.CSS_SELECTOR, ".rag-chat__message--assistant")
+        assert "rag-chat__message--streaming" in answer.get_attribute("class")
+        assert not held.released.is_set()
+        held.release()
+        wait_for(
+            lambda: driver.find_elements(By.CSS_SELECTOR, ".rag-chat__source"),
+            timeout=30,
+            what="the finished answer",
+        )
+        assert driver.find_element(By.CSS_SELECTOR, selector).get_attribute("textContent") == ANSWER
+        assert "streaming" not in answer.get_attribute("class")
+        assert Message.objects.count() == 2
+    finally:
+        held.release()
+        driver.quit()
