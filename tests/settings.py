@@ -6,6 +6,7 @@ the older pgserver, scripts/test-pg16.sh, has its own), reused between runs.
 """
 
 import hashlib
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -117,5 +118,16 @@ DATABASES["replica"] = {
     "OPTIONS": {"options": "-c default_transaction_read_only=on"},
     "TEST": {"MIRROR": "default"},
 }
+# A web server started by a test (tests/test_asgi.py: uvicorn, runserver) gets its DJANGO_RAG from
+# the test, and a cache the test reads too (the token budget's counters).
+if os.environ.get("DJANGO_RAG_TEST_SETTINGS"):
+    DJANGO_RAG = {**DJANGO_RAG, **json.loads(os.environ["DJANGO_RAG_TEST_SETTINGS"])}
+if os.environ.get("DJANGO_RAG_TEST_CACHE_DIR"):
+    CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.filebased.FileBasedCache",
+            "LOCATION": os.environ["DJANGO_RAG_TEST_CACHE_DIR"],
+        }
+    }
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

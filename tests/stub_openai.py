@@ -29,6 +29,21 @@ class Drop:
         self.reset = reset
 
 
+class Held:
+    """A streamed reply that stops after ``after`` pieces of ``text`` until the test calls
+    :meth:`release` (or ``timeout`` seconds pass), then sends the rest: the server under test
+    is provably still answering while its client reads the first pieces."""
+
+    def __init__(self, text: str, after: int = 1, timeout: float = 60):
+        self.text = text
+        self.after = after
+        self.timeout = timeout
+        self.released = threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+
 class Raw:
     """A chat reply sent exactly as given (a JSON-able payload), e.g. one with no choices."""
 
@@ -52,7 +67,8 @@ class StubOpenAI:
     maps a substring of the last user message to a reply used whenever it matches; a
     :class:`Failure` at the head of ``chat`` is sent before any rule, then rules are checked,
     then ``chat``; ``default`` answers otherwise. Streaming requests get SSE chunks, one per word.
-    A :class:`Drop` reply streams a few words and then cuts the connection; a :class:`Raw`
+    A :class:`Drop` reply streams a few words and then cuts the connection; a :class:`Held`
+    reply streams a few words and waits for the test before the rest; a :class:`Raw`
     reply is sent as given (a reply with no choices, for example); a :class:`ToolCalls` reply
     asks for tool calls (OpenAI ``tool_calls``, finish reason ``tool_calls``).
     """
@@ -121,6 +137,9 @@ class StubOpenAI:
                 if isinstance(reply, Drop):
                     self._drop(body, reply)
                     return
+                held = None
+                if isinstance(reply, Held):
+                    held, reply = reply, reply.text
                 prompt_tokens = sum(len((m.get("content") or "").split()) for m in body["messages"])
                 if isinstance(reply, ToolCalls):
                     self._tool_calls(body, reply, prompt_tokens)
@@ -142,7 +161,9 @@ class StubOpenAI:
                 self.end_headers()
                 chunk = {**base, "object": "chat.completion.chunk"}
                 pieces = re.findall(r"\S+\s*|\s+", reply)
-                for piece in pieces:
+                for index, piece in enumerate(pieces):
+                    if held is not None and index == held.after:
+                        held.released.wait(held.timeout)
                     delta = {"index": 0, "delta": {"content": piece}, "finish_reason": None}
                     self._event({**chunk, "choices": [delta]})
                 self._event(

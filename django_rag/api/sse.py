@@ -6,11 +6,11 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 
-from django.http import StreamingHttpResponse
 from django.utils.translation import gettext as _
 
 from ..exceptions import RagError
 from ..llm import UsageMeter
+from ..streaming import StreamingResponse
 from .errors import public_message
 
 logger = logging.getLogger("django_rag.api")
@@ -25,9 +25,10 @@ class EventStream:
     inside ``meter.active()``, so the LLM calls it makes are counted), and :meth:`close`
     ends it whatever happened.
 
-    The WSGI server calls :meth:`close` when the response is over: after ``done``, after an
-    ``error``, and when the client went away mid-stream (a write failed), even before the
-    first event. Closing stops the answer's LLM stream (which records what it cost so far in
+    The server calls :meth:`close` when the response is over: after ``done``, after an
+    ``error``, and when the client went away mid-stream (under WSGI when a write failed, even
+    before the first event; under ASGI when the client disconnected:
+    :class:`~django_rag.streaming.StreamingResponse`). Closing stops the answer's LLM stream (which records what it cost so far in
     the meter) and then calls ``on_close`` once, where the caller settles its budget.
     """
 
@@ -72,7 +73,7 @@ def stream_events(
     meter: UsageMeter | None = None,
     on_close: Callable[[], None] | None = None,
     staff: bool = False,
-) -> StreamingHttpResponse:
+) -> StreamingResponse:
     """``meta`` first, a ``token`` event per piece of text, then ``done`` with what
     ``finish()`` returns (citations, usage...). A failure while streaming (a cut upstream
     stream, a timeout) ends the stream with an ``error`` event and no ``done``: the client
@@ -107,7 +108,7 @@ def stream_events(
                 close()
 
     body = EventStream(events(), pieces, meter=meter, on_close=on_close)
-    response = StreamingHttpResponse(body, content_type="text/event-stream; charset=utf-8")
+    response = StreamingResponse(body, content_type="text/event-stream; charset=utf-8")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
     return response

@@ -57,6 +57,7 @@ TEMPLATES = [
     }
 ]
 WSGI_APPLICATION = "example.wsgi.application"
+ASGI_APPLICATION = "example.asgi.application"  # uvicorn example.asgi:application
 DATABASES = {"default": database_settings(BASE_DIR / ".pgdata")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

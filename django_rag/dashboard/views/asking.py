@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from ...agent import Agent
 from ...conf import scrub_text
 from ...exceptions import RagError
+from ...streaming import StreamingResponse
 from ..access import check_collection, dashboard_view
 from ..forms import AskForm
 from .common import LLM_HINT, _context, _visible_collections, grounded_segments, llm_status
@@ -302,7 +303,7 @@ def ask_stream(request):
     part way. The answer text never contains ``\\x1e`` (it is removed from every piece), so
     an LLM cannot forge the trailer; a body without a trailer was cut off.
     """
-    from django.http import HttpResponseBadRequest, StreamingHttpResponse
+    from django.http import HttpResponseBadRequest
 
     visible = list(_visible_collections(request).values_list("name", flat=True))
     form = AskForm(request.POST, collections=visible)
@@ -344,7 +345,7 @@ def ask_stream(request):
         ]
         yield "\n" + TRAILER + json.dumps(citations)
 
-    response = StreamingHttpResponse(body(), content_type="text/plain; charset=utf-8")
+    response = StreamingResponse(body(), content_type="text/plain; charset=utf-8")
     response["X-Accel-Buffering"] = "no"
     response["Cache-Control"] = "no-cache"
     return response
