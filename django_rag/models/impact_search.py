@@ -14,8 +14,11 @@ round reads four times deeper. The result is the exact top ``limit`` (ties by pr
 if every chunk were scored; usually a few dozen chunks are.
 
 When a round reaches the end of a list that was trimmed (the rest of the word's chunks are only
-known to be at or below its floor) and still cannot stop, it gives up (returns None) and the
-caller falls back to MaxScore over the GIN index, which is always complete.
+known to be at or below its floor) and still cannot stop, the GIN index finishes the search:
+only chunks holding a set of the query's words whose bounds reach the ``limit``-th score found
+so far can enter (:func:`covering_hits`), and the index intersects those words' postings. When
+that would take too many sets of words, it gives up (returns None) and the caller falls back to
+MaxScore over the GIN index, which is always complete.
 """
 
 from __future__ import annotations
@@ -133,5 +136,22 @@ def impact_hits(
                 return best
         if not deeper:
             # Past any trimmed list's length: what is left is only bounded by the floors.
-            return None
+            return covering_hits(scored, weights, boosts, best, limit)
         depth *= DEPTH_GROWTH
+
+
+def covering_hits(scored, weights, boosts, best, limit: int) -> list[tuple[int, float]] | None:
+    """The top ``limit`` among the chunks that hold a set of query words able to reach the
+    ``limit``-th score found so far (``best``): every chunk scoring as much holds such a set
+    (``TermWeights.covering``), so the result is exact. None when too few chunks were found to
+    set that score, or too many sets would be needed."""
+    if len(best) < limit:
+        return None
+    query = weights.covering(best[-1][1], boosts)
+    if query is None:
+        return None
+    return list(
+        scored.matching(query)
+        .order_by("-fulltext_score", "pk")
+        .values_list("pk", "fulltext_score")[:limit]
+    )
