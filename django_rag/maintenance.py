@@ -29,7 +29,6 @@ from .signals import span
 from .store import schema
 from .store.graph import write_entity_vectors
 from .store.headers import HEADER_KEY, header_of, with_header
-from .store.postings import check_postings, rebuild_postings
 from .store.statistics import index_chunks
 from .store.vector_stores import sync_all_vectors
 
@@ -568,14 +567,3 @@ def prune_jobs(*, older_than_days: float = 30, apply: bool = False) -> dict[str,
     if apply and counts:
         finished.delete()
     return counts
-
-
-def repair_postings(*, apply: bool = False) -> dict[str, int]:
-    """What breaks the full-text posting lists' invariant (``missing``, ``stray``,
-    ``wrong_impact``: see :func:`django_rag.store.check_postings`), and with ``apply`` every
-    list rebuilt from the chunks (then ``listed``: the postings listed). Writers wait while a
-    rebuild runs; searches go on."""
-    found = check_postings(write_db())
-    if apply:
-        found["listed"] = rebuild_postings(write_db())
-    return found

@@ -16,9 +16,8 @@ from django.urls import reverse
 
 import django_rag as rag
 from django_rag.graph import normalize_name
-from django_rag.models import Chunk, Collection
-from django_rag.models.fulltext import parse_query, term_weights
-from django_rag.store import check_postings, recount_statistics
+from django_rag.models import Collection
+from django_rag.store import recount_statistics
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -199,8 +198,6 @@ def assert_statistics_exact(*, bounds=None):
         raise ValueError(f"bounds must be None, 'hold', 'terms' or 'tight', not {bounds!r}")
     counts = recount_statistics()
     assert counts["stored"] == counts["recount"]
-    # The posting lists keep their invariant too (every unlisted posting at or below its floor).
-    assert check_postings() == {"missing": 0, "stray": 0, "wrong_impact": 0}
     if bounds is None:
         return
     stored, recount = counts["bounds"]["stored"], counts["bounds"]["recount"]
@@ -210,23 +207,6 @@ def assert_statistics_exact(*, bounds=None):
         assert stored == recount
     for key, (tf, length) in recount.items():
         assert stored[key][0] >= tf and stored[key][1] <= length, key
-
-
-def brute_force_bm25(query, limit, collection_ids=None):
-    """(pk, BM25 with phrase boosts, rounded) of the ``limit`` best matching chunks, best first
-    then by pk: every matching chunk scored, no pruning."""
-    parsed = parse_query(query)
-    rows = Chunk.objects.all()
-    if collection_ids is not None:
-        rows = rows.filter(collection_id__in=collection_ids)
-    weights = term_weights(parsed.terms, collection_ids=collection_ids, counts=parsed.counts)
-    scored = (
-        rows.matching(parsed.match)
-        .with_bm25(weights, weights.boosts(parsed))
-        .values_list("pk", "fulltext_score")
-    )
-    ranked = sorted(scored, key=lambda hit: (-hit[1], hit[0]))[:limit]
-    return [(pk, round(score, 9)) for pk, score in ranked]
 
 
 # --- Celery ---------------------------------------------------------------------------------------

@@ -188,8 +188,8 @@ def test_a_missing_index_is_w006(settings):
     assert maintenance.vector_index(apply=True)["index"] == "vector"
 
 
-def test_migration_0017_rebuilds_an_index_of_another_type(halfvec, settings):
-    migration = importlib.import_module("django_rag.migrations.0017_vector_index_type")
+def test_migration_0016_rebuilds_an_index_of_another_type(halfvec, settings):
+    migration = importlib.import_module("django_rag.migrations.0016_vector_index_type")
 
     class Editor:
         pass

@@ -5,7 +5,6 @@ from .fulltext import CorpusDelta, CorpusStatistic, TermDelta, TermStatistic
 from .graph import Community, Entity, EntityMention, GraphChunk, Relationship
 from .jobs import IndexedModelStatus, Job
 from .managers import ChunkQuerySet
-from .postings import Posting
 from .uploads import Upload
 
 __all__ = [
@@ -25,7 +24,6 @@ __all__ = [
     "IndexedModelStatus",
     "Job",
     "Message",
-    "Posting",
     "Relevance",
     "Run",
     "TermDelta",

@@ -172,35 +172,6 @@ class TermWeights:
         total += sum(w for _, w in boosts)
         return total * (1 + 1e-9) + 1e-12
 
-    def covering(self, threshold: float, boosts=(), *, max_clauses: int = 64) -> str | None:
-        """A tsquery matching every chunk that could score ``threshold`` or more: a chunk's
-        score is at most the sum of :meth:`upper_bound` over the terms it holds (plus every
-        boost), so it must hold one of the sets of terms whose bounds reach ``threshold``.
-        The query ORs those sets (each an AND): a GIN index intersects their postings instead
-        of scoring every chunk holding the rarest term. None when more than ``max_clauses`` sets
-        would be needed (a low threshold: the query would select too much to be worth it)."""
-        boost = sum(w for _, w in boosts)
-        bounds = sorted(((self.upper_bound([t]), t) for t in self.terms), reverse=True)
-        suffix = [0.0] * (len(bounds) + 1)
-        for i in range(len(bounds) - 1, -1, -1):
-            suffix[i] = suffix[i + 1] + bounds[i][0]
-        clauses: list[list[str]] = []
-
-        def walk(start: int, chosen: list[str], total: float) -> bool:
-            if total + boost >= threshold:
-                clauses.append(chosen)
-                return len(clauses) <= max_clauses
-            if total + suffix[start] + boost < threshold:
-                return True  # no set extending this one reaches it
-            return all(
-                walk(j + 1, [*chosen, bounds[j][1]], total + bounds[j][0])
-                for j in range(start, len(bounds))
-            )
-
-        if not walk(0, [], 0.0) or not clauses or clauses == [[]]:
-            return None
-        return " | ".join("(" + " & ".join(quote_terms([t]) for t in c) + ")" for c in clauses)
-
     def boosts(self, parsed: FulltextQuery) -> list[tuple[str, float]]:
         """(phrase tsquery, weight) of a natural query's phrases: a chunk holding the phrase
         scores as if the phrase were one more word, as rare as its words together (their idf,

@@ -68,11 +68,6 @@ class TermStatistic(models.Model):
     # (a looser bound is still a bound); see TermWeights.upper_bound.
     max_tf = models.IntegerField(null=True)
     min_length = models.IntegerField(null=True)
-    # The term's posting list in the collection (models.postings): every chunk holding the term
-    # whose posting is not listed has an impact at most impact_floor (0: the list is whole);
-    # listed counts the list's postings (with pending deltas: an estimate, for trimming only).
-    impact_floor = models.FloatField(default=0.0, db_default=0.0)
-    listed = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "django_rag_term"
@@ -120,8 +115,6 @@ class TermDelta(models.Model):
     # greatest() / least().
     max_tf = models.IntegerField(null=True)
     min_length = models.IntegerField(null=True)
-    # Postings added to (removed from) the term's list in the collection.
-    listed = models.BigIntegerField(default=0, db_default=0)
 
     class Meta:
         db_table = "django_rag_term_delta"

@@ -12,7 +12,6 @@ from django.db.models.expressions import RawSQL
 
 from .bm25 import bm25_sql, limit_terms, term_weights
 from .fulltext_query import parse_query, quote_terms
-from .impact_search import impact_hits
 from .textsearch import fulltext_backend, score_sql
 
 if TYPE_CHECKING:
@@ -138,14 +137,6 @@ class FulltextSearch:
                 .order_by("-fulltext_score", "pk")
                 .values_list("pk", "fulltext_score")[:limit]
             )
-        hits = impact_hits(scored, weights, boosts, limit, collection_ids=statistics_from)
-        if hits is not None:
-            return hits
-        return self._maxscore_hits(scored, weights, boosts, limit)
-
-    def _maxscore_hits(self, scored, weights, boosts, limit: int) -> list[tuple[int, float]]:
-        """:meth:`fulltext_hits` by MaxScore over the GIN index (where the posting lists cannot
-        prove a result: see ``impact_hits``)."""
         # Candidates come from a prefix of the terms, rarest first.
         order = [
             weights.terms[i]

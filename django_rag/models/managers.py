@@ -147,11 +147,7 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
             weights = None if index else weights
         semantic = dict(self.without_excluded(parsed).semantic_hits(vector, limit=pool))
         fulltext = (
-            dict(
-                self.fulltext_hits(
-                    parsed, limit=pool, weights=weights, statistics_from=statistics_from
-                )
-            )
+            dict(self.fulltext_hits(parsed, limit=pool, weights=weights))
             if parsed.match is not None
             else {}
         )

@@ -10,7 +10,6 @@ table. Every entry point (``ingest*``, ``ingest_many``, background ingestion, re
 - :mod:`.transactions`: retrying a deadlocked write, folding statistics after commit;
 - :mod:`.graph`: entities, mentions, relationships, communities;
 - :mod:`.statistics`: the BM25 statistics (search vectors, deltas, compaction, recount);
-- :mod:`.postings`: the impact-ordered posting lists (trimming, checking, rebuilding);
 - :mod:`.schema`: vectors in batches, the model switch's shadow column and swap, orphans;
 - :mod:`.vector_stores`: the stores searches run on, and the hand-over of writes to them;
 - :mod:`.uploads`: uploads waiting for their job (the pending document with the file's bytes).
@@ -19,21 +18,18 @@ table. Every entry point (``ingest*``, ``ingest_many``, background ingestion, re
 from .deletes import delete_document, delete_documents, delete_source
 from .documents import DocumentWrite, mark_document, save_pending, write_document, write_documents
 from .fences import next_versions, touch_source
-from .postings import check_postings, rebuild_postings
 from .rows import ChunkRow
 from .statistics import compact_statistics, recount_statistics, recount_term_bounds
 
 __all__ = [
     "ChunkRow",
     "DocumentWrite",
-    "check_postings",
     "compact_statistics",
     "delete_document",
     "delete_documents",
     "delete_source",
     "mark_document",
     "next_versions",
-    "rebuild_postings",
     "recount_statistics",
     "recount_term_bounds",
     "save_pending",

@@ -15,18 +15,16 @@ from collections import defaultdict
 from django.db import connections, transaction
 
 from ..conf import get_setting
-from ..models import postings
 from ..models.fulltext import LENGTH_SQL, STATISTICS_LOCK
 from .headers import indexed_sql
 
 _COMPACT_LOCK = STATISTICS_LOCK
 # A chunk's frequency of the lexeme ``u`` (as BM25 counts it: a lexeme without positions once).
-TF_SQL = "coalesce(array_length(u.positions, 1), 1)"
+_TF = "coalesce(array_length(u.positions, 1), 1)"
 
 
-def compact_statistics(using: str = "default", *, trim: bool = True) -> bool:
-    """Fold the pending statistics deltas into the base rows, in a transaction of its own, and
-    (with ``trim``) cut the posting lists that grew past ``TRIM_AT`` (:func:`trim_lists`).
+def compact_statistics(using: str = "default") -> bool:
+    """Fold the pending statistics deltas into the base rows, in a transaction of its own.
 
     Returns False without waiting when another process is compacting or a collection is being
     deleted (the deltas it did not see stay for the next run; readers count them either way).
@@ -39,49 +37,40 @@ def compact_statistics(using: str = "default", *, trim: bool = True) -> bool:
             """
             WITH moved AS (
                 DELETE FROM django_rag_term_delta
-                RETURNING collection_id, term, delta, max_tf, min_length, listed
+                RETURNING collection_id, term, delta, max_tf, min_length
             ),
             sums AS (
                 SELECT collection_id, term, sum(delta) AS n,
-                       max(max_tf) AS max_tf, min(min_length) AS min_length,
-                       sum(listed) AS listed
+                       max(max_tf) AS max_tf, min(min_length) AS min_length
                 FROM moved GROUP BY collection_id, term
                 -- A chunk inserted and another deleted: the count is unchanged, the bounds
                 -- may widen.
-                HAVING sum(delta) <> 0 OR max(max_tf) IS NOT NULL OR sum(listed) <> 0
+                HAVING sum(delta) <> 0 OR max(max_tf) IS NOT NULL
             ),
             folded AS (
                 INSERT INTO django_rag_term
-                    (term, collection_id, document_frequency, max_tf, min_length, listed)
-                SELECT term, collection_id, n, max_tf, min_length, listed FROM sums
+                    (term, collection_id, document_frequency, max_tf, min_length)
+                SELECT term, collection_id, n, max_tf, min_length FROM sums
                 ORDER BY term, collection_id
                 ON CONFLICT (term, collection_id) DO UPDATE
                 SET document_frequency =
                     django_rag_term.document_frequency + EXCLUDED.document_frequency,
                     max_tf = greatest(django_rag_term.max_tf, EXCLUDED.max_tf),
-                    min_length = least(django_rag_term.min_length, EXCLUDED.min_length),
-                    listed = django_rag_term.listed + EXCLUDED.listed
-                RETURNING term, collection_id, document_frequency, impact_floor, listed
+                    min_length = least(django_rag_term.min_length, EXCLUDED.min_length)
+                RETURNING term, collection_id, document_frequency
             )
-            SELECT term, collection_id, document_frequency, impact_floor, listed FROM folded
-            WHERE document_frequency = 0 OR listed > %s
-            """,
-            [postings.TRIM_AT],
+            SELECT term, collection_id FROM folded WHERE document_frequency = 0
+            """
         )
-        changed = cursor.fetchall()
-        # Terms no chunk of the collection contains any more. Only rows this run changed can
-        # have reached 0, so the table is not scanned. A row with a floor stays: a writer may
-        # have read that floor and left its posting out (see models.postings).
-        emptied = [(term, pk) for term, pk, n, floor, _ in changed if n == 0 and not floor]
+        emptied = cursor.fetchall()
         if emptied:
+            # Terms no chunk of the collection contains any more. Only rows this run changed
+            # can have reached 0, so the table is not scanned.
             cursor.execute(
                 "DELETE FROM django_rag_term t USING unnest(%s::text[], %s::bigint[]) AS e(term, c) "
-                "WHERE t.term = e.term AND t.collection_id = e.c AND t.document_frequency = 0 "
-                "AND t.impact_floor = 0",
+                "WHERE t.term = e.term AND t.collection_id = e.c AND t.document_frequency = 0",
                 [[term for term, _ in emptied], [pk for _, pk in emptied]],
             )
-        if trim:
-            trim_lists(cursor, lists_to_trim([(t, pk, listed) for t, pk, _, _, listed in changed]))
         cursor.execute(
             """
             WITH moved AS (
@@ -101,53 +90,6 @@ def compact_statistics(using: str = "default", *, trim: bool = True) -> bool:
     return True
 
 
-def trim_lists(cursor, pairs: list[tuple[str, int]]) -> int:
-    """Cut the lists of ``pairs`` (term, collection id) to their best ``LIST_DEPTH`` postings,
-    raising each term's floor to the highest impact removed. Runs inside the compactor's
-    transaction (under its lock). Returns the number of postings removed.
-
-    Safe beside writers: a posting inserted meanwhile had an impact above the old floor and
-    stays listed (a list may hold postings below its floor); only postings at or below the new
-    floor are removed, so every unlisted posting stays at or below it."""
-    if not pairs:
-        return 0
-    cursor.execute(
-        """
-        WITH cut AS MATERIALIZED (
-            SELECT e.term, e.collection_id, x.impact AS floor
-            FROM unnest(%s::text[], %s::bigint[]) AS e(term, collection_id),
-            LATERAL (
-                SELECT impact FROM django_rag_posting p
-                WHERE p.term = e.term AND p.collection_id = e.collection_id
-                ORDER BY impact DESC OFFSET %s LIMIT 1
-            ) x
-        ), gone AS (
-            DELETE FROM django_rag_posting p USING cut
-            WHERE p.term = cut.term AND p.collection_id = cut.collection_id
-              AND p.impact <= cut.floor
-            RETURNING p.term, p.collection_id
-        ), removed AS (
-            SELECT term, collection_id, count(*) AS n FROM gone GROUP BY 1, 2
-        )
-        UPDATE django_rag_term t
-        SET impact_floor = greatest(t.impact_floor, cut.floor),
-            listed = greatest(t.listed - coalesce(removed.n, 0), 0)
-        FROM cut LEFT JOIN removed
-            ON removed.term = cut.term AND removed.collection_id = cut.collection_id
-        WHERE t.term = cut.term AND t.collection_id = cut.collection_id
-        RETURNING coalesce(removed.n, 0)
-        """,
-        [[term for term, _ in pairs], [pk for _, pk in pairs], postings.LIST_DEPTH],
-    )
-    return sum(n for (n,) in cursor.fetchall())
-
-
-def lists_to_trim(folded: list[tuple[str, int, int]]) -> list[tuple[str, int]]:
-    """The (term, collection id) pairs among compaction's ``folded`` rows (term, collection id,
-    listed) whose lists are longer than ``TRIM_AT``."""
-    return [(term, pk) for term, pk, listed in folded if listed > postings.TRIM_AT]
-
-
 def recount_statistics(using: str = "default") -> dict:
     """The statistics recounted from the chunk table and as stored (base rows plus deltas):
     ``{"recount": {...}, "stored": {...}, "bounds": {...}}``. ``recount`` and ``stored`` hold
@@ -165,7 +107,7 @@ def recount_statistics(using: str = "default") -> dict:
         recount_corpus = cursor.fetchall()
         cursor.execute(
             "SELECT c.collection_id, u.lexeme, count(*), "
-            f"max({TF_SQL}), min(coalesce(c.fts_length, 0)) "
+            f"max({_TF}), min(coalesce(c.fts_length, 0)) "
             "FROM django_rag_chunk c, unnest(c.search_vector) u GROUP BY 1, 2"
         )
         recount_terms = cursor.fetchall()
@@ -212,7 +154,7 @@ def recount_term_bounds(using: str = "default") -> int:
                 f"""
                 UPDATE django_rag_term t SET max_tf = r.max_tf, min_length = r.min_length
                 FROM (
-                    SELECT c.collection_id, u.lexeme AS term, max({TF_SQL}) AS max_tf,
+                    SELECT c.collection_id, u.lexeme AS term, max({_TF}) AS max_tf,
                            min(coalesce(c.fts_length, 0)) AS min_length
                     FROM django_rag_chunk c, unnest(c.search_vector) u GROUP BY 1, 2
                 ) r

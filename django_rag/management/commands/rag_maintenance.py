@@ -11,9 +11,8 @@ class Command(RagCommand):
         "Maintenance: `orphans` finds (and with --apply removes) inconsistent rows; `jobs` "
         "counts (and with --apply deletes) finished jobs older than --days; `headers` finds "
         "(and with --apply rebuilds, re-indexes and re-embeds) chunks whose header does not "
-        "match CHUNK_HEADERS; `postings` checks (and with --apply rebuilds) the full-text "
-        "posting lists; `vector-index` compares the HNSW index with VECTOR_INDEX_TYPE (and "
-        "with --apply rebuilds it of that type)."
+        "match CHUNK_HEADERS; `vector-index` compares the HNSW index with VECTOR_INDEX_TYPE "
+        "(and with --apply rebuilds it of that type)."
     )
 
     def add_arguments(self, parser):
@@ -28,12 +27,6 @@ class Command(RagCommand):
         )
         headers.add_argument("--collection", help="only this collection")
         headers.add_argument("--apply", action="store_true", help="rebuild them (default: dry run)")
-        lists = actions.add_parser(
-            "postings", help="full-text posting lists that disagree with the chunks"
-        )
-        lists.add_argument(
-            "--apply", action="store_true", help="rebuild every list (default: dry run)"
-        )
         index = actions.add_parser(
             "vector-index", help="the HNSW index against VECTOR_INDEX_TYPE ('vector'/'halfvec')"
         )
@@ -42,9 +35,6 @@ class Command(RagCommand):
         )
 
     def handle(self, *args, action, **options):
-        if action == "postings":
-            self._postings(options["apply"])
-            return
         if action == "vector-index":
             self._vector_index(options["apply"])
             return
@@ -92,20 +82,6 @@ class Command(RagCommand):
             self.stdout.write(
                 "Dry run: nothing was changed. Run again with --apply to rebuild, re-index and "
                 "re-embed them."
-            )
-
-    def _postings(self, apply):
-        found = maintenance.repair_postings(apply=apply)
-        self.stdout.write(
-            f"Found {found['missing']} missing, {found['stray']} stray and "
-            f"{found['wrong_impact']} wrong-impact posting(s) in the full-text posting lists."
-        )
-        if apply:
-            self.stdout.write(f"Rebuilt every list from the chunks: {found['listed']} posting(s).")
-        elif any(found.values()):
-            self.stdout.write(
-                "Dry run: nothing was changed. Run again with --apply to rebuild the lists "
-                "(writers wait while it runs; searches go on)."
             )
 
     def _vector_index(self, apply):

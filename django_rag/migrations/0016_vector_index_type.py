@@ -21,6 +21,6 @@ def sync(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_rag", "0016_postings")]
+    dependencies = [("django_rag", "0015_conversations")]
 
     operations = [migrations.RunPython(sync, migrations.RunPython.noop, elidable=False)]
