@@ -60,6 +60,14 @@ ENGINES = ("auto", "rapidocr", "tesseract", "off")
 MAX_PIXELS = 16_000_000
 #: The longest side RapidOCR reads (its ``max_side_len``: it scales larger images down to it).
 RAPIDOCR_MAX_SIDE = 2000
+#: An image of more pixels than this (at most RAPIDOCR_MAX_SIDE a side) is read by RapidOCR in
+#: horizontal bands BAND_HEIGHT tall, overlapping by BAND_OVERLAP: its text detection takes about
+#: 220 bytes of memory a pixel, so a whole 2,000 x 2,000 image (what a 16-megapixel one is
+#: read at) took 900 MB, a band of 2,000 x 800 takes 350. A line is kept from the band whose
+#: share of the overlap holds its middle, so a line up to BAND_OVERLAP tall is read once, whole.
+BAND_PIXELS = 2_000_000
+BAND_HEIGHT = 800
+BAND_OVERLAP = 192
 #: Why a page was not read when OCR ran out of the parse's memory.
 OUT_OF_MEMORY = "OCR needed more memory than MAX_PARSE_MEMORY allows"
 
@@ -121,16 +129,46 @@ def _lines(boxes: list[tuple[float, float, float, str]]) -> str:
     return "\n".join(" ".join(text for _, text in sorted(line)) for line in lines)
 
 
+def _bands(height: int, width: int) -> list[tuple[int, int, float, float]]:
+    """(top, bottom, keep_from, keep_to) of each band an image is read in: a line found in a
+    band is kept when its middle lies in [keep_from, keep_to), the band's share of the image."""
+    if width * height <= BAND_PIXELS or height <= BAND_HEIGHT:
+        return [(0, height, -math.inf, math.inf)]
+    step = BAND_HEIGHT - BAND_OVERLAP
+    tops = list(range(0, height - BAND_HEIGHT, step)) + [height - BAND_HEIGHT]
+    cuts = [-math.inf]
+    cuts += [(tops[i] + BAND_HEIGHT + tops[i + 1]) / 2 for i in range(len(tops) - 1)]
+    cuts.append(math.inf)
+    return [(top, top + BAND_HEIGHT, cuts[i], cuts[i + 1]) for i, top in enumerate(tops)]
+
+
 def read_rapidocr(png: bytes) -> str:
+    import io
+
+    from PIL import Image
+
     engine = load_once(("django_rag.ocr", "rapidocr"), _rapidocr)
-    found, _ = engine(png)
+    image = Image.open(io.BytesIO(png), formats=("PNG", "JPEG"))
+    image.load()
+    if max(image.size) > RAPIDOCR_MAX_SIDE:  # RapidOCR would scale it down to this itself
+        ratio = RAPIDOCR_MAX_SIDE / max(image.size)
+        size = (max(1, round(image.width * ratio)), max(1, round(image.height * ratio)))
+        image = image.resize(size, Image.Resampling.LANCZOS)
     boxes = []
-    for points, text, _score in found or ():
-        if not isinstance(text, str) or not text.strip():
-            continue
-        ys = [float(point[1]) for point in points]
-        xs = [float(point[0]) for point in points]
-        boxes.append((min(ys), max(ys), min(xs), text.strip()))
+    for top, bottom, keep_from, keep_to in _bands(image.height, image.width):
+        band = (
+            image
+            if (top, bottom) == (0, image.height)
+            else image.crop((0, top, image.width, bottom))
+        )
+        found, _ = engine(band)
+        for points, text, _score in found or ():
+            if not isinstance(text, str) or not text.strip():
+                continue
+            ys = [float(point[1]) + top for point in points]
+            xs = [float(point[0]) for point in points]
+            if keep_from <= (min(ys) + max(ys)) / 2 < keep_to:
+                boxes.append((min(ys), max(ys), min(xs), text.strip()))
     return _lines(boxes)
 
 
