@@ -117,8 +117,8 @@ def parse_file_isolated(path: str | Path) -> ParsedDocument:
     get_parser(path.name)  # unsupported types fail before the file is read
     try:
         cwd = os.getcwd()  # a worker forked earlier resolves a relative path from here
-    except OSError:
-        cwd, path = None, path.absolute()
+    except OSError:  # this directory was removed: only an absolute path can be found
+        cwd = None
     header = {"op": "file", "path": str(path), "cwd": cwd}
     return _document(_run(header, b"", path.name, budget))
 
