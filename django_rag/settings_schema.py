@@ -212,7 +212,7 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "PARSE_TIMEOUT",
         60,
-        "Seconds reading one file (PDF, office, mail) may take (None: no limit).",
+        "Seconds reading one file (PDF, office, mail, HTML) may take (None: no limit).",
         NUMBER,
         nullable=True,
     ),
@@ -271,8 +271,8 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "MAX_PARSE_MEMORY",
         1024 * MiB,
-        "Bytes of address space an upload's parse child may add (None: parse in the job's "
-        "process, unbounded).",
+        "Bytes of address space one parse may add: every entry point parses in a pooled worker "
+        "limited to this (None: in the calling process, unbounded, for trusted input).",
         INTEGER,
         nullable=True,
     ),

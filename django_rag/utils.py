@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
@@ -31,3 +32,15 @@ def load_once(key: Hashable, loader: Callable[[], T]) -> T:
 def is_loaded(key: Hashable) -> bool:
     """Whether :func:`load_once` already made the object cached under ``key``."""
     return key in _loaded
+
+
+# A file path in a library's message: two or more "/"-separated parts (a POSIX path, or one
+# inside a Windows drive), or a Windows path with a drive letter.
+_PATH = re.compile(r"(?:[A-Za-z]:)?(?:[\\/][\w.+~@-]+){2,}[\\/]?|[A-Za-z]:\\[^\s'\"]*")
+
+
+def scrub_paths(text: str) -> str:
+    """``text`` with file paths replaced by ``<path>``: a native library's error quotes its
+    own source or ``site-packages`` path, which tells whoever ingested a file nothing and
+    describes the server."""
+    return _PATH.sub("<path>", text)

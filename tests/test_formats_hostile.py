@@ -235,6 +235,18 @@ def html_entities() -> bytes:
     return LAUGHS + b"<html><body><article><p>&lol9;</p>" + b"<p>Real words here.</p>" * 40
 
 
+def html_attributes() -> bytes:
+    """One element with 100,000 attributes: libxml2 compares each with the ones before it (20 s
+    a parse, 307 s in trafilatura's passes); the tag is cut to 100 before lxml reads it."""
+    names = b" ".join(b"a%d" % i for i in range(100_000))
+    return b"<html><body><div " + names + b"><p>Refunds take fourteen days.</p></div></body></html>"
+
+
+def html_unclosed() -> bytes:
+    """500,000 unclosed <a> (33 s and 1.3 GB in trafilatura): refused past 200,000 elements."""
+    return b"<html><body>" + b"<a>" * 500_000 + b"<p>Refunds take fourteen days.</p></body></html>"
+
+
 def pdf_drawing_bomb() -> bytes:
     """A page with a line of text and 4 MB of line segments (200,000 paths): under the page's
     content budget, but the table finder would spend 8 s and 560 MB on it."""
@@ -263,6 +275,8 @@ HOSTILE += [
     ("pdf_drawing_bomb", ".pdf", {}, "parsed", None),
     ("html_deep", ".html", {}, "empty_document", None),
     ("html_entities", ".html", {}, "empty_document", None),
+    ("html_attributes", ".html", {}, "parsed", None),
+    ("html_unclosed", ".html", {}, "document_too_large", None),
     ("eml_carrying_a_bomb", ".eml", {}, "document_too_large", "MAX_ZIP_RATIO"),
 ]
 

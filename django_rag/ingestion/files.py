@@ -15,7 +15,8 @@ from ..validation import clean_collection_name, clean_filename, clean_metadata, 
 from .batch import without_stored, write_batched
 from .chunkers import get_chunker
 from .graphs import use_graph
-from .parsers import ParsedDocument, parse_file
+from .isolation import parse_file_isolated
+from .parsers import ParsedDocument
 from .pipeline import Pending, take_versions, validate
 
 
@@ -36,7 +37,8 @@ def ingest_files(
     progress=None,
 ) -> list:
     """Ingest many files through the batched path of :func:`ingest_many` (what ``rag_ingest``
-    runs): parsed one by one, stored duplicates found in one query, chunks of several files
+    runs): parsed one by one in bounded workers reused from file to file (``MAX_PARSE_MEMORY``,
+    ``PARSE_TIMEOUT``: :mod:`~django_rag.ingestion.isolation`), stored duplicates found in one query, chunks of several files
     embedded per batch, each group written in one transaction.
 
     One file's failure does not stop the others: the result has, for each path in order, the
@@ -59,7 +61,7 @@ def ingest_files(
     for path in paths:
         try:
             clean_filename(str(path))
-            parsed.append(parse_file(path))
+            parsed.append(parse_file_isolated(path))
         except (RagError, OSError) as exc:
             parsed.append(exc)
     return ingest_parsed_files(

@@ -35,7 +35,8 @@ from ..models.databases import write_db
 from ..signals import span
 from ..store import delete_source
 from ..validation import clean_collection_name, clean_filename, clean_source_id, clean_text
-from .parsers import ParsedDocument, parse_file, parser_registry
+from .isolation import parse_file_isolated
+from .parsers import ParsedDocument, parser_registry
 
 # --- walking a tree -------------------------------------------------------------------------
 
@@ -269,7 +270,8 @@ def sync_folder(
     without being embedded. Documents of the collection whose source id starts with ``prefix``
     (every document with a source id when ``prefix`` is empty: the folder owns the collection)
     and that no file of the folder has any more are deleted. A file that fails to parse is
-    reported in ``failed`` and its stored document is kept. Symlinks leaving the folder are
+    reported in ``failed`` and its stored document is kept. Files are parsed in bounded workers
+    reused from file to file (:mod:`~django_rag.ingestion.isolation`). Symlinks leaving the folder are
     skipped and reported (:func:`walk_folder`).
 
     ``dry_run=True`` parses and compares but writes nothing: the result says what would be
@@ -307,7 +309,7 @@ def sync_folder(
             try:
                 source_id = clean_source_id(source_id)
                 clean_filename(str(item.path))
-                parsed = parse_file(item.path)
+                parsed = parse_file_isolated(item.path)
                 parsed.text = clean_text(parsed.text)
             except (RagError, OSError) as exc:
                 report.failed[source_id] = exc

@@ -23,10 +23,21 @@ Image files (PNG, JPEG, TIFF) come through :meth:`ScannedPages.read_image` too, 
 ``parsers/image.py``: one page each, same engine and budgets.
 
 Budgets: a page is rendered at ``OCR_DPI`` but at most :data:`MAX_PIXELS` pixels (a huge page
-is rendered at a lower resolution: memory and time per page stay bounded); at most
+is rendered at a lower resolution: memory and time per page stay bounded), and for RapidOCR at
+most :data:`RAPIDOCR_MAX_SIDE` pixels a side (it scales every image down to that itself, so
+nothing larger is decoded or encoded for it); at most
 ``OCR_MAX_PAGES`` pages of a document are read; and OCR time counts towards the document's
 ``PARSE_TIMEOUT``: a page is read only while the time left is more than the slowest page so far
 took (the others are listed as not read, the document is still ingested).
+
+Memory: OCR runs in the bounded parse worker (``MAX_PARSE_MEMORY``) like the rest of a parse.
+The engine (its models, onnxruntime's sessions) is loaded once per worker outside the budget
+(it costs the same whatever the input: :func:`~django_rag.ingestion.budget.outside_budget`),
+with one inference thread, so what a page adds is bounded by the pixel caps: about 650 MB of
+address space for a 16-megapixel image. A page that still runs out of memory is reported as
+such (an image file: :class:`~django_rag.exceptions.DocumentTooLarge` naming
+``MAX_PARSE_MEMORY``), and an engine's failure is reported by its type and first line, without
+tracebacks or file paths.
 """
 
 from __future__ import annotations
@@ -41,11 +52,24 @@ from typing import Any
 
 from ..conf import get_setting
 from ..exceptions import MissingDependency, NoTextLayer
-from ..utils import load_once
+from ..utils import load_once, scrub_paths
+from .budget import out_of_memory, outside_budget
 
 ENGINES = ("auto", "rapidocr", "tesseract", "off")
 #: The most pixels a page is rendered to (about 4,000 x 4,000): 48 MB of RGB at most.
 MAX_PIXELS = 16_000_000
+#: The longest side RapidOCR reads (its ``max_side_len``: it scales larger images down to it).
+RAPIDOCR_MAX_SIDE = 2000
+#: An image of more pixels than this (at most RAPIDOCR_MAX_SIDE a side) is read by RapidOCR in
+#: horizontal bands BAND_HEIGHT tall, overlapping by BAND_OVERLAP: its text detection takes about
+#: 220 bytes of memory a pixel, so a whole 2,000 x 2,000 image (what a 16-megapixel one is
+#: read at) took 900 MB, a band of 2,000 x 800 takes 350. A line is kept from the band whose
+#: share of the overlap holds its middle, so a line up to BAND_OVERLAP tall is read once, whole.
+BAND_PIXELS = 2_000_000
+BAND_HEIGHT = 800
+BAND_OVERLAP = 192
+#: Why a page was not read when OCR ran out of the parse's memory.
+OUT_OF_MEMORY = "OCR needed more memory than MAX_PARSE_MEMORY allows"
 
 
 def has_rapidocr() -> bool:
@@ -78,9 +102,15 @@ def engine_name(setting: str | None = None) -> str | None:
 
 
 def _rapidocr():
-    from rapidocr_onnxruntime import RapidOCR
+    # Loaded outside the parse's budget: the models and sessions cost the same for any input.
+    # One inference thread: each thread of onnxruntime's pool reserves address space of its
+    # own, so their number (the machine's cores) would decide whether a page fits the budget.
+    with outside_budget():
+        from rapidocr_onnxruntime import RapidOCR
 
-    return RapidOCR()
+        return RapidOCR(
+            max_side_len=RAPIDOCR_MAX_SIDE, intra_op_num_threads=1, inter_op_num_threads=1
+        )
 
 
 def _lines(boxes: list[tuple[float, float, float, str]]) -> str:
@@ -99,16 +129,46 @@ def _lines(boxes: list[tuple[float, float, float, str]]) -> str:
     return "\n".join(" ".join(text for _, text in sorted(line)) for line in lines)
 
 
+def _bands(height: int, width: int) -> list[tuple[int, int, float, float]]:
+    """(top, bottom, keep_from, keep_to) of each band an image is read in: a line found in a
+    band is kept when its middle lies in [keep_from, keep_to), the band's share of the image."""
+    if width * height <= BAND_PIXELS or height <= BAND_HEIGHT:
+        return [(0, height, -math.inf, math.inf)]
+    step = BAND_HEIGHT - BAND_OVERLAP
+    tops = list(range(0, height - BAND_HEIGHT, step)) + [height - BAND_HEIGHT]
+    cuts = [-math.inf]
+    cuts += [(tops[i] + BAND_HEIGHT + tops[i + 1]) / 2 for i in range(len(tops) - 1)]
+    cuts.append(math.inf)
+    return [(top, top + BAND_HEIGHT, cuts[i], cuts[i + 1]) for i, top in enumerate(tops)]
+
+
 def read_rapidocr(png: bytes) -> str:
+    import io
+
+    from PIL import Image
+
     engine = load_once(("django_rag.ocr", "rapidocr"), _rapidocr)
-    found, _ = engine(png)
+    image = Image.open(io.BytesIO(png), formats=("PNG", "JPEG"))
+    image.load()
+    if max(image.size) > RAPIDOCR_MAX_SIDE:  # RapidOCR would scale it down to this itself
+        ratio = RAPIDOCR_MAX_SIDE / max(image.size)
+        size = (max(1, round(image.width * ratio)), max(1, round(image.height * ratio)))
+        image = image.resize(size, Image.Resampling.LANCZOS)
     boxes = []
-    for points, text, _score in found or ():
-        if not isinstance(text, str) or not text.strip():
-            continue
-        ys = [float(point[1]) for point in points]
-        xs = [float(point[0]) for point in points]
-        boxes.append((min(ys), max(ys), min(xs), text.strip()))
+    for top, bottom, keep_from, keep_to in _bands(image.height, image.width):
+        band = (
+            image
+            if (top, bottom) == (0, image.height)
+            else image.crop((0, top, image.width, bottom))
+        )
+        found, _ = engine(band)
+        for points, text, _score in found or ():
+            if not isinstance(text, str) or not text.strip():
+                continue
+            ys = [float(point[1]) + top for point in points]
+            xs = [float(point[0]) for point in points]
+            if keep_from <= (min(ys) + max(ys)) / 2 < keep_to:
+                boxes.append((min(ys), max(ys), min(xs), text.strip()))
     return _lines(boxes)
 
 
@@ -141,6 +201,7 @@ class ScannedPages:
         self.read_pages: list[int] = []
         self.unread: dict[int, str] = {}  # page number: why it was not read
         self.slowest = 0.0
+        self.out_of_memory = False  # a page failed for MAX_PARSE_MEMORY
 
     def read(self, page: Any, number: int) -> str:
         """The OCR text of ``page`` (a pymupdf page whose text layer is empty), or "" when it
@@ -168,7 +229,11 @@ class ScannedPages:
             else:
                 text = read_tesseract(png, self._time_left())
         except Exception as exc:  # a damaged image or an engine failure: that page only
-            self.unread[number] = f"OCR failed ({type(exc).__name__}: {str(exc)[:120]})"
+            if out_of_memory(exc):
+                self.out_of_memory = True
+                self.unread[number] = OUT_OF_MEMORY
+            else:
+                self.unread[number] = f"OCR failed ({failure(exc)})"
             return ""
         finally:
             self.slowest = max(self.slowest, time.monotonic() - begun)
@@ -198,6 +263,9 @@ class ScannedPages:
         pixels = rect.width * scale * rect.height * scale
         if pixels > MAX_PIXELS:
             scale *= math.sqrt(MAX_PIXELS / pixels)
+        side = max(rect.width, rect.height) * scale
+        if self.engine == "rapidocr" and side > RAPIDOCR_MAX_SIDE:
+            scale *= RAPIDOCR_MAX_SIDE / side
         import pymupdf
 
         pixmap = page.get_pixmap(matrix=pymupdf.Matrix(scale, scale), alpha=False)
@@ -232,6 +300,12 @@ class ScannedPages:
                 f"{pages}: scanned image not read, the time budget was spent "
                 "(raise DJANGO_RAG['PARSE_TIMEOUT'] and ingest the file again)."
             )
+        if reason == OUT_OF_MEMORY:
+            return (
+                f"{pages}: scanned image not read, {reason} "
+                "(raise DJANGO_RAG['MAX_PARSE_MEMORY'] or lower OCR_DPI and ingest the file "
+                "again)."
+            )
         if reason.startswith("OCR_MAX_PAGES"):
             return (
                 f"{pages}: scanned image not read, {reason} "
@@ -254,6 +328,15 @@ class ScannedPages:
             "OCR first, for example: ocrmypdf in.pdf out.pdf",
             filename=self.filename,
         )
+
+
+def failure(exc: BaseException) -> str:
+    """An engine's failure as a reader can use it: its type and the first line of its message,
+    file paths removed (onnxruntime and OpenCV quote their sources' paths, and a traceback
+    in a message says nothing to whoever ingested the file)."""
+    lines = str(exc).strip().splitlines()
+    first = scrub_paths(lines[0].strip() if lines else "")[:120]
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
 def no_engine_advice() -> str:

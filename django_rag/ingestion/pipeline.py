@@ -80,12 +80,15 @@ def text_document(text: Any, format: Any) -> ParsedDocument:
     if format not in FORMATS:
         raise InvalidOption(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
     if format == "html":
-        from .parsers.html import html_to_markdown
+        # Converted in a bounded worker, as a file would be parsed (isolation.py).
+        from .isolation import html_to_markdown_isolated
 
         if not isinstance(text, str):
             raise InvalidOption(f"text must be a string, got {type(text).__name__}")
         return ParsedDocument(
-            text=html_to_markdown(text), format="markdown", content_type=TEXT_CONTENT_TYPES[format]
+            text=html_to_markdown_isolated(text),
+            format="markdown",
+            content_type=TEXT_CONTENT_TYPES[format],
         )
     return ParsedDocument(text=text, format=format, content_type=TEXT_CONTENT_TYPES[format])
 

@@ -31,7 +31,8 @@ from .batch import ingest_many  # noqa: F401 (re-exported: callers import it fro
 from .collections import apply_description, resolve_ingest_collection
 from .files import ingest_files, ingest_parsed_files  # noqa: F401 (re-exported)
 from .graphs import refuse_background_extractors, use_graph
-from .parsers import ParsedDocument, parse_bytes, parse_file
+from .isolation import parse_file_isolated, parse_isolated
+from .parsers import ParsedDocument
 from .pipeline import (  # noqa: F401 (FORMATS, content_hash, Prepared are re-exported)
     FORMATS,
     ON_CHUNK_ERROR,
@@ -126,14 +127,16 @@ def ingest(
 
 
 def ingest_file(path: str | Path, **options) -> Document:
-    """Parse the file at ``path`` (by extension) and ingest it; options as for :func:`ingest`."""
+    """Parse the file at ``path`` (by extension) and ingest it; options as for :func:`ingest`.
+    The parse runs in a bounded worker (``MAX_PARSE_MEMORY``, ``PARSE_TIMEOUT``)."""
     clean_filename(str(path))
-    parsed = parse_file(path)
+    parsed = parse_file_isolated(path)
     return _ingest_parsed(parsed, filename=Path(path).name, **options)
 
 
 def ingest_bytes(data: bytes, *, filename: str, background: bool = False, **options) -> Document:
-    """Parse ``data`` as a file called ``filename`` and ingest it; nothing touches disk.
+    """Parse ``data`` as a file called ``filename`` and ingest it; nothing touches disk. The
+    parse runs in a bounded worker (``MAX_PARSE_MEMORY``, ``PARSE_TIMEOUT``), as every parse.
 
     With ``background=True`` the bytes are not parsed here: they are stored with the pending
     document, and the job parses them (in a child process limited to ``MAX_PARSE_MEMORY``),
@@ -147,7 +150,7 @@ def ingest_bytes(data: bytes, *, filename: str, background: bool = False, **opti
     clean_filename(filename)
     if background:
         return ingest_upload(bytes(data), filename=filename, **options)
-    parsed = parse_bytes(bytes(data), filename=filename)
+    parsed = parse_isolated(bytes(data), filename=filename)
     return _ingest_parsed(parsed, filename=Path(filename).name, **options)
 
 

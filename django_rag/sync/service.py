@@ -23,6 +23,7 @@ from django.db import router, transaction
 
 from .. import background
 from ..exceptions import RagError
+from ..ingestion.isolation import html_to_markdown_isolated
 from ..ingestion.service import content_hash, ingest_many, ingest_source
 from ..models import Document, Job
 from ..models.databases import write_db
@@ -97,13 +98,7 @@ def sync_row(
         collection = spec.collection_for(row)
         for name in sorted(stored_in - {collection}):  # the row moved to another collection
             delete_source(name, source_id, version=version)
-        text = clean_text(document["text"])
-        format = spec.format
-        if format == "html":
-            # Converted before hashing: an unchanged field compares equal to what was stored.
-            from ..ingestion.parsers.html import html_to_markdown
-
-            text, format = html_to_markdown(text), "markdown"
+        text, format = _converted(clean_text(document["text"]), spec.format)
         current = (
             Document.objects.using(write_db())
             .filter(
@@ -137,6 +132,15 @@ def sync_row(
         action = "superseded" if stored.superseded else "indexed"
         s.set(action=action, document_id=stored.pk)
         return {"action": action, "document_id": stored.pk}
+
+
+def _converted(text: str, format: str) -> tuple[str, str]:
+    """A row's text as it is stored: HTML converted to Markdown (in a bounded worker, as any
+    parse: isolation.py) before hashing, so an unchanged field compares equal to what was
+    stored."""
+    if format == "html":
+        return html_to_markdown_isolated(text), "markdown"
+    return text, format
 
 
 def _stored_collections(source_ids: Sequence[str]) -> dict[str, set[str]]:
@@ -237,7 +241,9 @@ def _reconcile_batch(spec, batch, only_collection, dry_run, report) -> None:
             if only_collection is not None and target != only_collection:
                 continue
             document = spec.document_for(row)
-            text = clean_text(document["text"]) if document["text"].strip() else ""
+            text, format = "", spec.format
+            if document["text"].strip():
+                text, format = _converted(clean_text(document["text"]), spec.format)
         except (RagError, ValueError, TypeError) as exc:
             report.failed += 1
             report.errors.append(f"{source_id}: {exc}")
@@ -254,7 +260,9 @@ def _reconcile_batch(spec, batch, only_collection, dry_run, report) -> None:
                 report.added += 1
             else:
                 report.replaced += 1
-            writes[target].append({**document, "text": text, "source_id": source_id})
+            writes[target].append(
+                {**document, "text": text, "source_id": source_id, "format": format}
+            )
         elif current["title"] != document["title"] or current["metadata"] != document["metadata"]:
             report.updated += 1
             touches.append((target, source_id, document))
@@ -271,8 +279,6 @@ def _reconcile_batch(spec, batch, only_collection, dry_run, report) -> None:
             name, source_id, version, title=document["title"], metadata=document["metadata"]
         )
     for name, items in writes.items():
-        for item in items:
-            item["format"] = spec.format
         try:
             results = ingest_many(items, collection=name, replace=True)
         except RagError as exc:  # the batch's items were validated above: rare

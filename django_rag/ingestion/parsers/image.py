@@ -25,7 +25,7 @@ import warnings
 from typing import Any
 
 from ...exceptions import CorruptFile, DocumentTooLarge, EmptyDocument, NoTextLayer
-from ..ocr import MAX_PIXELS, ScannedPages, no_engine_advice
+from ..ocr import MAX_PIXELS, RAPIDOCR_MAX_SIDE, ScannedPages, no_engine_advice
 from .base import Page, ParsedDocument, Parser, _limit, _too_many_chars, check_input_size
 from .common import require
 
@@ -94,7 +94,15 @@ def _open(data: bytes, filename: str) -> Any:
         ) from exc
 
 
-def _png(image: Any) -> bytes:
+def _png(image: Any, max_side: int | None = None) -> bytes:
+    if max_side is not None and max(image.size) > max_side:
+        # The engine would scale it down to this itself: do it before encoding, so neither
+        # the PNG nor the engine's decoded copy holds the full image.
+        from PIL import Image
+
+        ratio = max_side / max(image.size)
+        size = (max(1, round(image.width * ratio)), max(1, round(image.height * ratio)))
+        image = image.resize(size, Image.Resampling.LANCZOS)
     out = io.BytesIO()
     image.save(out, "PNG", compress_level=1)  # read once by the engine: speed over size
     return out.getvalue()
@@ -141,8 +149,18 @@ class ImageParser(Parser):
         check_input_size(self, len(data), filename=filename)  # parse_file checks it unread
         image = _open(data, filename)
         size = list(image.size)
-        text = scans.read_image(lambda: _png(image), 1)
+        max_side = RAPIDOCR_MAX_SIDE if scans.engine == "rapidocr" else None
+        text = scans.read_image(lambda: _png(image, max_side), 1)
         if not text:
+            if scans.out_of_memory:
+                raise DocumentTooLarge(
+                    f"{filename} ({size[0]:,} x {size[1]:,} pixels): OCR needed more memory "
+                    f"than MAX_PARSE_MEMORY allows. Scale the image down, or raise "
+                    "DJANGO_RAG['MAX_PARSE_MEMORY'], and ingest it again.",
+                    filename=filename,
+                    setting="MAX_PARSE_MEMORY",
+                    limit=_limit("MAX_PARSE_MEMORY"),
+                )
             if scans.unread:
                 raise NoTextLayer(
                     f"{filename} is an image and OCR did not read it: {scans.unread[1]}.",
