@@ -405,8 +405,7 @@ def main() -> None:
         ids = {pk for pk, _ in ann(text, vector_col, index=False)}
         exact[text] = (ids, tenth(text, vector_col, index=False))
     print(
-        f"\nThe HNSW query against the exact nearest neighbours ({len(recall_sample)} queries; "
-        "the padding holds many near-copies of each chunk, so ids can differ at equal distances):\n"
+        f"\nThe HNSW query against the exact nearest neighbours ({len(recall_sample)} queries):\n"
     )
     print("| storage | recall@10 | 10th distance over the exact 10th |\n|---|---|---|")
     for label, column in (("vector", vector_col), ("halfvec", half_col)):
