@@ -106,6 +106,7 @@ def test_a_cli_folder_dry_run_is_a_check_and_a_sync_clears_it(staff, tmp_path):
         )  # fmt: skip
         check = Job.objects.get(kind="sync")
         assert check.params["dry_run"] and check.finished_at > check.started_at  # real times
+        assert check.created_at == check.started_at
         page = staff.get(url).content.decode()
         row = job_row(page, check)
         assert "Check folder" in row and "Checked: would add 2" in row

@@ -368,7 +368,7 @@ def sync_folder(
 def _record(report: FolderSync, prefix: str, started) -> None:
     """A run outside a job (``rag_ingest --sync``, ``sync_folder``) as a finished ``sync`` job
     with its real start and end, so the dashboard shows how long it took."""
-    Job.objects.create(
+    job = Job.objects.create(
         kind=Job.Kind.SYNC,
         status=Job.Status.COMPLETED,
         params=folder_params(report.directory, report.collection, prefix, report.dry_run),
@@ -377,6 +377,8 @@ def _record(report: FolderSync, prefix: str, started) -> None:
         finished_at=timezone.now(),
         done=sum(report.counts().values()),
     )
+    # Queued when it started (auto_now_add set the end), so it never reads as started first.
+    Job.objects.filter(pk=job.pk).update(created_at=started)
 
 
 def folder_params(directory: str, collection: str, prefix: str, dry_run: bool) -> dict:
