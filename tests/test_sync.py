@@ -270,7 +270,7 @@ def test_the_sync_page_shows_counts_and_checks_then_reconciles(staff):
         note_row = page[page.index('id="model-syncapp.note"') :]
         assert '<td class="stale">2 ' in note_row
         confirm = staff.post(url, {"model": "syncapp.note", "action": "reconcile"})
-        assert b"Sync syncapp.note?" in confirm.content  # asks first
+        assert b"Reconcile syncapp.note?" in confirm.content  # asks first
         staff.post(url, {"model": "syncapp.note", "action": "reconcile", "confirmed": "yes"})
         assert_index_matches_rows()
         assert staff.post(url, {"model": "auth.user", "action": "check"}).status_code == 302
@@ -330,7 +330,8 @@ def test_the_sync_page_lists_synced_folders_checks_and_syncs_them(staff, tmp_pat
         assert list(Document.objects.values_list("source_id", flat=True)) == ["a.txt"]
         page = staff.get(url).content.decode()
         row = page[page.index('id="folder-0"') :]
-        assert '<td class="stale">2</td>' in row  # one to add, one to delete
+        assert '<td class="stale">2 ' in row  # one to add, one to delete
+        assert "would add 1, would delete 1" in row
         staff.post(url, {"folder": "0", "action": "reconcile", "confirmed": "yes"})
         assert list(Document.objects.values_list("source_id", flat=True)) == ["b.txt"]
         assert staff.post(url, {"folder": "7", "action": "check"}).status_code == 302

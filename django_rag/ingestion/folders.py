@@ -291,6 +291,7 @@ def sync_folder(
     if prefix:
         clean_source_id(prefix)
     root = Path(path)
+    started = timezone.now()  # the recorded job's real duration
     with span("sync_folder", collection=name, directory=str(root), dry_run=dry_run) as s:
         found, skipped = walk_folder(root)
         report = FolderSync(name, str(root), dry_run, skipped=list(skipped))
@@ -327,7 +328,7 @@ def sync_folder(
         s.set(**report.counts())
         if dry_run:
             if record:
-                _record(report, prefix)
+                _record(report, prefix, started)
             return report
         if wanted:
             outcomes = ingest_parsed_files(
@@ -360,21 +361,24 @@ def sync_folder(
             delete_source(name, source_id)
         s.set(**report.counts())
         if record:
-            _record(report, prefix)
+            _record(report, prefix, started)
         return report
 
 
-def _record(report: FolderSync, prefix: str) -> None:
-    now = timezone.now()
-    Job.objects.create(
+def _record(report: FolderSync, prefix: str, started) -> None:
+    """A run outside a job (``rag_ingest --sync``, ``sync_folder``) as a finished ``sync`` job
+    with its real start and end, so the dashboard shows how long it took."""
+    job = Job.objects.create(
         kind=Job.Kind.SYNC,
         status=Job.Status.COMPLETED,
         params=folder_params(report.directory, report.collection, prefix, report.dry_run),
         result=report.counts(),
-        started_at=now,
-        finished_at=now,
+        started_at=started,
+        finished_at=timezone.now(),
         done=sum(report.counts().values()),
     )
+    # Queued when it started (auto_now_add set the end), so it never reads as started first.
+    Job.objects.filter(pk=job.pk).update(created_at=started)
 
 
 def folder_params(directory: str, collection: str, prefix: str, dry_run: bool) -> dict:

@@ -103,18 +103,20 @@ def _back(request, default: str):
 JOB_LIMIT = 20
 
 
-def _start(request, task: str, **params):
-    """Start a background job; its failure (inline mode) becomes a message, never a 500."""
+def _start(request, task: str, *, label: str = "", **params):
+    """Start a background job; its failure (inline mode) becomes a message, never a 500.
+    ``label`` names it in the messages (the task's name by default)."""
 
+    name = label or task.replace("_", " ").capitalize()
     try:
         job = start(task, **params)
     except Exception as exc:
-        messages.error(request, f"{task.replace('_', ' ').capitalize()} failed: {exc}")
+        messages.error(request, f"{name} failed: {exc}")
         return None
     if job.status == job.Status.COMPLETED:
-        messages.success(request, f"{task.replace('_', ' ').capitalize()} finished (job {job.pk}).")
+        messages.success(request, f"{name} finished (job {job.pk}).")
     else:
-        messages.info(request, f"{task.replace('_', ' ').capitalize()} started as job {job.pk}.")
+        messages.info(request, f"{name} started as job {job.pk}.")
     return job
 
 
@@ -145,15 +147,75 @@ def _decorate(jobs):
             if job.status == Job.Status.FAILED and not job.retryable
             else ""
         )
+        job.kind_label = job.get_kind_display()
+        job.status_label = job.get_status_display()
         job.result_rows = _result_rows(job.result)
+        if job.kind == Job.Kind.SYNC:
+            _label_sync(job)
         job.duration_text = _duration(job.duration)
     return jobs
+
+
+#: How a dry run's counts read: what a sync *would* do, never what it did.
+WOULD = {
+    "added": "would add",
+    "replaced": "would replace",
+    "updated": "would update",
+    "deleted": "would delete",
+}
+
+
+def sync_name(params: dict) -> str:
+    """What a ``sync`` job is, from its params: a check (dry run) or a sync of a folder, or a
+    check or reconcile of one model or of every indexed model."""
+    dry_run = bool(params.get("dry_run"))
+    if params.get("folder"):
+        return "Check folder" if dry_run else "Sync folder"
+    verb = "Check" if dry_run else "Reconcile"
+    if params.get("model"):
+        return f"{verb} model {params['model']}"
+    return f"{verb} all indexed models"
+
+
+def sync_summary(result, *, dry_run: bool) -> str:
+    """A sync's counts in words: ``would add 2, would delete 1`` for a dry run, ``added 2,
+    deleted 1`` for a sync; zero counts are left out (``nothing to change`` / ``no change``)."""
+    result = result if isinstance(result, dict) else {}
+    parts = []
+    for key in ("added", "replaced", "updated", "deleted"):
+        count = result.get(key) or 0
+        if count:
+            parts.append(f"{WOULD[key] if dry_run else key} {count}")
+    if not parts:
+        parts.append("nothing to change" if dry_run else "no change")
+    for key in ("unchanged", "failed"):
+        if result.get(key):
+            parts.append(f"{result[key]} {key}")
+    return ", ".join(parts)
+
+
+def _label_sync(job) -> None:
+    """A ``sync`` job named for what it is; a dry run's status and counts read as a check."""
+    dry_run = bool(job.params.get("dry_run"))
+    job.kind_label = sync_name(job.params)
+    if not dry_run:
+        return
+    if job.status == Job.Status.COMPLETED:
+        job.status_label = "Checked"
+        job.summary = f"Checked: {sync_summary(job.result, dry_run=True)}"
+    elif job.status in (Job.Status.PENDING, Job.Status.RUNNING):
+        job.status_label = f"{job.get_status_display()} (check)"
+    for row in job.result_rows:
+        row["label"] = WOULD.get(row["label"], row["label"])
 
 
 def _duration(delta) -> str:
     if delta is None:
         return ""
     seconds = delta.total_seconds()
+    if seconds < 0.1:
+        # A quick run (a folder synced from the command line) reads in ms, never "0.0 s".
+        return f"{seconds * 1000:.0f} ms" if seconds >= 0.0005 else "under 1 ms"
     if seconds < 60:
         return f"{seconds:.1f} s"
     minutes, seconds = divmod(int(round(seconds)), 60)

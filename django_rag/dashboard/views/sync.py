@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from django.contrib import messages
+from django.db.models import Q
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from ... import sync
 from ...models import Job
 from ..access import dashboard_view, param
-from .common import _confirm, _context, _jobs, _polling, _start
+from .common import _confirm, _context, _jobs, _polling, _start, sync_name, sync_summary
 
 SYNC_JOBS = [Job.Kind.SYNC, Job.Kind.SYNC_ROW]
 
@@ -21,15 +22,10 @@ def sync_page(request):
     allowed = request.rag_collections
     models = [row for row in sync.status() if allowed is None or row["collection"] in allowed]
     folders = _synced_folders(allowed)
+    for row in models:
+        _model_state(row)
     if request.method == "POST":
         return _sync_action(request, models, folders)
-    checks = Job.objects.filter(
-        kind=Job.Kind.SYNC, status=Job.Status.COMPLETED, params__dry_run=True
-    ).order_by("-finished_at")
-    for row in models:
-        last = checks.filter(params__model=row["model"]).first()
-        row["stale"] = _stale(last)
-        row["checked_at"] = last.finished_at if last is not None else None
     jobs = _jobs(request, SYNC_JOBS)
     if request.headers.get("HX-Request"):
         return render(
@@ -53,6 +49,43 @@ def sync_page(request):
             jobs_url=reverse("django_rag_dashboard:sync"),
         ),
     )
+
+
+def _model_state(row: dict) -> None:
+    """What the last check of a model found (``stale``, ``check``), unless a successful
+    reconcile of that model (or of every model) started after it: then nothing is stale
+    (``repaired``)."""
+    done = Job.objects.filter(kind=Job.Kind.SYNC, status=Job.Status.COMPLETED).exclude(
+        params__has_key="folder"
+    )
+    check = (
+        done.filter(params__dry_run=True, params__model=row["model"])
+        .order_by("-created_at", "-pk")
+        .first()
+    )
+    repair = (
+        done.exclude(params__dry_run=True)
+        .filter(Q(params__model=row["model"]) | Q(params__model=None) | ~Q(params__has_key="model"))
+        .order_by("-created_at", "-pk")
+        .first()
+    )
+    _settle(row, check, repair)
+
+
+def _settle(row: dict, check, repair) -> None:
+    """``stale``: the check's count while it is the newest word, 0 once a successful repair
+    started after it, None (not checked) when there is neither."""
+    row["check"], row["repaired"] = check, None
+    if repair is not None and (check is None or _after(repair, check)):
+        row["check"], row["repaired"], row["stale"] = None, repair, 0
+    else:
+        row["stale"] = _stale(check)
+    row["checked_at"] = check.finished_at if row["check"] is not None else None
+    row["summary"] = sync_summary(check.result, dry_run=True) if row["check"] else ""
+
+
+def _after(job, other) -> bool:
+    return (job.created_at, job.pk) > (other.created_at, other.pk)
 
 
 def _stale(check) -> int | None:
@@ -83,19 +116,22 @@ def _synced_folders(allowed) -> list[dict]:
                 "prefix": key[2],
                 "synced": None,
                 "checked": None,
+                "ok": None,
             },
         )
-        slot = "checked" if params.get("dry_run") else "synced"
-        if entry[slot] is None:
-            entry[slot] = job
+        completed = job.status == Job.Status.COMPLETED
+        if params.get("dry_run"):
+            if entry["checked"] is None and completed:
+                entry["checked"] = job
+        else:
+            if entry["synced"] is None:
+                entry["synced"] = job
+            if entry["ok"] is None and completed:
+                entry["ok"] = job
     for entry in folders.values():
-        checked = entry["checked"]
-        newer = (
-            checked is not None
-            and checked.status == Job.Status.COMPLETED
-            and (entry["synced"] is None or checked.created_at > entry["synced"].created_at)
-        )
-        entry["stale"] = _stale(checked) if newer else None
+        _settle(entry, entry["checked"], entry["ok"])
+        if entry["synced"] is not None:
+            entry["synced_summary"] = sync_summary(entry["synced"].result, dry_run=False)
     return list(folders.values())
 
 
@@ -108,25 +144,45 @@ def _sync_action(request, models, folders):
     if action not in ("check", "reconcile") or (row is None) == (folder is None):
         messages.error(request, "Unknown or forbidden action.")
         return redirect("django_rag_dashboard:sync")
-    what = row["model"] if row else folder["folder"]
-    if action == "reconcile" and (
-        page := _confirm(
-            request,
-            title=f"Sync {what}?",
-            message="New rows or files are indexed, changed ones replace their document "
-            "(embedding them again), documents whose row or file is gone are deleted. "
-            "Unchanged ones are left alone.",
-            button="Sync",
-        )
-    ):
-        return page
     dry_run = action == "check"
     if row is not None:
         scope_to = None if request.rag_collections is None else row["collection"]
-        _start(request, "sync", model=row["model"], dry_run=dry_run, collection=scope_to)
+        params = {"model": row["model"], "dry_run": dry_run, "collection": scope_to}
     else:
         from ...ingestion.folders import folder_params
 
         params = folder_params(folder["folder"], folder["collection"], folder["prefix"], dry_run)
-        _start(request, "sync", **params)
+    if action == "reconcile" and (page := _confirm_sync(request, row or folder, params)):
+        return page
+    _start(request, "sync", label=sync_name(params), **params)
     return redirect("django_rag_dashboard:sync")
+
+
+def _confirm_sync(request, entry: dict, params: dict):
+    """The confirmation of a Reconcile / Sync: what will change, from the last check when it
+    is still the newest word, or a hint to check first."""
+    is_model = "model" in params
+    button = "Reconcile" if is_model else "Sync"
+    what = params["model"] if is_model else f"folder {params['folder']}"
+    if entry.get("check") is not None:
+        when = entry["check"].finished_at
+        stamp = when.strftime("%Y-%m-%d %H:%M") if when else "?"
+        message = f"The last check ({stamp}) found: {entry['summary']}."
+        if entry["stale"]:
+            message += " Anything changed since is picked up too."
+        else:
+            message += " Nothing was out of step then; anything changed since is picked up."
+    elif entry.get("repaired") is not None:
+        message = (
+            "Nothing was out of step after the last successful "
+            f"{button.lower()}, and no check ran since: Check first to see what will change."
+        )
+    else:
+        message = "Not checked yet: Check first to see what will change."
+    details = [
+        "New rows or files are indexed; changed ones replace their document (embedding them "
+        "again); documents whose row or file is gone are deleted; unchanged ones are left alone."
+    ]
+    return _confirm(
+        request, title=f"{button} {what}?", message=message, button=button, details=details
+    )
