@@ -13,8 +13,8 @@
 #   PYTHON=python3.12 bash scripts/check-install.sh
 #
 # It needs the package index (or a local mirror that pip is set up for), takes about half a
-# minute, and leaves nothing behind (everything is in a temporary directory). .ci/run does not
-# run it.
+# minute, and leaves nothing behind (everything is in a temporary directory). .ci/run runs it
+# last.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PYTHON="${PYTHON:-python3}"

@@ -336,7 +336,11 @@ def _run(header: dict, payload: bytes, label: str, budget: int) -> dict:
             reply, grown, timed_out = worker.receive(deadline)
             if reply is None:
                 status = worker.stop()
-                if retry and not timed_out and status == 0:  # a clean exit: it was leaving
+                # A reused worker that ended without a reply may have died before this request
+                # reached it (it was leaving, or was killed while idle, and a busy machine had
+                # not yet shown it as gone): a fresh worker tries once more, and its own end is
+                # the answer.
+                if retry and not timed_out:
                     continue
                 if timed_out or status == -getattr(signal, "SIGXCPU", 24):
                     raise _timeout_error(label, timeout)
