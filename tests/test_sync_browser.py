@@ -5,33 +5,24 @@ happened: "Checked: would add 2", then a reconcile that cleared the stale count.
 from io import StringIO
 
 import pytest
-from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import override_settings
 
 from django_rag.models import Job
 from tests.syncapp.models import Note
-from tests.test_dashboard_browser import ARTIFACTS, chromium, shot, wait_for
+from tests.test_dashboard_browser import (
+    browser,  # noqa: F401 (the staff session's driver)
+    shot,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-@pytest.fixture
-def driver(live_server, client, tmp_path):
-    driver = chromium(tmp_path)
-    client.force_login(User.objects.create_user("e2e", password="pw", is_staff=True))
-    driver.get(live_server.url + "/static-missing")  # a page on the domain, to set the cookie
-    driver.add_cookie(
-        {"name": "sessionid", "value": client.cookies["sessionid"].value, "path": "/"}
-    )
-    driver.base = live_server.url + "/tools/rag/"
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    yield driver
-    driver.quit()
-
-
-def test_the_sync_page_labels_a_check_and_a_reconcile(driver, tmp_path):
+def test_the_sync_page_labels_a_check_and_a_reconcile(browser, tmp_path):  # noqa: F811
     from selenium.webdriver.common.by import By
+
+    driver = browser
 
     folder = tmp_path / "handbook"
     folder.mkdir()
