@@ -272,6 +272,86 @@ def limit_terms(
     return capped, capped_weights
 
 
+# Nodes a threshold query (see threshold_query) may have: GIN evaluates the whole tree for each
+# chunk holding one of its words, so its size is a cost of every such chunk.
+THRESHOLD_QUERY_NODES = 300
+
+
+def threshold_query(weights: TermWeights, need: float) -> str | None:
+    """A tsquery matching every chunk whose words of the query could make it score ``need``
+    (a superset: it may match more, never fewer), or None when every chunk holding one of
+    the words may (then the plain any-word query is as narrow).
+
+    A chunk's BM25 is at most the sum of the upper bounds (:meth:`TermWeights.upper_bound`)
+    of the query's words it holds, so with ``need`` the score the results must reach (the
+    ``limit``-th best score found so far), only chunks holding a set of words whose bounds add
+    up to ``need`` can still enter the results. That condition is written as a boolean query
+    over the words, largest bound first: the chunk holds the first word and the rest make up
+    what is left, or it does without the first word and the rest make up all of it. GIN then
+    answers it from the posting lists, without reading the chunks that fail it. The tree
+    grows quickly with many words of similar weight; past ``THRESHOLD_QUERY_NODES`` the words
+    with the smallest bounds are merged into one "any of them" word bounded by their sum
+    (still a superset), as many as needed to fit."""
+    # Every word, those the statistics count in no chunk too (their bound is large and their
+    # posting list empty: they cost nothing, and the query stays a superset whatever the
+    # statistics say).
+    bounds = sorted(
+        ((quote_terms([t]), weights.upper_bound([t])) for t in weights.terms),
+        key=lambda item: -item[1],
+    )
+    if need <= 0 or not bounds:
+        return None
+    for kept in range(len(bounds), 0, -1):
+        head, tail = bounds[:kept], bounds[kept:]
+        if tail:
+            merged = ("(" + " | ".join(q for q, _ in tail) + ")", sum(u for _, u in tail))
+            items = sorted([*head, merged], key=lambda item: -item[1])
+        else:
+            items = head
+        try:
+            query = _threshold_tree(items, need)
+        except _TooLarge:
+            continue
+        return None if query is True else query
+    return None
+
+
+class _TooLarge(Exception):
+    """A threshold query past ``THRESHOLD_QUERY_NODES`` nodes."""
+
+
+def _threshold_tree(items: list[tuple[str, float]], need: float) -> str | bool:
+    """The boolean query "the bounds of the items held add up to ``need``" over ``items``
+    ``(tsquery, bound)`` sorted by bound, largest first: a tsquery, or True where it is any
+    chunk holding one of them. Raises :class:`_TooLarge` past ``THRESHOLD_QUERY_NODES``."""
+    rest = [0.0] * (len(items) + 1)
+    for i in range(len(items) - 1, -1, -1):
+        rest[i] = rest[i + 1] + items[i][1]
+    nodes = 0
+
+    def tree(i: int, need: float) -> str | bool | None:
+        nonlocal nodes
+        if need <= 0:
+            return True
+        if rest[i] < need:
+            return None  # even every remaining word together falls short
+        nodes += 1
+        if nodes > THRESHOLD_QUERY_NODES:
+            raise _TooLarge
+        query, bound = items[i]
+        holding = tree(i + 1, need - bound)
+        without = tree(i + 1, need)
+        left = query if holding is True else None if holding is None else f"({query} & {holding})"
+        if left is None or without is True:
+            return without
+        return left if without is None else f"({left} | {without})"
+
+    query = tree(0, need)
+    # None: no chunk can reach need, which the chunk that set it contradicts (rounding): stay
+    # a superset.
+    return True if query is None else query
+
+
 def bm25_sql(weights: TermWeights, boosts=()) -> tuple[str, list]:
     """SQL (with params) computing BM25 for the current ``django_rag_chunk`` row (each term's
     part times its idf and its query weight), plus the weight of every ``(phrase tsquery,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from django.db.models import BooleanField, F, FloatField, Value
 from django.db.models.expressions import RawSQL
 
-from .bm25 import bm25_sql, limit_terms, term_weights
+from .bm25 import bm25_sql, limit_terms, term_weights, threshold_query
 from .fulltext_query import parse_query, quote_terms
 from .textsearch import fulltext_backend, score_sql
 
@@ -112,8 +112,11 @@ class FulltextSearch:
         query (MaxScore): candidates first come from the query's rarest terms, about
         ``FULLTEXT_CANDIDATE_BUDGET`` postings' worth; the result stands when its last score
         beats the most a chunk containing only the remaining terms could score (bounded with
-        each term's largest tf and smallest chunk length, see ``TermWeights.upper_bound``), and
-        otherwise the next terms are added.
+        each term's largest tf and smallest chunk length, see ``TermWeights.upper_bound``).
+        Otherwise, when that round found ``limit`` chunks, its last score is one the results
+        must reach, and one more round scores only the chunks holding words whose bounds add
+        up to it (``bm25.threshold_query``, answered by GIN); when it found fewer, the next
+        terms are added.
 
         Where ``SEARCH["FULLTEXT_BACKEND"]`` resolves to ``"pg_textsearch"`` the pg_textsearch
         BM25 index ranks instead (:meth:`_index_hits`; its statistics are the whole table's,
@@ -165,6 +168,17 @@ class FulltextSearch:
             # come first by pk.
             if not rest or (len(hits) == limit and hits[-1][1] > weights.upper_bound(rest, boosts)):
                 return hits
+            if len(hits) == limit:
+                # The last score is one the results must reach: only chunks holding words
+                # whose bounds add up to it (less the phrase boosts, counted whole) can, and
+                # GIN finds them without reading the others. One more round is exact.
+                narrow = threshold_query(weights, hits[-1][1] - sum(w for _, w in boosts))
+                if narrow is not None:
+                    return list(
+                        scored.matching(narrow)
+                        .order_by("-fulltext_score", "pk")
+                        .values_list("pk", "fulltext_score")[:limit]
+                    )
             # Widen: 8 times the postings, or, when fewer, just the terms after which the
             # remaining ones cannot reach this round's last score (the next round's last score
             # is at least as high, so that round is the last).
