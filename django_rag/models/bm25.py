@@ -291,7 +291,8 @@ def threshold_query(weights: TermWeights, need: float) -> str | None:
     answers it from the posting lists, without reading the chunks that fail it. The tree
     grows quickly with many words of similar weight; past ``THRESHOLD_QUERY_NODES`` the words
     with the smallest bounds are merged into one "any of them" word bounded by their sum
-    (still a superset), as many as needed to fit."""
+    (still a superset), as many as needed to fit, and the chunk must also hold one of the
+    words MaxScore cannot skip."""
     # Every word, those the statistics count in no chunk too (their bound is large and their
     # posting list empty: they cost nothing, and the query stays a superset whatever the
     # statistics say).
@@ -300,6 +301,16 @@ def threshold_query(weights: TermWeights, need: float) -> str | None:
         key=lambda item: -item[1],
     )
     if need <= 0 or not bounds:
+        return None
+    # MaxScore's rule, which the exact tree implies and a merged one may not: a chunk holding
+    # only words whose bounds add up to less than need cannot reach it, so it must hold one of
+    # the others.
+    essential, below = [], 0.0
+    for query, bound in reversed(bounds):
+        below += bound
+        if below >= need:
+            essential.append(query)
+    if not essential:  # no chunk can reach need: rounding against the chunk that set it
         return None
     for kept in range(len(bounds), 0, -1):
         head, tail = bounds[:kept], bounds[kept:]
@@ -312,7 +323,10 @@ def threshold_query(weights: TermWeights, need: float) -> str | None:
             query = _threshold_tree(items, need)
         except _TooLarge:
             continue
-        return None if query is True else query
+        if not tail:
+            return None if query is True else query
+        anyone = " | ".join(essential)
+        return anyone if query is True else f"({query}) & ({anyone})"
     return None
 
 
