@@ -662,7 +662,11 @@ def test_function_grounders_get_the_question_when_their_signature_takes_it():
         seen.append(("catch_all", kwargs.get("question")))
         return []
 
-    for func in (old, positional, keyword, catch_all):
+    def own_default(text, chunks, threshold=0.5):
+        seen.append(("own_default", threshold))
+        return []
+
+    for func in (old, positional, keyword, catch_all, own_default):
         grounding = ground_text("Refunds take 14 days.", CHUNKS, func, question="Refunds?")
         assert grounding.score == 1.0 and grounding.spans == []  # no spans: nothing unsupported
     assert seen == [
@@ -670,6 +674,7 @@ def test_function_grounders_get_the_question_when_their_signature_takes_it():
         ("positional", "Refunds?"),
         ("keyword", "Refunds?"),
         ("catch_all", "Refunds?"),
+        ("own_default", 0.5),  # a third parameter with a default of its own is left alone
     ]
     assert get_grounder(len).question_style == ""  # a builtin: the two-argument call
 

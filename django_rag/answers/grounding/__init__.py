@@ -144,11 +144,11 @@ def ground_answer(answer: Answer, grounder: Any = True, *, llm: Any = None) -> A
 __all__ = [
     "ALIASES",
     "CallableGrounder",
-    "attribute",
     "CrossEncoderGrounder",
     "EmbeddingGrounder",
     "Grounder",
     "LLMGrounder",
+    "attribute",
     "get_grounder",
     "ground_answer",
     "ground_text",

@@ -124,21 +124,25 @@ class Grounder:
 
 
 def _question_style(func: Callable[..., Any]) -> str:
-    """How ``func`` takes the question: ``"keyword"`` (a ``question`` parameter or
-    ``**kwargs``), ``"positional"`` (a third positional parameter or ``*args``) or ``""``
-    (only ``text, chunks``, the older two-argument grounders)."""
+    """How ``func`` takes the question: ``"keyword"`` (a ``question`` parameter after the
+    first two, or ``**kwargs``), ``"positional"`` (a third required positional parameter, or
+    ``*args``) or ``""`` (``text, chunks`` only: the two-argument grounders, and those whose
+    third parameter has a default of their own, are called as they always were)."""
     try:
         parameters = list(inspect.signature(func).parameters.values())
     except (TypeError, ValueError):  # some builtins have no signature: call them the old way
         return ""
-    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    if any(
-        p.name == "question" and p.kind != inspect.Parameter.POSITIONAL_ONLY for p in parameters[2:]
-    ) or any(p.kind == inspect.Parameter.VAR_KEYWORD for p in parameters):
-        return "keyword"
-    if sum(p.kind in positional for p in parameters) >= 3 or any(
-        p.kind == inspect.Parameter.VAR_POSITIONAL for p in parameters
+    kind = inspect.Parameter
+    if any(p.name == "question" and p.kind != kind.POSITIONAL_ONLY for p in parameters[2:]) or any(
+        p.kind == kind.VAR_KEYWORD for p in parameters
     ):
+        return "keyword"
+    required = [
+        p
+        for p in parameters
+        if p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(required) >= 3 or any(p.kind == kind.VAR_POSITIONAL for p in parameters):
         return "positional"
     return ""
 
