@@ -539,6 +539,23 @@ def test_rag_ask_ground_prints_the_unsupported_sentences(corpus, settings):
     assert "Refunds take 14 days" not in text.split("Grounding")[1]
 
 
+def test_rag_ask_ground_says_why_grounding_failed(corpus, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    llm = ScriptedLLM("Refunds take 14 days [1].", RuntimeError("judge down"))
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "LLM": llm}
+    out = StringIO()
+    call_command(
+        "rag_ask", "refunds", "--collection", "policies", "--mode", "fulltext", "--limit", "1",
+        "--ground", stdout=out,
+    )  # fmt: skip
+    text = out.getvalue()
+    assert "Grounding: ground: grounding failed: LLM" in text and "judge down" in text
+    assert "score" not in text
+
+
 def test_embedding_grounder_with_the_real_minilm(minilm):
     grounder = EmbeddingGrounder(embedder=minilm, threshold=0.7)
     grounding = grounder.ground(
