@@ -48,6 +48,15 @@ def corpus(db):
     rag.ingest(SHIPPING, collection="policies", source_id="shipping", title="Shipping")
 
 
+@pytest.fixture
+def sources(corpus):
+    """The two policies as search results from the database: [refunds, shipping]."""
+    return [
+        rag.search(word, collection="policies", mode="fulltext", limit=1)[0]
+        for word in ("refunds", "shipping")
+    ]
+
+
 # --- sentences and results ----------------------------------------------------------------------
 
 
@@ -106,7 +115,9 @@ def claim(text, verdict, *indices):
     return {"text": text, "verdict": verdict, "chunk_indices": list(indices)}
 
 
-def test_llm_judge_locates_claims_verbatim_and_scores_supported_claims_over_claims():
+def test_llm_judge_locates_claims_verbatim_and_scores_supported_claims_over_claims(sources):
+    refunds, shipping = sources
+    assert (refunds.text, shipping.text) == (REFUNDS, SHIPPING)
     llm = ScriptedLLM(
         judge(
             claim("Refunds take 14 days", "supported", 1),
@@ -114,10 +125,10 @@ def test_llm_judge_locates_claims_verbatim_and_scores_supported_claims_over_clai
             claim("refunds are paid by cheque", "unsupported"),
         )
     )
-    grounding = LLMGrounder(llm=llm).ground(ANSWER, CHUNKS, question="Refunds and shipping?")
+    grounding = LLMGrounder(llm=llm).ground(ANSWER, sources, question="Refunds and shipping?")
     assert [(s.text, s.verdict, s.chunk_ids) for s in grounding.spans] == [
-        ("Refunds take 14 days", "supported", [11]),
-        ("Shipping is always free", "contradicted", [12]),
+        ("Refunds take 14 days", "supported", [refunds.chunk_id]),
+        ("Shipping is always free", "contradicted", [shipping.chunk_id]),
     ]
     for span in grounding.spans:
         assert ANSWER[span.start : span.end] == span.text
@@ -125,7 +136,7 @@ def test_llm_judge_locates_claims_verbatim_and_scores_supported_claims_over_clai
     assert grounding.grounder == "LLMGrounder"
     assert grounding.warnings == ["1 claim(s) were not found in the answer (no span; scored)"]
     prompt = llm.calls[0]["prompt"]
-    assert JUDGE in prompt and '<source id="2">' in prompt
+    assert JUDGE in prompt and '<source id="2"' in prompt and SHIPPING in prompt
     assert f"<answer>\n{ANSWER}\n</answer>" in prompt
     assert "Question: Refunds and shipping?" in prompt
 
@@ -157,10 +168,10 @@ def test_a_claim_quoted_twice_is_found_at_each_place():
     assert (first.verdict, second.verdict) == ("supported", "unsupported")
 
 
-def test_blank_answer_scores_one_without_calling_the_llm():
+def test_blank_answer_scores_one_without_calling_the_llm(sources):
     llm = ScriptedLLM()
     for blank in ("", "   \n\t "):
-        grounding = LLMGrounder(llm=llm).ground(blank, CHUNKS)
+        grounding = LLMGrounder(llm=llm).ground(blank, sources)
         assert grounding.score == 1.0 and grounding.spans == []
     assert llm.calls == []
 
@@ -180,7 +191,7 @@ def test_an_answer_without_claims_scores_one():
         assert "the judge found no claim" in grounding.warnings
 
 
-def test_unknown_verdicts_count_as_unsupported_and_unknown_sources_are_dropped():
+def test_unknown_verdicts_count_as_unsupported_and_unknown_sources_are_dropped(sources):
     reply = (
         "Here you go:\n```json\n"
         + judge(
@@ -191,10 +202,10 @@ def test_unknown_verdicts_count_as_unsupported_and_unknown_sources_are_dropped()
         )
         + "\n```"
     )
-    grounding = LLMGrounder(llm=ScriptedLLM(reply)).ground(ANSWER, CHUNKS)
+    grounding = LLMGrounder(llm=ScriptedLLM(reply)).ground(ANSWER, sources)
     assert [(s.verdict, s.chunk_ids) for s in grounding.spans] == [
-        ("supported", [11]),
-        ("unsupported", [12]),
+        ("supported", [sources[0].chunk_id]),
+        ("unsupported", [sources[1].chunk_id]),
     ]
     assert grounding.score == 0.5  # the two items with no claim text are not claims
     assert any("2 item(s)" in w for w in grounding.warnings)
