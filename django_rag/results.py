@@ -202,8 +202,10 @@ class GroundedSpan:
     """A stretch of an answer (``answer.text[start:end]``) and what the sources say of it.
 
     ``verdict`` is ``"supported"``, ``"unsupported"`` or ``"contradicted"``; ``chunk_ids`` are
-    the chunks that support (or contradict) it; ``score`` is the grounder's confidence in the
-    verdict (0-1) when it has one.
+    the chunks the grounder says support (or contradict) it; ``score`` is the grounder's
+    confidence in the verdict (0-1) when it has one; ``sources`` are the chunks its words
+    overlap, best first (``{"chunk_id", "score"}``, see
+    :func:`~django_rag.answers.grounding.attribute`).
     """
 
     start: int
@@ -212,6 +214,7 @@ class GroundedSpan:
     verdict: str
     chunk_ids: list[Any] = field(default_factory=list)
     score: float | None = None
+    sources: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -221,6 +224,7 @@ class GroundedSpan:
             "verdict": self.verdict,
             "chunk_ids": list(self.chunk_ids),
             "score": self.score,
+            "sources": [dict(source) for source in self.sources],
         }
 
 
@@ -228,10 +232,11 @@ class GroundedSpan:
 class Grounding:
     """How well an answer is supported by its sources.
 
-    ``score`` (0-1) is the share of the answer's grounded characters that are supported;
-    ``spans`` cover the answer's sentences or claims in order; ``grounder`` names what judged
-    them; ``warnings`` says what went wrong (a failed grounder gives score 0, no spans and a
-    warning).
+    ``score`` (0-1, higher is more faithful): for the LLM judge the share of the answer's
+    claims that are supported, for the sentence grounders the share of the sentences'
+    characters; 1.0 when the answer claims nothing. ``spans`` cover the answer's sentences or
+    claims in order; ``grounder`` names what judged them; ``warnings`` says what went wrong.
+    A grounder that fails gives no ``Grounding`` at all (``answer.grounding`` is None).
     """
 
     score: float

@@ -41,9 +41,14 @@ def cases(db):
     return {key: Chunk.objects.get(document=doc).pk for key, doc in documents.items()}
 
 
+# A phrase of the LLM grounding judge's prompt.
+JUDGE = "Break the answer into its separate factual claims"
+
+
 def judge(*verdicts):
+    """The judge's reply: (claim quoted from the answer, verdict) pairs, each citing source 1."""
     return json.dumps(
-        {"claims": [{"sentence": i, "verdict": v, "sources": [1]} for i, v in verdicts]}
+        {"claims": [{"text": t, "verdict": v, "chunk_indices": [1]} for t, v in verdicts]}
     )
 
 
@@ -97,7 +102,11 @@ def test_the_loop_retriever_and_its_answer_is_judged_by_a_grounder(cases):
         return ("answer", {"text": "It is in the sources [1]. Also the moon is cheese."})
 
     llm = ScriptedLLM(
-        rules={"Check an answer against its sources": judge((1, "supported"), (2, "unsupported"))},
+        rules={
+            JUDGE: judge(
+                ("It is in the sources", "supported"), ("the moon is cheese", "unsupported")
+            )
+        },
         default=controller,
     )
     run = run_evaluation(
@@ -113,12 +122,10 @@ def test_the_loop_retriever_and_its_answer_is_judged_by_a_grounder(cases):
     assert run.metrics["mrr"] == 1.0
     record = run.results[0]
     assert record["answer"].startswith("It is in the sources [1].")
-    supported = len("It is in the sources [1].")
-    share = supported / (supported + len("Also the moon is cheese."))
-    assert record["faithfulness"] == pytest.approx(10 * share)
+    assert record["faithfulness"] == 5.0  # one claim of two supported
     assert record["grounding"]["spans"][1]["verdict"] == "unsupported"
-    assert "1 of 2 sentences supported" in record["faithfulness_reasoning"]
-    assert run.metrics["faithfulness"] == pytest.approx(10 * share)
+    assert "1 of 2 spans supported" in record["faithfulness_reasoning"]
+    assert run.metrics["faithfulness"] == 5.0
 
 
 def test_a_custom_retriever_function_with_and_without_an_answer(cases):
@@ -228,8 +235,8 @@ def test_rag_eval_run_with_an_agent_and_a_grounder(cases, settings):
 
 def scripted_llm(prompt):
     """The LLM rag_eval uses in the test above (a dotted-path callable)."""
-    if "Check an answer against its sources" in prompt:
-        return judge((1, "supported"))
+    if JUDGE in prompt:
+        return judge(("From the sources", "supported"))
     if "tool_calls" in prompt:  # the Loop's prompted tool protocol
         return '{"tool_calls": [{"name": "give_up", "arguments": {"reason": "nothing"}}]}'
     return "From the sources [1]."
@@ -253,7 +260,7 @@ def test_dashboard_runs_an_agent_evaluation_and_shows_each_case(staff, cases):
         assert needle in page
     llm = ScriptedLLM(
         rules={
-            "Check an answer against its sources": judge((1, "supported"), (2, "contradicted")),
+            JUDGE: judge(("From the kb", "supported"), ("The moon is cheese", "contradicted")),
             "You answer the user's question": "From the kb [1]. The moon is cheese.",
             "same facts as the reference": '{"score": 5, "reasoning": "half"}',
         }
@@ -279,8 +286,8 @@ def test_dashboard_runs_an_agent_evaluation_and_shows_each_case(staff, cases):
     body = staff.get(url("evaluation_run", run.pk)).content.decode()
     assert "agent: search, answer" in body and '<th class="num">Faithfulness</th>' in body
     assert '<mark class="grounding-supported" title="supported: chunks' in body
-    assert '<mark class="grounding-contradicted"' in body and "The moon is cheese." in body
-    assert "(the retriever's)" in body and "1 of 2 sentences supported" in body
+    assert '<mark class="grounding-contradicted"' in body and "The moon is cheese</mark>" in body
+    assert "(the retriever's)" in body and "1 of 2 spans supported" in body
 
     # Bad steps are refused with a message; no run starts.
     with llm_settings(llm):

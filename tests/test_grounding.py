@@ -13,6 +13,7 @@ from django_rag.answers.grounding import (
     EmbeddingGrounder,
     Grounder,
     LLMGrounder,
+    attribute,
     get_grounder,
     ground_text,
     grounding_prompt,
@@ -47,6 +48,15 @@ def corpus(db):
     rag.ingest(SHIPPING, collection="policies", source_id="shipping", title="Shipping")
 
 
+@pytest.fixture
+def sources(corpus):
+    """The two policies as search results from the database: [refunds, shipping]."""
+    return [
+        rag.search(word, collection="policies", mode="fulltext", limit=1)[0]
+        for word in ("refunds", "shipping")
+    ]
+
+
 # --- sentences and results ----------------------------------------------------------------------
 
 
@@ -79,6 +89,7 @@ def test_grounding_to_dict_and_unsupported():
                 "verdict": "supported",
                 "chunk_ids": [3],
                 "score": 0.9,
+                "sources": [],
             },
             {
                 "start": 6,
@@ -87,6 +98,7 @@ def test_grounding_to_dict_and_unsupported():
                 "verdict": "contradicted",
                 "chunk_ids": [4],
                 "score": None,
+                "sources": [],
             },
         ],
         "grounder": "x",
@@ -96,53 +108,108 @@ def test_grounding_to_dict_and_unsupported():
 
 # --- the LLM judge ------------------------------------------------------------------------------
 
+JUDGE = "Break the answer into its separate factual claims"  # a phrase of the judge's prompt
 
-def test_llm_judge_marks_sentences_with_offsets_sources_and_a_character_score():
+
+def claim(text, verdict, *indices):
+    return {"text": text, "verdict": verdict, "chunk_indices": list(indices)}
+
+
+def test_llm_judge_locates_claims_verbatim_and_scores_supported_claims_over_claims(sources):
+    refunds, shipping = sources
+    assert (refunds.text, shipping.text) == (REFUNDS, SHIPPING)
     llm = ScriptedLLM(
         judge(
-            {"sentence": 1, "claim": "14 days", "verdict": "supported", "sources": [1]},
-            {"sentence": 2, "claim": "free", "verdict": "contradicted", "sources": [2]},
-            {"sentence": 3, "claim": "none", "verdict": "supported", "sources": []},
+            claim("Refunds take 14 days", "supported", 1),
+            claim("Shipping is always free", "contradicted", 2),
+            claim("refunds are paid by cheque", "unsupported"),
         )
     )
-    grounding = LLMGrounder(llm=llm).ground(ANSWER, CHUNKS, question="Refunds and shipping?")
-    assert [(s.verdict, s.chunk_ids) for s in grounding.spans] == [
-        ("supported", [11]),
-        ("contradicted", [12]),
-        ("supported", []),
+    grounding = LLMGrounder(llm=llm).ground(ANSWER, sources, question="Refunds and shipping?")
+    assert [(s.text, s.verdict, s.chunk_ids) for s in grounding.spans] == [
+        ("Refunds take 14 days", "supported", [refunds.chunk_id]),
+        ("Shipping is always free", "contradicted", [shipping.chunk_id]),
     ]
     for span in grounding.spans:
         assert ANSWER[span.start : span.end] == span.text
-    assert grounding.spans[1].text == "Shipping is always free [2]."
-    supported = len("Refunds take 14 days [1].") + len("Thanks for asking!")
-    total = supported + len("Shipping is always free [2].")
-    assert grounding.score == pytest.approx(supported / total)
-    assert grounding.grounder == "LLMGrounder" and grounding.warnings == []
+    assert grounding.score == pytest.approx(1 / 3)  # the claim not in the answer still counts
+    assert grounding.grounder == "LLMGrounder"
+    assert grounding.warnings == ["1 claim(s) were not found in the answer (no span; scored)"]
     prompt = llm.calls[0]["prompt"]
-    assert '<source id="2">' in prompt and "2. Shipping is always free [2]." in prompt
+    assert JUDGE in prompt and '<source id="2"' in prompt and SHIPPING in prompt
+    assert f"<answer>\n{ANSWER}\n</answer>" in prompt
     assert "Question: Refunds and shipping?" in prompt
 
 
-def test_llm_judge_parsing_is_tolerant():
-    # A fenced bare list, synonyms, string numbers, a worse claim winning over a better one,
-    # an unusable item and a skipped sentence.
+def test_claims_are_located_whatever_their_case_and_spacing():
+    text = "The  Refund window is\n14 DAYS long. Shipping is free over 50 euros."
+    llm = ScriptedLLM(
+        judge(
+            claim("the refund window is 14 days", "supported", 1),
+            claim("shipping is free   over 50 euros", "supported", 2),
+        )
+    )
+    grounding = LLMGrounder(llm=llm).ground(text, CHUNKS)
+    assert [s.text for s in grounding.spans] == [
+        "The  Refund window is\n14 DAYS",
+        "Shipping is free over 50 euros",
+    ]
+    assert [text[s.start : s.end] for s in grounding.spans] == [s.text for s in grounding.spans]
+    assert grounding.score == 1.0 and grounding.warnings == []
+
+
+def test_a_claim_quoted_twice_is_found_at_each_place():
+    text = "It is free. Returns: it is free."
+    llm = ScriptedLLM(
+        judge(claim("it is free", "supported", 2), claim("it is free", "unsupported"))
+    )
+    first, second = LLMGrounder(llm=llm).ground(text, CHUNKS).spans
+    assert (first.start, second.start) == (0, text.rindex("it is free"))
+    assert (first.verdict, second.verdict) == ("supported", "unsupported")
+
+
+def test_blank_answer_scores_one_without_calling_the_llm(sources):
+    llm = ScriptedLLM()
+    for blank in ("", "   \n\t "):
+        grounding = LLMGrounder(llm=llm).ground(blank, sources)
+        assert grounding.score == 1.0 and grounding.spans == []
+    assert llm.calls == []
+
+
+def test_an_answer_without_chunks_scores_zero_without_calling_the_llm():
+    llm = ScriptedLLM()
+    grounding = LLMGrounder(llm=llm).ground(ANSWER, [])
+    assert grounding.score == 0.0 and grounding.spans == []
+    assert grounding.warnings == ["no sources to ground the answer in"]
+    assert llm.calls == []
+
+
+def test_an_answer_without_claims_scores_one():
+    for reply in (judge(), judge({"text": "   ", "verdict": "supported"}), '{"claims": []}'):
+        grounding = LLMGrounder(llm=ScriptedLLM(reply)).ground("Thanks for asking!", CHUNKS)
+        assert grounding.score == 1.0 and grounding.spans == []
+        assert "the judge found no claim" in grounding.warnings
+
+
+def test_unknown_verdicts_count_as_unsupported_and_unknown_sources_are_dropped(sources):
     reply = (
         "Here you go:\n```json\n"
-        + json.dumps(
-            [
-                {"sentence": "1", "verdict": "Supported", "sources": "[1]"},
-                {"sentence": 2, "verdict": "SUPPORT", "sources": ["2"]},
-                {"sentence": 2, "verdict": "not supported", "sources": []},
-                {"sentence": 9, "verdict": "supported"},
-            ]
+        + judge(
+            {"claim": "Refunds take 14 days", "verdict": "Supported", "chunk_indices": "[1][7]"},
+            {"text": "Shipping is always free", "verdict": "maybe", "chunk_indices": [2, 0, -1]},
+            {"text": 42, "verdict": "supported"},
+            "a bare string",
         )
         + "\n```"
     )
-    grounding = LLMGrounder(llm=ScriptedLLM(reply)).ground(ANSWER, CHUNKS)
-    assert [s.verdict for s in grounding.spans] == ["supported", "unsupported", "unsupported"]
-    assert grounding.spans[0].chunk_ids == [11] and grounding.spans[1].chunk_ids == []
-    assert any("sentence 3" in w for w in grounding.warnings)
-    assert any("not understood" in w for w in grounding.warnings)
+    grounding = LLMGrounder(llm=ScriptedLLM(reply)).ground(ANSWER, sources)
+    assert [(s.verdict, s.chunk_ids) for s in grounding.spans] == [
+        ("supported", [sources[0].chunk_id]),
+        ("unsupported", [sources[1].chunk_id]),
+    ]
+    assert grounding.score == 0.5  # the two items with no claim text are not claims
+    assert any("2 item(s)" in w for w in grounding.warnings)
+    assert any("counted as unsupported" in w for w in grounding.warnings)
     assert parse_verdict(True) == "supported" and parse_verdict("Refuted.") == "contradicted"
     assert parse_verdict("maybe") is None
 
@@ -150,27 +217,55 @@ def test_llm_judge_parsing_is_tolerant():
 def test_a_custom_judge_prompt_is_used():
     seen = []
 
-    def prompt(question, chunks, sentences):
-        seen.append(sentences)
-        return "MY PROMPT " + grounding_prompt(question, chunks, sentences)
+    def prompt(question, chunks, answer):
+        seen.append(answer)
+        return "MY PROMPT " + grounding_prompt(question, chunks, answer)
 
-    llm = ScriptedLLM(judge({"sentence": 1, "verdict": "supported", "sources": [1]}))
+    llm = ScriptedLLM(judge(claim("Refunds take 14 days", "supported", 1)))
     grounding = LLMGrounder(llm=llm, prompt=prompt).ground("Refunds take 14 days.", CHUNKS)
-    assert seen == [["Refunds take 14 days."]] and llm.calls[0]["prompt"].startswith("MY PROMPT")
+    assert seen == ["Refunds take 14 days."] and llm.calls[0]["prompt"].startswith("MY PROMPT")
     assert grounding.score == 1.0
 
 
-def test_a_failing_grounder_gives_a_warning_not_an_exception():
-    for reply in ("no json at all", RuntimeError("provider down")):
-        grounding = ground_text(ANSWER, CHUNKS, LLMGrounder(llm=ScriptedLLM(reply)))
-        assert grounding.score == 0.0 and grounding.spans == []
-        assert grounding.warnings[0].startswith("grounding failed: LLM")
+def test_a_failing_grounder_leaves_the_result_unset_and_logs_and_reports_it(caplog, events):
+    for reply in ("no json at all", '{"verdicts": []}', RuntimeError("provider down")):
+        warnings = []
+        with caplog.at_level("WARNING", logger="django_rag.answers.grounding"):
+            grounding = ground_text(
+                ANSWER, CHUNKS, LLMGrounder(llm=ScriptedLLM(reply)), warnings=warnings
+            )
+        assert grounding is None
+        assert len(warnings) == 1 and warnings[0].startswith("grounding failed: LLM")
+        assert warnings[0] in caplog.text
+    stops = [m for kind, name, m in events if kind == "stop" and name == "agent.ground"]
+    assert len(stops) == 3 and all(m["error"].startswith("LLM") for m in stops)
+    assert all("score" not in m for m in stops)
 
     def broken(text, chunks):
         return [GroundedSpan(0, 3, text[:3], "maybe", [])]
 
-    grounding = ground_text(ANSWER, CHUNKS, broken)
-    assert "verdict 'maybe'" in grounding.warnings[0]
+    warnings = []
+    assert ground_text(ANSWER, CHUNKS, broken, warnings=warnings) is None
+    assert "verdict 'maybe'" in warnings[0]
+
+
+def test_a_judge_reply_too_long_or_with_too_many_claims_is_bounded():
+    from django_rag.answers.grounding.llm import MAX_CLAIMS, MAX_REPLY_CHARS
+
+    long_reply = judge(claim("Refunds take 14 days", "supported", 1)) + " " * MAX_REPLY_CHARS
+    warnings = []
+    assert (
+        ground_text(ANSWER, CHUNKS, LLMGrounder(llm=ScriptedLLM(long_reply)), warnings=warnings)
+        is None
+    )
+    assert "more than" in warnings[0]
+
+    many = judge(*[{"text": "14 days", "verdict": "supported"}] * 3_000)
+    grounding = LLMGrounder(llm=ScriptedLLM(many)).ground(ANSWER, CHUNKS)
+    assert len(grounding.spans) == MAX_CLAIMS and grounding.score == 1.0
+    assert (
+        grounding.warnings[0] == f"the judge returned 3000 claims; the first {MAX_CLAIMS} were read"
+    )
 
 
 def test_grounder_specs(settings):
@@ -209,8 +304,7 @@ def test_embedding_grounder_uses_cosine_similarity():
 def test_ask_ground_true_uses_the_setting_and_the_answer_llm(corpus, settings, events):
     settings.DJANGO_RAG = {**settings.DJANGO_RAG, "GROUNDER": "llm"}
     llm = ScriptedLLM(
-        "Refunds take 14 days [1].",
-        judge({"sentence": 1, "verdict": "supported", "sources": [1]}),
+        "Refunds take 14 days [1].", judge(claim("Refunds take 14 days", "supported", 1))
     )
     answer = rag.ask(
         "How long do refunds take?",
@@ -227,15 +321,20 @@ def test_ask_ground_true_uses_the_setting_and_the_answer_llm(corpus, settings, e
     assert any(e[1] == "agent.ground" and e[0] == "stop" for e in events)
 
 
-def test_ask_grounding_failure_is_a_warning(corpus):
+def test_ask_grounding_failure_leaves_the_grounding_unset_with_a_warning(corpus, events):
     llm = ScriptedLLM("Refunds take 14 days [1].", "garbage")
     answer = rag.ask("refunds", llm=llm, collection="policies", limit=1, ground="llm")
     assert answer.text == "Refunds take 14 days [1]."
-    assert answer.grounding.score == 0.0 and answer.warnings[0].startswith("ground: grounding")
+    assert answer.grounding is None and answer.warnings[0].startswith("ground: grounding failed")
+    assert answer.to_dict()["grounding"] is None
+    (ask,) = [m for kind, name, m in events if kind == "stop" and name == "ask"]
+    assert "grounding_score" not in ask
 
 
 def test_ask_streamed_answer_is_grounded(corpus):
-    llm = ScriptedLLM("Refunds take 14 days [1].", judge({"sentence": 1, "verdict": "unsupported"}))
+    llm = ScriptedLLM(
+        "Refunds take 14 days [1].", judge(claim("Refunds take 14 days", "unsupported"))
+    )
     stream = rag.ask("refunds", llm=llm, collection="policies", limit=1, stream=True, ground="llm")
     assert "".join(stream) == "Refunds take 14 days [1]."
     assert stream.answer.grounding.spans[0].verdict == "unsupported"
@@ -252,8 +351,8 @@ def test_agent_ground_step(corpus):
     llm = ScriptedLLM(
         "Refunds take 14 days [1]. Shipping costs 9 euros.",
         judge(
-            {"sentence": 1, "verdict": "supported", "sources": [1]},
-            {"sentence": 2, "verdict": "contradicted", "sources": [2]},
+            claim("Refunds take 14 days", "supported", 1),
+            claim("Shipping costs 9 euros", "contradicted", 2),
         ),
     )
     agent = Agent("refunds and shipping", llm=llm, mode="fulltext", limit=2)
@@ -267,7 +366,8 @@ def test_agent_ground_step(corpus):
     assert empty.error is None and "no answer to ground" in empty.warnings[0]
     failed = Agent("refunds", llm=ScriptedLLM("Text.", RuntimeError("down")), mode="fulltext")
     failed.search(collection="policies").answer().ground()
-    assert failed.error is None and failed.result.grounding.score == 0.0
+    assert failed.error is None and failed.result.grounding is None
+    assert failed.context.grounding is None
     assert any(w.startswith("ground: grounding failed") for w in failed.warnings)
 
 
@@ -275,7 +375,7 @@ def test_loop_grounds_its_final_answer(corpus):
     llm = ScriptedLLM(
         ("search", {"query": "refund", "limit": 1}),
         ("answer", {"text": "Refunds take 14 days [1]."}),
-        judge({"sentence": 1, "verdict": "supported", "sources": [1]}),
+        judge(claim("Refunds take 14 days", "supported", 1)),
     )
     result = rag.Loop(
         "refunds?", collection="policies", llm=llm, mode="fulltext", ground="llm"
@@ -294,8 +394,8 @@ def test_llm_judge_over_http_through_litellm(stub_llm_server):
     stub_llm_server.chat = [
         "```json\n"
         + judge(
-            {"sentence": 1, "verdict": "supported", "sources": [1]},
-            {"sentence": 2, "verdict": "contradicted", "sources": ["2"]},
+            claim("Refunds take 14 days", "supported", 1),
+            claim("Shipping is always free", "contradicted", "2"),
         )
         + "\n```"
     ]
@@ -306,7 +406,7 @@ def test_llm_judge_over_http_through_litellm(stub_llm_server):
     assert [s.verdict for s in grounding.spans] == ["supported", "contradicted"]
     assert grounding.spans[1].chunk_ids == [12]
     sent = stub_llm_server.chat_requests[-1]["body"]["messages"][-1]["content"]
-    assert "<answer_sentences>" in sent and REFUNDS in sent
+    assert JUDGE in sent and "<answer>" in sent and REFUNDS in sent
 
 
 # --- the local cross-encoder grounder -----------------------------------------------------------
@@ -409,8 +509,11 @@ def test_cross_encoder_grounder_without_sources_or_with_a_missing_model(nli_path
     grounding = CrossEncoderGrounder(model=nli_path).ground(DRILL_ANSWER, [])
     assert [s.verdict for s in grounding.spans] == ["unsupported", "unsupported"]
     assert grounding.warnings == ["no sources to ground the answer in"]
-    missing = ground_text(DRILL_ANSWER, DRILL, CrossEncoderGrounder(model="/no/such/model"))
-    assert missing.spans == [] and missing.warnings[0].startswith("grounding failed")
+    warnings = []
+    missing = ground_text(
+        DRILL_ANSWER, DRILL, CrossEncoderGrounder(model="/no/such/model"), warnings=warnings
+    )
+    assert missing is None and warnings[0].startswith("grounding failed")
 
 
 def test_a_grounder_subclass_is_a_grounder():
@@ -431,8 +534,8 @@ def test_rag_ask_ground_prints_the_unsupported_sentences(corpus, settings):
         "LLM": ScriptedLLM(
             "Refunds take 14 days [1]. Refunds are instant.",
             judge(
-                {"sentence": 1, "verdict": "supported", "sources": [1]},
-                {"sentence": 2, "verdict": "contradicted", "sources": [1]},
+                claim("Refunds take 14 days", "supported", 1),
+                claim("Refunds are instant", "contradicted", 1),
             ),
         ),
     }
@@ -442,9 +545,26 @@ def test_rag_ask_ground_prints_the_unsupported_sentences(corpus, settings):
         "--ground", stdout=out,
     )  # fmt: skip
     text = out.getvalue()
-    assert "Grounding (LLMGrounder): " in text and "% of the answer supported" in text
-    assert "  contradicted: Refunds are instant. (chunks " in text
-    assert "Refunds take 14 days [1]." not in text.split("Grounding")[1]
+    assert "Grounding (LLMGrounder): score 0.50, 1 of 2 spans supported" in text
+    assert "  contradicted: Refunds are instant (chunks " in text
+    assert "Refunds take 14 days" not in text.split("Grounding")[1]
+
+
+def test_rag_ask_ground_says_why_grounding_failed(corpus, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    llm = ScriptedLLM("Refunds take 14 days [1].", RuntimeError("judge down"))
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "LLM": llm}
+    out = StringIO()
+    call_command(
+        "rag_ask", "refunds", "--collection", "policies", "--mode", "fulltext", "--limit", "1",
+        "--ground", stdout=out,
+    )  # fmt: skip
+    text = out.getvalue()
+    assert "Grounding: ground: grounding failed: LLM" in text and "judge down" in text
+    assert "score" not in text
 
 
 def test_embedding_grounder_with_the_real_minilm(minilm):
@@ -496,9 +616,8 @@ def test_the_ask_page_runs_the_real_ground_step(staff):
     llm = ScriptedLLM(
         rules={
             ANSWER: "Two years [1]. It also flies.",
-            "Check an answer against its sources": judge(
-                {"sentence": 1, "verdict": "supported", "sources": [1]},
-                {"sentence": 2, "verdict": "contradicted", "sources": [1]},
+            JUDGE: judge(
+                claim("Two years", "supported", 1), claim("It also flies", "contradicted", 1)
             ),
         }
     )
@@ -506,4 +625,111 @@ def test_the_ask_page_runs_the_real_ground_step(staff):
         body = post(staff, kind="pipeline", steps=["ground"])
     assert '<mark class="grounded supported"' in body
     assert '<mark class="grounded contradicted"' in body
-    assert any("Check an answer against its sources" in c["prompt"] for c in llm.calls)
+    assert any(JUDGE in c["prompt"] for c in llm.calls)
+
+
+# --- attribution, the question, telemetry, no LLM -----------------------------------------------
+
+
+def test_attribute_links_each_span_to_the_chunks_it_overlaps_best():
+    spans = [
+        GroundedSpan(0, 30, "Refunds are paid within 14 days for orders", "supported"),
+        GroundedSpan(31, 60, "shipping for orders over 50 EUROS", "unsupported"),
+        GroundedSpan(61, 64, "...", "unsupported"),
+    ]
+    first, second, wordless = attribute(spans, CHUNKS)
+    assert [s["chunk_id"] for s in first.sources] == [11, 12]  # best first
+    assert first.sources[0]["score"] == 0.75  # 6 of its 8 words
+    assert first.sources[1]["score"] == 0.25  # "for orders"
+    assert [s["chunk_id"] for s in second.sources] == [12]  # case does not matter
+    assert second.sources[0]["score"] == 1.0
+    assert wordless.sources == [] and spans[0].sources == []  # the originals are unchanged
+    strict = attribute(spans, CHUNKS, min_score=0.5)
+    assert [s["chunk_id"] for s in strict[0].sources] == [11]
+    assert [s.sources for s in attribute(spans, [])] == [[], [], []]
+    assert attribute([], CHUNKS) == []
+
+
+def test_every_grounders_spans_are_attributed_to_real_chunks(corpus):
+    hits = rag.search("refunds shipping", collection="policies", mode="fulltext", limit=5)
+    by_text = {hit.text: hit.chunk_id for hit in hits}
+    grounding = ground_text(
+        f"{REFUNDS} Cats purr loudly.",
+        hits,
+        EmbeddingGrounder(embedder=HashingEmbedder(), threshold=0.99),
+    )
+    refunds, cats = grounding.spans
+    assert refunds.sources[0] == {"chunk_id": by_text[REFUNDS], "score": 1.0}
+    assert cats.sources == []  # no word shared with a chunk
+    assert grounding.to_dict()["spans"][0]["sources"][0]["chunk_id"] == by_text[REFUNDS]
+
+    def mine(text, chunks):
+        given = [{"chunk_id": "mine", "score": 0.5}]
+        return [GroundedSpan(0, len(text), text, "supported", [], None, given)]
+
+    kept = ground_text("Refunds take 14 days.", hits, mine)
+    assert kept.spans[0].sources == [{"chunk_id": "mine", "score": 0.5}]  # a grounder's own
+
+
+def test_function_grounders_get_the_question_when_their_signature_takes_it():
+    seen = []
+
+    def old(text, chunks):
+        seen.append(("old", None))
+        return []
+
+    def positional(text, chunks, question):
+        seen.append(("positional", question))
+        return []
+
+    def keyword(text, chunks, *, question=""):
+        seen.append(("keyword", question))
+        return []
+
+    def catch_all(*args, **kwargs):
+        seen.append(("catch_all", kwargs.get("question")))
+        return []
+
+    def own_default(text, chunks, threshold=0.5):
+        seen.append(("own_default", threshold))
+        return []
+
+    for func in (old, positional, keyword, catch_all, own_default):
+        grounding = ground_text("Refunds take 14 days.", CHUNKS, func, question="Refunds?")
+        assert grounding.score == 1.0 and grounding.spans == []  # no spans: nothing unsupported
+    assert seen == [
+        ("old", None),
+        ("positional", "Refunds?"),
+        ("keyword", "Refunds?"),
+        ("catch_all", "Refunds?"),
+        ("own_default", 0.5),  # a third parameter with a default of its own is left alone
+    ]
+    assert get_grounder(len).question_style == ""  # a builtin: the two-argument call
+
+
+def test_grounding_telemetry_counts_faithful_and_hallucinated_spans(events, settings):
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "TELEMETRY": {"INCLUDE_TEXT": True}}
+    llm = ScriptedLLM(
+        judge(
+            claim("Refunds take 14 days", "supported", 1),
+            claim("Shipping is always free", "contradicted", 2),
+            claim("Thanks for asking", "unsupported"),
+        )
+    )
+    ground_text(ANSWER, CHUNKS, LLMGrounder(llm=llm), question="Refunds?")
+    (start,) = [m for kind, name, m in events if kind == "start" and name == "agent.ground"]
+    (stop,) = [m for kind, name, m in events if kind == "stop" and name == "agent.ground"]
+    assert start["question"] == "Refunds?" and start["grounder"] == "LLMGrounder"
+    assert stop["faithful_span_count"] == 1 and stop["hallucinated_span_count"] == 2
+    assert stop["score"] == pytest.approx(1 / 3) and stop["spans"] == 3
+
+
+def test_the_embedding_grounder_works_with_no_llm_configured(corpus, settings):
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "LLM": None, "GROUNDER": "embedding"}
+    hits = rag.search("refunds", collection="policies", mode="fulltext", limit=1)
+    grounding = ground_text(REFUNDS, hits, True)
+    assert grounding is not None and grounding.grounder.startswith("EmbeddingGrounder(")
+    assert [s.verdict for s in grounding.spans] == ["supported"] and grounding.score == 1.0
+    agent = Agent("refunds", llm=ScriptedLLM("Refunds are paid within 14 days."), mode="fulltext")
+    agent.search(collection="policies").answer().ground(grounder="embedding")
+    assert agent.context.grounding is not None and agent.error is None

@@ -42,6 +42,10 @@ EVENTS = {
     "agent.rerank": ({"reranker"}, {"original", "kept"}),
     "agent.answer": ({"answerer"}, {"context_chunk_count", "correction_count", "success"}),
     "agent.self_correct": ({"attempt"}, {"result"}),
+    "agent.ground": (
+        {"grounder", "chunks"},
+        {"score", "spans", "faithful_span_count", "hallucinated_span_count"},
+    ),
     "evaluation.generate": ({"sample_size", "collection"}, {"created", "skipped"}),
     "evaluation.run": ({"run_id", "mode", "total"}, {"mrr", "ndcg_at_10", "recall_at_5"}),
     "reembed": ({"model"}, {"reembedded"}),
@@ -86,6 +90,7 @@ def exercise_everything():
         .reason()
         .rerank()
         .answer(self_correct=True)
+        .ground(grounder="embedding")
     )
     from django_rag.evaluation import generate_test_cases, run_evaluation
 

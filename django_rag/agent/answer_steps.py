@@ -99,14 +99,17 @@ def ground(ctx: Context, *, grounder: Any = True, llm: Any = None) -> None:
 
     ``grounder`` is ``True`` (the ``GROUNDER`` setting), an alias (``"llm"``,
     ``"cross-encoder"``...), a spec, a function or a :class:`~.grounding.Grounder`. A failing
-    grounder leaves a warning (and a grounding with score 0), never a failed run.
+    grounder leaves ``grounding`` None and a warning, never a failed run.
     """
     if ctx.answer is None:
         ctx.warnings.append("ground: no answer to ground (run the answer step first)")
         return
     component = get_grounder(grounder, llm=_llm(ctx, llm))
-    ctx.grounding = ground_text(ctx.answer, ctx.context_used, component, question=ctx.question)
-    ctx.warnings.extend(f"ground: {w}" for w in ctx.grounding.warnings if "failed" in w)
+    failures: list[str] = []
+    ctx.grounding = ground_text(
+        ctx.answer, ctx.context_used, component, question=ctx.question, warnings=failures
+    )
+    ctx.warnings.extend(f"ground: {w}" for w in failures)
 
 
 @step("global_answer")

@@ -160,7 +160,8 @@ def ask(
 
     ``ground=True`` (the ``GROUNDER`` setting) or a grounder (alias, spec, function or
     :class:`~django_rag.answers.grounding.Grounder`) checks the answer against its chunks and
-    sets :attr:`Answer.grounding`; a failing grounder leaves a warning, never an exception.
+    sets :attr:`Answer.grounding`; a failing grounder leaves it None and a warning, never an
+    exception.
 
     ``history``: earlier ``(role, text)`` turns of a conversation (oldest first), shown to the
     model before the question, quoted, as context (:func:`django_rag.chat` passes them).
@@ -240,7 +241,8 @@ def _ask(
             with collect_usage() as grounding_usage:
                 ground_answer(answer, grounder)
             answer.usage = answer.usage + grounding_usage
-            s.set(grounding_score=answer.grounding.score)
+            if answer.grounding is not None:  # None: the grounder failed (a warning says why)
+                s.set(grounding_score=answer.grounding.score)
         s.set(
             context_count=len(chunks),
             citation_count=len(answer.citations),

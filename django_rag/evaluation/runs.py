@@ -119,17 +119,20 @@ def _answer_metrics(
         out["answer_source"] = "retriever"
     out["answer"] = answer
     if grounder is not None:
-        grounding = ground_text(answer, chunks, grounder, question=case.question)
-        out["grounding"] = grounding.to_dict()
-        if grounding.spans:
+        failures: list[str] = []
+        grounding = ground_text(answer, chunks, grounder, question=case.question, warnings=failures)
+        if grounding is None:
+            out["grounding"] = None
+            out["faithfulness"] = None
+            out["faithfulness_reasoning"] = "not scored: " + "; ".join(failures)
+        else:
+            out["grounding"] = grounding.to_dict()
             out["faithfulness"] = 10.0 * grounding.score
             supported = sum(1 for span in grounding.spans if span.verdict == "supported")
             out["faithfulness_reasoning"] = (
-                f"{grounding.grounder}: {supported} of {len(grounding.spans)} sentences supported"
+                f"{grounding.grounder}: {supported} of {len(grounding.spans)} spans supported"
+                + "".join(f"; {warning}" for warning in grounding.warnings)
             )
-        else:
-            out["faithfulness"] = None
-            out["faithfulness_reasoning"] = "not scored: " + "; ".join(grounding.warnings)
     else:
         prompt = judge_prompts.get("faithfulness", prompts.faithfulness_prompt)
         out["faithfulness"], out["faithfulness_reasoning"] = _judge(
@@ -303,7 +306,7 @@ def run_evaluation(
     retriever gives an answer, ``evaluate_answers`` judges that answer instead of writing
     one. A retriever error counts as an empty result for its case (recorded as ``error``)
     unless ``fail_fast``. ``grounder`` (True, an alias or a grounder) scores faithfulness as
-    10 x the grounded share of the answer instead of the 0-10 judge; ``judge_prompts``
+    10 x the grounding score instead of the 0-10 judge; ``judge_prompts``
     replaces the ``faithfulness`` / ``correctness`` judge prompts. Each case sends one
     ``evaluation.case`` telemetry event.
     """

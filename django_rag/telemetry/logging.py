@@ -109,6 +109,12 @@ DETAILS: dict[str, Callable[[dict[str, Any]], str]] = {
     ),
     "reembed": lambda m: f"{_plural(m.get('reembedded'), 'chunk')} with {m.get('model', '?')}",
     "agent.self_correct": lambda m: f"attempt {m.get('attempt', '?')}: {m.get('result', '?')}",
+    "agent.ground": lambda m: (
+        f"failed: {m['error']}"
+        if m.get("error")
+        else f"score {m.get('score', 0):.2f}, {m.get('faithful_span_count', 0)} faithful, "
+        f"{m.get('hallucinated_span_count', 0)} hallucinated"
+    ),
 }
 
 

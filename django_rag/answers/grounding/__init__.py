@@ -1,27 +1,30 @@
 """Grounding: which parts of an answer its sources support.
 
 A grounder takes the answer text and the chunks it was written from and returns a
-:class:`~django_rag.results.Grounding`: a score (the share of the answer's characters that are
-supported) and one :class:`~django_rag.results.GroundedSpan` per sentence or claim, with
-character offsets into the text, a verdict and the chunks behind it.
+:class:`~django_rag.results.Grounding`: a score (0-1, higher is more faithful) and one
+:class:`~django_rag.results.GroundedSpan` per claim or sentence, with character offsets into
+the text, a verdict and the chunks behind it.
 
 Built-ins:
 
-- :class:`LLMGrounder` (``"llm"``): an LLM judges each numbered sentence's claims against
-  the numbered sources;
+- :class:`LLMGrounder` (``"llm"``): an LLM quotes the answer's claims and judges each against
+  the numbered sources (score: the share of claims supported);
 - :class:`CrossEncoderGrounder` (``"cross-encoder"``): a local sentence-transformers
   ``CrossEncoder`` scores (chunk, sentence) pairs: an NLI model's entailment/contradiction
   probabilities, or a relevance model's score against a threshold;
 - :class:`EmbeddingGrounder` (``"embedding"``): cosine similarity of sentence and chunk
   embeddings (the configured embedder) against a threshold; a weak proxy for support.
 
-A plain function ``func(text, chunks)`` returning a ``Grounding`` (or a list of
-``GroundedSpan``) is a grounder too. :func:`ground_answer` runs one on an
-:class:`~django_rag.results.Answer` and never raises: failures become warnings.
+A plain function ``func(text, chunks)`` or ``func(text, chunks, question)`` returning a
+``Grounding`` (or a list of ``GroundedSpan``) is a grounder too. :func:`ground_answer` runs
+one on an :class:`~django_rag.results.Answer` and never raises: a failure leaves
+``answer.grounding`` None and a warning. :func:`attribute` links any spans to the chunks
+whose words they share.
 
-Where things are: :mod:`.base` (sentences, the ``Grounder`` base class), :mod:`.llm` (the LLM
-judge), :mod:`.local` (cross-encoder and embedding grounders); building and running a grounder
-is here, and every public name is importable from here.
+Where things are: :mod:`.base` (sentences, the ``Grounder`` base class, attribution),
+:mod:`.llm` (the LLM judge and its reply's parser), :mod:`.local` (cross-encoder and embedding
+grounders); building and running a grounder is here, and every public name is importable from
+here.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from ...conf import build_component, get_setting, scrub_text
 from ...exceptions import ConfigurationError, LLMResponseError
 from ...results import VERDICTS, Answer, Grounding, SearchResult
 from ...signals import span
-from .base import CallableGrounder, Grounder, make_grounding, split_sentences
+from .base import CallableGrounder, Grounder, attribute, make_grounding, split_sentences
 from .llm import LLMGrounder, grounding_prompt, parse_verdict
 from .local import CrossEncoderGrounder, EmbeddingGrounder
 
@@ -75,14 +78,24 @@ def ground_text(
     *,
     question: str = "",
     llm: Any = None,
-) -> Grounding:
-    """Run ``grounder`` on ``text``; never raises for a failing grounder: the result then has
-    score 0, no spans and a warning saying why. A bad spec still raises
+    warnings: list[str] | None = None,
+) -> Grounding | None:
+    """Run ``grounder`` on ``text`` (the answer to ``question``) against ``chunks``, and
+    attribute each span to the chunks whose words it shares (:func:`attribute`).
+
+    Never raises for a failing grounder: it returns None, logs the failure, records it on the
+    ``agent.ground`` span and appends a ``"grounding failed: ..."`` line to ``warnings`` when
+    a list is given. A bad spec still raises
     :class:`~django_rag.exceptions.ConfigurationError`."""
     component = grounder if isinstance(grounder, Grounder) else get_grounder(grounder, llm=llm)
-    with span("agent.ground", grounder=component.name, chunks=len(chunks)) as s:
+    chunks = list(chunks)
+    with span("agent.ground", grounder=component.name, chunks=len(chunks), question=question) as s:
         try:
-            result = component.ground(text, list(chunks), question=question)
+            result = component.ground(text, chunks, question=question)
+            if not isinstance(result, Grounding):
+                raise LLMResponseError(
+                    f"{component.name} returned {type(result).__name__}, not a Grounding"
+                )
             for item in result.spans:
                 if item.verdict not in VERDICTS:
                     raise LLMResponseError(
@@ -93,17 +106,38 @@ def ground_text(
             message = f"grounding failed: {type(exc).__name__}: {scrub_text(exc)[:300]}"
             logger.warning("django_rag %s", message)
             s.set(error=type(exc).__name__)
-            return Grounding(score=0.0, spans=[], grounder=component.name, warnings=[message])
-        s.set(score=result.score, spans=len(result.spans), warnings=len(result.warnings))
+            if warnings is not None:
+                warnings.append(message)
+            return None
+        attributed = attribute(result.spans, chunks)
+        result.spans = [
+            given if given.sources else found
+            for given, found in zip(result.spans, attributed, strict=True)
+        ]
+        faithful = sum(item.verdict == "supported" for item in result.spans)
+        s.set(
+            score=result.score,
+            spans=len(result.spans),
+            faithful_span_count=faithful,
+            hallucinated_span_count=len(result.spans) - faithful,
+            warnings=len(result.warnings),
+        )
         return result
 
 
 def ground_answer(answer: Answer, grounder: Any = True, *, llm: Any = None) -> Answer:
-    """Attach ``answer.grounding`` (grounded against ``answer.chunks``); failures add a
-    warning to ``answer.warnings`` and the grounding's, never an exception."""
-    result = ground_text(answer.text, answer.chunks, grounder, question=answer.question, llm=llm)
-    answer.grounding = result
-    answer.warnings.extend(f"ground: {w}" for w in result.warnings if "failed" in w)
+    """Set ``answer.grounding`` (grounded against ``answer.chunks``); when the grounder fails
+    it is None and ``answer.warnings`` says why, never an exception."""
+    failures: list[str] = []
+    answer.grounding = ground_text(
+        answer.text,
+        answer.chunks,
+        grounder,
+        question=answer.question,
+        llm=llm,
+        warnings=failures,
+    )
+    answer.warnings.extend(f"ground: {w}" for w in failures)
     return answer
 
 
@@ -114,6 +148,7 @@ __all__ = [
     "EmbeddingGrounder",
     "Grounder",
     "LLMGrounder",
+    "attribute",
     "get_grounder",
     "ground_answer",
     "ground_text",

@@ -1,9 +1,12 @@
 """What every grounder shares: an answer cut into sentences (linear-time patterns: answers are
-model output), the :class:`Grounder` base class, and the :class:`Grounding` built from spans.
+model output), the :class:`Grounder` base class, the :class:`Grounding` built from spans, and
+the attribution of spans to the chunks whose words they share.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -50,14 +53,53 @@ def _claim_text(text: str) -> str:
 
 
 def make_grounding(
-    spans: Sequence[GroundedSpan], grounder: str, warnings: Sequence[str] = ()
+    spans: Sequence[GroundedSpan],
+    grounder: str,
+    warnings: Sequence[str] = (),
+    *,
+    score: float | None = None,
 ) -> Grounding:
-    """A :class:`Grounding` whose score is the share of the spans' characters supported."""
+    """A :class:`Grounding` of ``spans`` (sorted by offset). Without ``score``, the score is the
+    share of the spans' characters that are supported, and 1.0 without spans (an answer that
+    says nothing says nothing unsupported)."""
     spans = sorted(spans, key=lambda s: (s.start, s.end))
-    total = sum(max(0, s.end - s.start) for s in spans)
-    supported = sum(max(0, s.end - s.start) for s in spans if s.verdict == "supported")
-    score = supported / total if total else 0.0
+    if score is None:
+        total = sum(max(0, s.end - s.start) for s in spans)
+        supported = sum(max(0, s.end - s.start) for s in spans if s.verdict == "supported")
+        score = supported / total if total else 1.0
     return Grounding(score=score, spans=list(spans), grounder=grounder, warnings=list(warnings))
+
+
+_WORD = re.compile(r"\w+")
+
+
+def _words(text: str) -> set[str]:
+    return set(_WORD.findall(text.lower()))
+
+
+def attribute(
+    spans: Sequence[GroundedSpan], chunks: Sequence[SearchResult], *, min_score: float = 0.1
+) -> list[GroundedSpan]:
+    """``spans`` with ``sources`` set to the chunks whose words they share, best first.
+
+    A chunk's score is the share of the span's distinct words (lowercased ``\\w+`` tokens,
+    any script) that the chunk contains, so a long chunk is not favoured for being long;
+    chunks scoring below ``min_score`` are left out. A span with no words, or no chunks,
+    gets no sources. Works on any grounder's spans; the originals are not changed.
+    """
+    chunk_words = [(chunk.chunk_id, _words(chunk.text or "")) for chunk in chunks]
+    attributed = []
+    for span in spans:
+        words = _words(span.text)
+        sources = []
+        if words:
+            for chunk_id, vocabulary in chunk_words:
+                score = len(words & vocabulary) / len(words)
+                if score >= min_score and score > 0:
+                    sources.append({"chunk_id": chunk_id, "score": score})
+            sources.sort(key=lambda source: -source["score"])
+        attributed.append(dataclasses.replace(span, sources=sources))
+    return attributed
 
 
 class Grounder:
@@ -81,18 +123,50 @@ class Grounder:
         return f"<{self.name}>"
 
 
+def _question_style(func: Callable[..., Any]) -> str:
+    """How ``func`` takes the question: ``"keyword"`` (a ``question`` parameter after the
+    first two, or ``**kwargs``), ``"positional"`` (a third required positional parameter, or
+    ``*args``) or ``""`` (``text, chunks`` only: the two-argument grounders, and those whose
+    third parameter has a default of their own, are called as they always were)."""
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):  # some builtins have no signature: call them the old way
+        return ""
+    kind = inspect.Parameter
+    if any(p.name == "question" and p.kind != kind.POSITIONAL_ONLY for p in parameters[2:]) or any(
+        p.kind == kind.VAR_KEYWORD for p in parameters
+    ):
+        return "keyword"
+    required = [
+        p
+        for p in parameters
+        if p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    if len(required) >= 3 or any(p.kind == kind.VAR_POSITIONAL for p in parameters):
+        return "positional"
+    return ""
+
+
 class CallableGrounder(Grounder):
-    """Wraps ``func(text, chunks)`` returning a :class:`Grounding` or a list of spans."""
+    """Wraps ``func(text, chunks)`` or ``func(text, chunks, question)`` (also
+    ``question=`` as a keyword) returning a :class:`Grounding` or a list of spans. The
+    question is passed when the signature has room for it."""
 
     def __init__(self, func: Callable[..., Any]):
         self.func = func
+        self.question_style = _question_style(func)
 
     @property
     def name(self) -> str:
         return getattr(self.func, "__qualname__", "custom_function")
 
     def ground(self, text, chunks, *, question: str = "") -> Grounding:
-        result = self.func(text, list(chunks))
+        if self.question_style == "keyword":
+            result = self.func(text, list(chunks), question=question)
+        elif self.question_style == "positional":
+            result = self.func(text, list(chunks), question)
+        else:
+            result = self.func(text, list(chunks))
         if isinstance(result, Grounding):
             if not result.grounder:
                 result.grounder = self.name

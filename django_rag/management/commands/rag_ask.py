@@ -216,9 +216,14 @@ class Command(RagCommand):
 
     def _sources(self, answer):
         grounding = getattr(answer, "grounding", None)
+        failed = [w for w in getattr(answer, "warnings", None) or [] if w.startswith("ground: ")]
+        if grounding is None and failed:
+            self.stdout.write(f"\nGrounding: {scrub_text(failed[-1])}")
         if grounding is not None:
+            faithful = len(grounding.spans) - len(grounding.unsupported)
             self.stdout.write(
-                f"\nGrounding ({grounding.grounder}): {grounding.score:.0%} of the answer supported"
+                f"\nGrounding ({grounding.grounder}): score {grounding.score:.2f}, "
+                f"{faithful} of {len(grounding.spans)} spans supported"
             )
             for span in grounding.unsupported:
                 ids = ", ".join(str(i) for i in span.chunk_ids)
