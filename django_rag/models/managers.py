@@ -117,6 +117,7 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
         rrf_k: int = 60,
         semantic_weight: float = 0.5,
         fulltext_weight: float = 0.5,
+        keyword_score_floor: float = 0.0,
         candidates: int = 4,
         syntax: str = "natural",
         statistics_from: Sequence[int] | None = None,
@@ -198,6 +199,7 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
             rrf_k=rrf_k,
             semantic_weight=semantic_weight,
             fulltext_weight=fulltext_weight,
+            keyword_score_floor=keyword_score_floor,
             pool=pool,
             readable=True,
         )
