@@ -56,6 +56,18 @@ if set(FUSION_LEGENDS) != set(FUSIONS):  # a fusion added without saying what it
     raise TypeError(f"FUSION_LEGENDS must describe every fusion of {FUSIONS}")
 
 
+def fusion_options(request) -> dict[str, Any]:
+    """What :func:`~django_rag.fusion.fuse` reads of a hybrid request (the same in every
+    store)."""
+    return {
+        "fusion": request.fusion,
+        "rrf_k": request.rrf_k,
+        "semantic_weight": request.semantic_weight,
+        "fulltext_weight": request.fulltext_weight,
+        "keyword_score_floor": request.keyword_score_floor,
+    }
+
+
 # --- PgVectorStore: one ChunkQuerySet method per mode --------------------------------------
 
 
@@ -80,14 +92,10 @@ def _pg_hybrid(chunks, request, scope) -> list[SearchResult]:
         request.query,
         limit=request.limit,
         threshold=request.threshold,
-        fusion=request.fusion,
-        rrf_k=request.rrf_k,
-        semantic_weight=request.semantic_weight,
-        fulltext_weight=request.fulltext_weight,
-        keyword_score_floor=request.keyword_score_floor,
         candidates=request.candidates,
         syntax=request.syntax,
         statistics_from=scope,
+        **fusion_options(request),
     )
 
 
@@ -119,16 +127,7 @@ def _memory_hybrid(results: dict[int, SearchResult], matches, request) -> list[S
         (r for i, r in results.items() if i in matches), key=lambda r: -r.fulltext_score
     )[:pool]
     union = {r.chunk_id: r for r in [*by_semantic, *by_fulltext]}
-    return fuse(
-        list(union.values()),
-        fusion=request.fusion,
-        rrf_k=request.rrf_k,
-        semantic_weight=request.semantic_weight,
-        fulltext_weight=request.fulltext_weight,
-        keyword_score_floor=getattr(request, "keyword_score_floor", 0.0),
-        pool=pool,
-        readable=True,
-    )
+    return fuse(list(union.values()), pool=pool, readable=True, **fusion_options(request))
 
 
 @dataclass(frozen=True)
