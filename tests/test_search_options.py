@@ -23,7 +23,9 @@ from django_rag.models import Chunk
 from django_rag.modes import SearchMode
 from django_rag.retrieval import MemoryVectorStore
 from django_rag.retrieval.options import (
+    AgentSearchOptions,
     RequestOptions,
+    ScopeOptions,
     SearchComponents,
     SearchOptions,
     search_option_names,
@@ -47,6 +49,15 @@ def test_the_typed_options_are_the_search_request_fields():
         SearchComponents.__optional_keys__
     )
     assert search_option_names() == SearchOptions.__optional_keys__
+
+
+def test_an_agent_takes_every_search_option_but_the_ones_it_sets_itself():
+    from django_rag.agent.context import _OWN_OPTIONS
+
+    assert set(ScopeOptions.__optional_keys__) == _OWN_OPTIONS - {"query"}
+    assert set(AgentSearchOptions.__optional_keys__) == set(SearchOptions.__optional_keys__) - set(
+        ScopeOptions.__optional_keys__
+    )
 
 
 def test_every_request_option_reaches_the_request():
@@ -135,7 +146,9 @@ def _weighted_top(query: str, floor: float | None, **options) -> float:
 def test_keyword_score_floor_keeps_a_weak_full_text_side_weak_on_postgresql(settings):
     topics = ["rivers", "engines", "violins", "glaciers", "tariffs", "orchids", "comets"]
     for i, topic in enumerate(topics * 3):
-        rag.ingest(f"Quarterly report number {i} about {topic}.", collection="floor", source_id=str(i))
+        rag.ingest(
+            f"Quarterly report number {i} about {topic}.", collection="floor", source_id=str(i)
+        )
     (top,) = rag.search("report", mode="fulltext", collection="floor", limit=1)
     bm25 = top.score
     assert 0 < bm25  # "report" is in every chunk: a weak BM25

@@ -5,7 +5,8 @@ misspelled option at the call site), read at run time for the names they declare
 :class:`~django_rag.retrieval.request.SearchRequest`, tests/test_search_options.py keeps the
 two equal); :class:`SearchComponents` are the parts that run it (reranker, rewriter, graph,
 embedder, store); :class:`SearchOptions` are both, what :func:`~django_rag.search`,
-:func:`~django_rag.ask` and :func:`~django_rag.chat` take as ``**options``. Every option may be
+:func:`~django_rag.ask` and :func:`~django_rag.chat` take as ``**options``;
+:class:`AgentSearchOptions` are those less the :class:`ScopeOptions` an agent sets itself. Every option may be
 None: the ``SEARCH`` setting (or the component's setting) then applies.
 """
 
@@ -19,13 +20,20 @@ from typing import Any, TypedDict
 from ..exceptions import InvalidOption
 
 
-class RequestOptions(TypedDict, total=False):
-    """What a search asks for (docs/search.md, "Options")."""
+class ScopeOptions(TypedDict, total=False):
+    """How many chunks, how good, from where: what :class:`~django_rag.Agent` and
+    :class:`~django_rag.agent.Loop` take as arguments of their own (they set them on each of
+    their searches)."""
 
-    mode: str | None
     limit: int | None
     threshold: float | None
     collection: str | Sequence[str] | None
+
+
+class RankingOptions(TypedDict, total=False):
+    """The rest of what a search asks for (docs/search.md, "Options")."""
+
+    mode: str | None
     source_id: str | None
     metadata: dict[str, Any] | None
     fusion: str | None
@@ -39,6 +47,11 @@ class RequestOptions(TypedDict, total=False):
     context_window: int | None
     diversity: float | None
     database: str | None
+
+
+class RequestOptions(ScopeOptions, RankingOptions, total=False):
+    """What a search asks for: the fields of
+    :class:`~django_rag.retrieval.request.SearchRequest`."""
 
 
 class SearchComponents(TypedDict, total=False):
@@ -56,6 +69,11 @@ class SearchComponents(TypedDict, total=False):
 
 class SearchOptions(RequestOptions, SearchComponents, total=False):
     """Every keyword option of :func:`~django_rag.search`."""
+
+
+class AgentSearchOptions(RankingOptions, SearchComponents, total=False):
+    """The search options an agent passes to its searches: all but :class:`ScopeOptions`,
+    which :class:`~django_rag.Agent` and :class:`~django_rag.agent.Loop` take themselves."""
 
 
 @functools.cache

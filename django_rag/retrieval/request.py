@@ -25,7 +25,7 @@ from ..validation import (
 )
 from .context import MAX_CONTEXT_WINDOW
 from .fusion import FUSIONS
-from .options import (  # noqa: F401 (request_option_names: re-exported)
+from .options import (
     RequestOptions,
     check_search_options,
     request_option_names,

@@ -104,14 +104,14 @@ def _pg_hybrid(chunks, request, scope) -> list[SearchResult]:
 # the ones whose words matched (index -> BM25) and the request; it sets ``score`` and sorts.
 
 
-def _memory_semantic(results: dict[int, SearchResult], matches, request) -> list[SearchResult]:
+def _memory_semantic(results: dict[int, Any], matches, request) -> list[SearchResult]:
     ranked = sorted(results.values(), key=lambda r: -r.semantic_score)
     for result in ranked:
         result.score = result.semantic_score
     return ranked
 
 
-def _memory_fulltext(results: dict[int, SearchResult], matches, request) -> list[SearchResult]:
+def _memory_fulltext(results: dict[int, Any], matches, request) -> list[SearchResult]:
     ranked = sorted(
         (r for i, r in results.items() if i in matches), key=lambda r: -r.fulltext_score
     )
@@ -120,7 +120,7 @@ def _memory_fulltext(results: dict[int, SearchResult], matches, request) -> list
     return ranked
 
 
-def _memory_hybrid(results: dict[int, SearchResult], matches, request) -> list[SearchResult]:
+def _memory_hybrid(results: dict[int, Any], matches, request) -> list[SearchResult]:
     pool = request.limit * request.candidates
     by_semantic = sorted(results.values(), key=lambda r: -r.semantic_score)[:pool]
     by_fulltext = sorted(
