@@ -21,6 +21,7 @@ def fuse(
     rrf_k: int = 60,
     semantic_weight: float = 0.5,
     fulltext_weight: float = 0.5,
+    keyword_score_floor: float = 0.0,
     pool: int | None = None,
     readable: bool = False,
 ) -> list[Any]:
@@ -41,7 +42,9 @@ def fuse(
     candidates (a chunk with no full-text match has no full-text rank and gets nothing from it).
     ``weighted``: ``semantic_weight * s + fulltext_weight * f`` where ``s`` is the cosine
     similarity min-max normalised over the candidates and ``f`` is BM25 divided by the best
-    BM25 among them (BM25's own minimum is 0), so both lie in [0, 1].
+    BM25 among them or ``keyword_score_floor``, whichever is larger (BM25's own minimum is 0),
+    so both lie in [0, 1]; the floor keeps a weak full-text side weak (only words in nearly
+    every chunk matched) instead of stretching its best to 1.
     Ties keep the semantic order.
 
     ``readable=True`` (what searches return) then puts each score on a scale a person can read,
@@ -76,7 +79,8 @@ def fuse(
         high = items[0].semantic_score
         low = items[-1].semantic_score
         spread = high - low
-        best_fulltext = max(item.fulltext_score for item in items)
+        clean_number("keyword_score_floor", keyword_score_floor, minimum=0)
+        best_fulltext = max(max(item.fulltext_score for item in items), keyword_score_floor)
         for item in items:
             s = (item.semantic_score - low) / spread if spread > 0 else 1.0
             f = item.fulltext_score / best_fulltext if best_fulltext > 0 else 0.0

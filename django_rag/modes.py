@@ -1,5 +1,7 @@
-"""The search modes: one registry, read by the search service, the stores, the commands and
-the dashboard (no module spells a mode as a bare string of its own)."""
+"""The search modes: one registry of names, read by the search service, the stores, the
+commands, the dashboard, the HTTP API and MCP (no module spells a mode as a bare string of its
+own). What each mode needs and how each store runs it is one table,
+:data:`django_rag.store.search_modes.MODE_TABLE`."""
 
 from __future__ import annotations
 
@@ -20,16 +22,6 @@ class SearchMode(enum.StrEnum):
         """How the mode is named to a person (forms, tables)."""
         return label(self.value)
 
-    @property
-    def uses_vector(self) -> bool:
-        """Whether a search in this mode needs the query's embedding."""
-        return self is not SearchMode.FULLTEXT
-
-    @property
-    def uses_text(self) -> bool:
-        """Whether a search in this mode ranks by full-text relevance."""
-        return self is not SearchMode.SEMANTIC
-
     @classmethod
     def parse(cls, value: object) -> SearchMode:
         """The mode ``value`` names (a mode, its name or an alias of :data:`ALIASES`); anything
@@ -42,7 +34,7 @@ class SearchMode(enum.StrEnum):
                 pass
         raise InvalidSearchMode(
             f"Unknown search mode {value!r}. Available modes: {', '.join(MODES)} "
-            f"(aliases: {', '.join(f'{a}={m}' for a, m in ALIASES.items())}).",
+            f"(aliases: {aliases_text()}).",
             mode=value,
         )
 
@@ -51,6 +43,14 @@ class SearchMode(enum.StrEnum):
 MODES: tuple[str, ...] = tuple(mode.value for mode in SearchMode)
 #: Other names accepted for a mode (the one place they are declared).
 ALIASES: dict[str, SearchMode] = {"vector": SearchMode.SEMANTIC, "keyword": SearchMode.FULLTEXT}
+#: Every name a mode is accepted under: the modes, then their aliases (what the settings
+#: check, the HTTP API's schemas and the MCP tools' schemas offer).
+NAMES: tuple[str, ...] = (*MODES, *ALIASES)
+
+
+def aliases_text() -> str:
+    """The aliases as a person reads them: "vector = semantic, keyword = fulltext"."""
+    return ", ".join(f"{alias} = {mode.value}" for alias, mode in ALIASES.items())
 
 
 def label(mode: str) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .exceptions import ConfigurationError, UnknownSetting
-from .modes import ALIASES, MODES
+from .modes import NAMES as MODE_NAMES
 
 NUMBER = (int, float)
 INTEGER = (int,)
@@ -292,7 +292,7 @@ SCHEMA: tuple[Setting, ...] = (
                 "semantic",
                 "Default search mode (one of the modes or their aliases).",
                 (str,),
-                choices=(*MODES, *ALIASES),
+                choices=MODE_NAMES,
             ),
             _s("LIMIT", 10, "Results per search.", INTEGER),
             _s(
@@ -340,6 +340,13 @@ SCHEMA: tuple[Setting, ...] = (
                 "FULLTEXT_WEIGHT",
                 0.3,
                 "Adaptive fusion's starting full-text weight; weighted fusion's fixed one.",
+                NUMBER,
+            ),
+            _s(
+                "KEYWORD_SCORE_FLOOR",
+                0.05,
+                "Weighted fusion: BM25 is divided by the larger of the best candidate's BM25 "
+                "and this floor (a weak full-text side stays weak).",
                 NUMBER,
             ),
             _s(

@@ -12,6 +12,7 @@ if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 &
 fi
 ruff check .
 lint-imports  # the layers and the absence of import cycles (pyproject.toml, docs/architecture.md)
+mypy  # a misspelled option in the README's calls is a type error ([tool.mypy] in pyproject.toml)
 if [ -z "${DATABASE_URL:-}" ]; then
   # tests/test_embedded.py fails unless the run is on the server the embedded default ships.
   export DJANGO_RAG_EXPECT_PGVECTOR="${DJANGO_RAG_EXPECT_PGVECTOR:-0.8+}"

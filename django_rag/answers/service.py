@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from ..exceptions import InvalidInput, InvalidOption, LLMResponseError
 from ..graph.global_search import global_answer
@@ -12,13 +12,18 @@ from ..graph.search import graph_context
 from ..llm import LLM, Completion, collect_usage, get_llm
 from ..results import Answer, Citation, SearchResult
 from ..retrieval.aliases import accepts_aliases
-from ..retrieval.service import check_search_options, run_search
+from ..retrieval.options import SearchComponents, SearchOptions, split_options
+from ..retrieval.request import SearchRequest, build_request
+from ..retrieval.service import search_request
 from ..signals import span
 from ..validation import clean_query
 from . import prompts
 from .grounding import Grounder, get_grounder, ground_answer
 
 PromptFunction = Callable[[str, list[SearchResult]], "str | tuple[str, str]"]
+
+#: How many chunks ask() answers from unless ``limit`` is given (fewer than a search's).
+ASK_LIMIT = 5
 
 _CITATION = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
 
@@ -129,23 +134,19 @@ def ask(
     question: str,
     *,
     llm: Any = None,
-    mode: str | None = None,
-    limit: int = 5,
-    collection: str | Sequence[str] | None = None,
-    source_id: str | None = None,
-    threshold: float | None = None,
     prompt: PromptFunction | None = None,
     stream: bool = False,
     global_search: bool = False,
     ground: Any = False,
     history: Sequence[tuple[str, str]] = (),
-    **search_options: Any,
+    **search_options: Unpack[SearchOptions],
 ) -> Answer | AnswerStream:
     """Answer ``question`` from the best ``limit`` chunks, citing them by number.
 
-    Retrieval is :func:`django_rag.search` with ``mode``, ``collection``, ``source_id``,
-    ``threshold`` and any other search option (``reranker``, ``rewriter``, ``metadata``, ...);
-    an option :func:`~django_rag.search` does not take raises
+    Retrieval is :func:`django_rag.search` with the search options given
+    (:class:`~django_rag.retrieval.options.SearchOptions`: ``mode``, ``collection``,
+    ``source_id``, ``threshold``, ``reranker``, ``rewriter``, ``metadata``, ...), ``limit``
+    :data:`ASK_LIMIT` unless given; an option :func:`~django_rag.search` does not take raises
     :class:`~django_rag.exceptions.InvalidOption` naming it and the accepted ones.
     The chunks reach the LLM as numbered, delimited sources; the answer cites them as ``[n]``
     and :attr:`Answer.citations` resolves each to its chunk, document, file and pages.
@@ -172,13 +173,16 @@ def ask(
     question = clean_query(question)  # bounded and valid before any LLM or search sees it
     if prompt is not None and not callable(prompt):
         raise InvalidOption("prompt must be a function (question, chunks) -> str")
-    check_search_options(search_options, "ask()")  # a typo fails here, before any LLM call
+    # A misspelled option or a bad value fails here, before any LLM call.
+    request_options, components = split_options(search_options, "ask()")
+    request_options.setdefault("limit", ASK_LIMIT)
+    request = build_request(question, **request_options)
     model = get_llm(llm, feature="ask()")
     grounder = None
     if ground is not False and ground is not None:
         grounder = get_grounder(ground, llm=model)  # a bad spec fails before any search
     if global_search:
-        answer = global_answer(question, llm=model, collection=collection)
+        answer = global_answer(question, llm=model, collection=request_options.get("collection"))
         if grounder is not None:
             ground_answer(answer, grounder)
         return answer
@@ -189,14 +193,8 @@ def ask(
         stream,
         grounder,
         history,
-        dict(
-            mode=mode,
-            limit=limit,
-            collection=collection,
-            source_id=source_id,
-            threshold=threshold,
-            **search_options,
-        ),
+        request,
+        components,
     )
     if stream:
         return AnswerStream(events)
@@ -215,13 +213,14 @@ def _ask(
     stream: bool,
     grounder: Grounder | None,
     history: list[tuple[str, str]],
-    search_options: dict,
+    request: SearchRequest,
+    components: SearchComponents,
 ):
     """Yields a marker once retrieval is done, then (streaming) text pieces; returns the Answer."""
 
     with span("ask", question=question, model=llm.model_name, stream=stream) as s:
         with collect_usage() as retrieval_usage:
-            chunks, match = run_search(question, **search_options)
+            chunks, match = search_request(request, **components)
             graph = None
             if match is not None:
                 graph = graph_context(match)

@@ -9,11 +9,12 @@ from a caller are checked strictly: no NUL, no unpaired surrogate, no control ch
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
 from ..exceptions import InvalidOption
+from ..modes import NAMES as MODE_NAMES
 from ..validation import (
     MAX_PK,
     clean_collection_name,
@@ -28,6 +29,7 @@ __all__ = [
     "MAX_SCOPE_NAMES",
     "CollectionName",
     "CollectionScope",
+    "ModeName",
     "OptionalCollection",
     "SourceId",
     "Text",
@@ -85,3 +87,6 @@ CollectionScope = Annotated[
 SourceId = Annotated[str, Field(max_length=MAX_SOURCE_ID_CHARS), AfterValidator(_source_id)]
 Title = Annotated[str, Field(max_length=MAX_TITLE_CHARS), AfterValidator(_title)]
 Text = Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)]
+# A search mode or an alias, from the one registry (django_rag.modes): the schema offers
+# exactly what search() accepts, and the service resolves the alias.
+ModeName = Literal[MODE_NAMES]  # type: ignore[valid-type]

@@ -6,7 +6,7 @@ validated by pydantic schemas, and the OpenAPI description generated from the sa
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from django.db.models import Count
 from django.http import HttpResponse
@@ -48,6 +48,7 @@ from .inputs import (
     MAX_PK,
     CollectionName,
     CollectionScope,
+    ModeName,
     OptionalCollection,
     SourceId,
     Text,
@@ -200,14 +201,14 @@ def answer_json(answer) -> dict:
 class SearchIn(Schema):
     query: Text
     collection: CollectionScope = None
-    mode: Literal["semantic", "fulltext", "hybrid"] | None = None
+    mode: ModeName | None = None
     limit: int = Field(10, ge=1, le=50)
 
 
 class AskIn(Schema):
     question: Text
     collection: CollectionScope = None
-    mode: Literal["semantic", "fulltext", "hybrid"] | None = None
+    mode: ModeName | None = None
     limit: int = Field(5, ge=1, le=20)
     stream: bool = False
 
@@ -290,7 +291,7 @@ class ConversationIn(Schema):
 
 class MessageIn(Schema):
     message: Text
-    mode: Literal["semantic", "fulltext", "hybrid"] | None = None
+    mode: ModeName | None = None
     limit: int = Field(5, ge=1, le=20)
     stream: bool = False
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from django.db import transaction
 
@@ -19,16 +19,47 @@ from ..exceptions import ConversationNotFound, InvalidInput, InvalidOption
 from ..llm import collect_usage
 from ..models import Conversation, Message
 from ..results import Answer, Usage
+from ..retrieval.options import SearchOptions
 from ..signals import span
 from ..validation import INVISIBLE, clean_collection_names, clean_query, clean_title
 from .condense import Condensed, condense, get_condenser
 from .memory import estimate_tokens, recent_turns
 
 ENGINES = ("ask", "agent", "loop")
+# The options of engine="agent" that go to its answer step (the others go to Agent).
+AGENT_ANSWER_OPTIONS = ("answerer", "self_correct", "max_corrections", "judge_prompt")
 TITLE_CHARS = 80
 # A title made from the first message: a prefix short enough for a list of conversations.
 AUTO_TITLE_CHARS = 60
 _NOT_TITLE = re.compile(rf"[\x00-\x1f\x7f-\x9f{INVISIBLE}]")
+
+
+class ChatOptions(SearchOptions, total=False):
+    """What :func:`chat` takes beyond its own arguments: the search options and each engine's
+    own (tests/test_search_options.py keeps these equal to what ``ask``, the agent's answer
+    step and ``Loop`` take). An engine refuses the options that are not its own."""
+
+    prompt: Any  # every engine: replaces the answer prompt
+    ground: Any  # "ask", "loop"
+    global_search: bool  # "ask"
+    deadline: float | None  # "agent", "loop"
+    # engine="agent": AGENT_ANSWER_OPTIONS, for its answer step
+    answerer: Any
+    self_correct: bool
+    max_corrections: int
+    judge_prompt: Any
+    # engine="loop" (Loop)
+    answer_llm: Any
+    tools: Sequence[Any]
+    max_iterations: int
+    max_limit: int
+    max_chunks: int
+    max_tool_calls: int
+    max_tool_result_chars: int
+    system_prompt: Any
+    synthesizer: Any
+    fallback_synthesis: bool
+    keep_sources: str
 
 
 def title_from_message(message: str, *, limit: int = AUTO_TITLE_CHARS) -> str:
@@ -265,7 +296,6 @@ def chat(
     conversation: Any = None,
     user: Any = None,
     session_key: str | None = None,
-    collection: str | Sequence[str] | None = None,
     llm: Any = None,
     engine: str = "ask",
     condenser: Any = "setting",
@@ -273,7 +303,7 @@ def chat(
     history_tokens: int | None = None,
     title: str | None = None,
     stream: bool = False,
-    **options: Any,
+    **chat_options: Unpack[ChatOptions],
 ) -> ChatReply | ChatStream:
     """Answer ``message`` as the next turn of ``conversation`` and store both messages.
 
@@ -295,7 +325,13 @@ def chat(
     Returns a :class:`ChatReply`, or with ``stream=True`` (``"ask"`` only) a
     :class:`ChatStream`. Both messages are written in one transaction once the answer is
     complete; an error before that (the LLM failing, a stream cut) stores nothing.
+
+    ``chat_options`` are :class:`ChatOptions`: every search option (``collection``, ``mode``,
+    ``limit``, ``reranker``...) and the engine's own; an option the engine does not take
+    raises :class:`~django_rag.exceptions.InvalidOption` naming it.
     """
+    options: dict[str, Any] = dict(chat_options)
+    collection = options.pop("collection", None)
     if not isinstance(message, str) or not message.strip():
         raise InvalidInput("chat() needs a non-empty message string.")
     message = clean_query(message).strip()
@@ -350,9 +386,7 @@ def chat(
                 return ChatStream(turn, result)
             return turn.store(result)
         if engine == "agent":
-            answer_options = {
-                k: options.pop(k) for k in ("answerer", "self_correct") if k in options
-            }
+            answer_options = {k: options.pop(k) for k in AGENT_ANSWER_OPTIONS if k in options}
             agent = Agent(condensed.query, llm=llm, collection=scope, **options)
             agent.search().answer(prompt=_history_prompt(turns, custom_prompt), **answer_options)
             if agent.context.error is not None:

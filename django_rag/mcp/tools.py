@@ -26,7 +26,8 @@ from ..exceptions import (
 )
 from ..ingestion.service import ingest as ingest_service
 from ..models import Collection
-from ..modes import SearchMode
+from ..modes import NAMES as MODE_NAMES
+from ..modes import SearchMode, aliases_text
 from ..results import SearchResult
 from ..retrieval.service import search as search_service
 from ..settings_schema import HIDDEN
@@ -381,9 +382,9 @@ def _read_schema(text: str, about: str, config: McpConfig, *, source: bool) -> d
         },
         "mode": {
             "type": "string",
-            "enum": [mode.value for mode in SearchMode],
+            "enum": list(MODE_NAMES),
             "description": "semantic (meaning), fulltext (words) or hybrid (both); "
-            "default: the project's SEARCH['MODE'].",
+            f"aliases: {aliases_text()}; default: the project's SEARCH['MODE'].",
         },
     }
     if source:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
+from typing import Any
 
 from django.db import connections, models
 from django.db.models import FloatField, Value
@@ -113,15 +114,13 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
         *,
         limit: int,
         threshold: float | None = None,
-        fusion: str = "rrf",
-        rrf_k: int = 60,
-        semantic_weight: float = 0.5,
-        fulltext_weight: float = 0.5,
         candidates: int = 4,
         syntax: str = "natural",
         statistics_from: Sequence[int] | None = None,
+        **fusion: Any,
     ) -> list:
-        """Semantic and BM25 rankings fused, best first.
+        """Semantic and BM25 rankings fused, best first (``fusion``: the options of
+        :func:`django_rag.fusion.fuse`, the method included).
 
         The top ``candidates * limit`` chunks of each side (both complete under filters) form
         the candidate set; both scores are then computed for every candidate, so a chunk that
@@ -192,15 +191,7 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
             SimpleNamespace(pk=pk, semantic_score=semantic[pk], fulltext_score=fulltext[pk])
             for pk in sorted(semantic.keys() & fulltext.keys())
         ]
-        fused = fuse(
-            scored,
-            fusion=fusion,
-            rrf_k=rrf_k,
-            semantic_weight=semantic_weight,
-            fulltext_weight=fulltext_weight,
-            pool=pool,
-            readable=True,
-        )
+        fused = fuse(scored, pool=pool, readable=True, **fusion)
         if threshold is not None:
             fused = [item for item in fused if item.score >= threshold]
         return fused[:limit]

@@ -4,11 +4,8 @@ the stores, the graph search and the Loop (:mod:`django_rag.retrieval.service` r
 
 from __future__ import annotations
 
-import functools
-import inspect
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Unpack
 
 from ..conf import search_setting
 from ..exceptions import InvalidOption
@@ -28,6 +25,12 @@ from ..validation import (
 )
 from .context import MAX_CONTEXT_WINDOW
 from .fusion import FUSIONS
+from .options import (
+    RequestOptions,
+    check_search_options,
+    request_option_names,
+    search_option_names,
+)
 from .stores import collection_scope
 
 MODES = _MODES  # re-exported: the registry lives in django_rag.modes
@@ -62,6 +65,8 @@ class SearchRequest:
     rrf_k: int = 60
     semantic_weight: float = 0.5
     fulltext_weight: float = 0.5
+    # Weighted fusion divides BM25 by max(best BM25 among the candidates, this floor).
+    keyword_score_floor: float = 0.05
     candidates: int = 4
     syntax: str = "natural"
     # The HNSW candidate list of this search (None: SEARCH["HNSW_EF_SEARCH"]).
@@ -96,54 +101,45 @@ def _number(name: str, value: Any, *, minimum: float = 0.0) -> Any:
     return clean_number(name, value, minimum=minimum)
 
 
-def build_request(
-    query: str,
-    *,
-    mode: str | None = None,
-    limit: int | None = None,
-    threshold: float | None = None,
-    collection: str | Sequence[str] | None = None,
-    source_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-    fusion: str | None = None,
-    rrf_k: int | None = None,
-    semantic_weight: float | None = None,
-    fulltext_weight: float | None = None,
-    candidates: int | None = None,
-    syntax: str | None = None,
-    hnsw_ef_search: int | None = None,
-    context_window: int | None = None,
-    diversity: float | None = None,
-    database: str | None = None,
-) -> SearchRequest:
-    """The :class:`SearchRequest` these options describe, every option checked and every
-    default read from ``SEARCH`` (the collections are resolved later, by :func:`resolve_scope`,
-    once the store is known: a store other than pgvector keeps its own collections)."""
-    search_mode = normalize_mode(mode)
-    limit = search_setting("LIMIT") if limit is None else limit
+def build_request(query: str, **options: Unpack[RequestOptions]) -> SearchRequest:
+    """The :class:`SearchRequest` these options describe, every option checked (an unknown one
+    raises :class:`~django_rag.exceptions.InvalidOption` naming it) and every default read
+    from ``SEARCH`` (the collections are resolved later, by :func:`resolve_scope`, once the
+    store is known: a store other than pgvector keeps its own collections)."""
+    check_search_options(options, "search()", own=search_option_names() - request_option_names())
+
+    def option(name: str, setting: str | None = None) -> Any:
+        value = options.get(name)
+        return search_setting(setting) if value is None and setting else value
+
+    search_mode = normalize_mode(options.get("mode"))
+    limit = option("limit", "LIMIT")
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_LIMIT:
         raise InvalidOption(f"limit must be an integer from 1 to {MAX_LIMIT}, got {limit!r}")
+    threshold = option("threshold")
     if threshold is not None:
         clean_number("threshold", threshold)
     query = clean_query(query)
+    metadata = option("metadata")
     if metadata is not None:
         metadata = clean_metadata(metadata)
-    source_id = clean_source_id(source_id) or None
-    fusion = search_setting("FUSION") if fusion is None else fusion
+    source_id = clean_source_id(option("source_id")) or None
+    fusion = option("fusion", "FUSION")
     if fusion not in FUSIONS:
         raise InvalidOption(f"fusion must be one of {', '.join(FUSIONS)}, got {fusion!r}")
-    candidates = search_setting("CANDIDATES") if candidates is None else candidates
+    candidates = option("candidates", "CANDIDATES")
     clean_positive_int("candidates", candidates, maximum=MAX_CANDIDATES)
-    syntax = search_setting("SYNTAX") if syntax is None else syntax
+    syntax = option("syntax", "SYNTAX")
     if syntax not in SYNTAXES:
         raise InvalidOption(f"syntax must be one of {', '.join(SYNTAXES)}, got {syntax!r}")
+    hnsw_ef_search = option("hnsw_ef_search")
     if hnsw_ef_search is not None:
         clean_positive_int("hnsw_ef_search", hnsw_ef_search, maximum=MAX_EF_SEARCH)
-    context_window = search_setting("CONTEXT_WINDOW") if context_window is None else context_window
+    context_window = option("context_window", "CONTEXT_WINDOW")
     clean_int("context_window", context_window, minimum=0, maximum=MAX_CONTEXT_WINDOW)
-    diversity = search_setting("DIVERSITY") if diversity is None else diversity
+    diversity = option("diversity", "DIVERSITY")
     clean_number("diversity", diversity, minimum=0.0, maximum=1.0)
-    names = clean_collection_names(collection)
+    names = clean_collection_names(option("collection"))
     return SearchRequest(
         query=query,
         mode=search_mode,
@@ -153,25 +149,16 @@ def build_request(
         source_id=source_id,
         metadata=metadata,
         fusion=fusion,
-        rrf_k=_number("rrf_k", search_setting("RRF_K") if rrf_k is None else rrf_k),
-        semantic_weight=_number(
-            "semantic_weight",
-            search_setting("SEMANTIC_WEIGHT") if semantic_weight is None else semantic_weight,
-        ),
-        fulltext_weight=_number(
-            "fulltext_weight",
-            search_setting("FULLTEXT_WEIGHT") if fulltext_weight is None else fulltext_weight,
+        rrf_k=_number("rrf_k", option("rrf_k", "RRF_K")),
+        semantic_weight=_number("semantic_weight", option("semantic_weight", "SEMANTIC_WEIGHT")),
+        fulltext_weight=_number("fulltext_weight", option("fulltext_weight", "FULLTEXT_WEIGHT")),
+        keyword_score_floor=float(
+            _number("keyword_score_floor", option("keyword_score_floor", "KEYWORD_SCORE_FLOOR"))
         ),
         candidates=candidates,
         syntax=syntax,
         hnsw_ef_search=hnsw_ef_search,
         context_window=context_window,
         diversity=float(diversity),
-        database=search_db(database),
+        database=search_db(option("database")),
     )
-
-
-@functools.cache
-def request_option_names() -> frozenset[str]:
-    """The options that describe the request (:func:`build_request`'s), not its components."""
-    return frozenset(inspect.signature(build_request).parameters) - {"query"}

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import difflib
-import functools
-import inspect
-from collections.abc import Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 from ..conf import graph_number, graph_setting, scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
@@ -17,11 +13,18 @@ from ..models.databases import search_db
 from ..rerankers import get_reranker
 from ..results import SearchResult
 from ..signals import span
+from ..store.search_modes import implementation
 from ..validation import check_query_vector, clean_query
 from .aliases import accepts_aliases
 from .context import with_context
 from .diversity import diversify
 from .fusion import rrf_merge
+from .options import (  # noqa: F401 (check_search_options: re-exported)
+    SearchComponents,
+    SearchOptions,
+    check_search_options,
+    split_options,
+)
 from .request import (  # noqa: F401 (re-exported: the request's names are importable from here)
     MAX_CANDIDATES,
     MAX_EF_SEARCH,
@@ -31,7 +34,6 @@ from .request import (  # noqa: F401 (re-exported: the request's names are impor
     SearchRequest,
     build_request,
     normalize_mode,
-    request_option_names,
     resolve_scope,
 )
 from .rewriters import get_rewriter
@@ -39,33 +41,7 @@ from .stores import PgVectorStore, get_vector_store, scoped_chunks
 
 
 @accepts_aliases("search()")
-def search(
-    query: str,
-    *,
-    mode: str | None = None,
-    limit: int | None = None,
-    threshold: float | None = None,
-    collection: str | Sequence[str] | None = None,
-    source_id: str | None = None,
-    metadata: dict[str, Any] | None = None,
-    fusion: str | None = None,
-    rrf_k: int | None = None,
-    semantic_weight: float | None = None,
-    fulltext_weight: float | None = None,
-    candidates: int | None = None,
-    syntax: str | None = None,
-    hnsw_ef_search: int | None = None,
-    context_window: int | None = None,
-    diversity: float | None = None,
-    reranker: Any = None,
-    rewriter: Any = None,
-    graph: bool | None = None,
-    graph_depth: int | None = None,
-    entity_matcher: Any = None,
-    embedder=None,
-    vector_store=None,
-    database: str | None = None,
-) -> list[SearchResult]:
+def search(query: str, **options: Unpack[SearchOptions]) -> list[SearchResult]:
     """Search the stored chunks and return the best ``limit`` as :class:`SearchResult`.
 
     Modes: ``semantic`` (cosine similarity of embeddings), ``fulltext`` (BM25 over PostgreSQL
@@ -74,7 +50,10 @@ def search(
     collection; an unknown name raises :class:`~django_rag.exceptions.UnknownCollection`);
     ``metadata`` keeps chunks whose document metadata contains the given dict. ``threshold``
     is a minimum on ``score``: cosine similarity in semantic mode, BM25 in full-text mode, the
-    fused score in hybrid mode. Options left as None take their ``SEARCH`` setting.
+    fused score in hybrid mode. Options left as None take their ``SEARCH`` setting. The
+    options are :class:`~django_rag.retrieval.options.SearchOptions` (a type checker reports a
+    misspelled one); at run time an unknown one raises
+    :class:`~django_rag.exceptions.InvalidOption` naming it, with the closest option.
 
     ``syntax`` says how full-text (and hybrid) mode reads the query: ``"natural"`` (default)
     treats it as a question, where quotes and minus signs never filter (a quoted phrase only
@@ -104,6 +83,11 @@ def search(
     :func:`ask` and the agent then give the LLM); hits whose windows overlap are merged into
     the best-ranked one (``merged_chunk_ids``), so fewer than ``limit`` results may come back.
 
+    ``keyword_score_floor`` (default ``SEARCH["KEYWORD_SCORE_FLOOR"]``, 0.05): in hybrid mode
+    with ``fusion="weighted"``, the full-text side is BM25 divided by the larger of the best
+    candidate's BM25 and this floor, so a query whose words match only weakly keeps a weak
+    full-text side instead of one stretched to 1 (0: divide by the best, whatever it is).
+
     ``diversity`` (0 to 1; default ``SEARCH["DIVERSITY"]``, 0: off) picks the ``limit`` results
     from the best ``candidates x limit`` by maximal marginal relevance: each next result is the
     candidate most relevant and least like the results above it (cosine similarity of the
@@ -115,62 +99,35 @@ def search(
     routers' ``db_for_read(Chunk)``, else ``"default"``; docs/scaling.md): pass ``"default"``
     to read a write that has not reached the replica yet.
     """
-    request = build_request(
-        query,
-        mode=mode,
-        limit=limit,
-        threshold=threshold,
-        collection=collection,
-        source_id=source_id,
-        metadata=metadata,
-        fusion=fusion,
-        rrf_k=rrf_k,
-        semantic_weight=semantic_weight,
-        fulltext_weight=fulltext_weight,
-        candidates=candidates,
-        syntax=syntax,
-        hnsw_ef_search=hnsw_ef_search,
-        context_window=context_window,
-        diversity=diversity,
-        database=database,
-    )
-    return search_request(
-        request,
-        reranker=reranker,
-        rewriter=rewriter,
-        graph=graph,
-        graph_depth=graph_depth,
-        entity_matcher=entity_matcher,
-        embedder=embedder,
-        vector_store=vector_store,
-    )[0]
+    return search_with_match(query, options)[0]
 
 
-def run_search(query: str, **options: Any):
-    """:func:`search`, also returning what the graph path matched (None without it).
-    ``options`` are :func:`search`'s (checked: an unknown one raises ``InvalidOption``)."""
-    check_search_options(options, "search()")
-    request_options = {k: v for k, v in options.items() if k in request_option_names()}
-    components = {k: v for k, v in options.items() if k not in request_option_names()}
+def search_with_match(
+    query: str, options: SearchOptions, owner: str = "search()"
+) -> tuple[list[SearchResult], GraphMatch | None]:
+    """:func:`search` with ``options`` as a dict (checked: an unknown one raises
+    :class:`~django_rag.exceptions.InvalidOption` naming ``owner``), also returning what the
+    graph path matched (None without it)."""
+    request_options, components = split_options(options, owner)
     return search_request(build_request(query, **request_options), **components)
 
 
 def search_request(
-    request: SearchRequest,
-    *,
-    reranker: Any = None,
-    rewriter: Any = None,
-    graph: bool | None = None,
-    graph_depth: int | None = None,
-    entity_matcher: Any = None,
-    embedder=None,
-    vector_store=None,
+    request: SearchRequest, **components: Unpack[SearchComponents]
 ) -> tuple[list[SearchResult], GraphMatch | None]:
     """Answer a built :class:`SearchRequest` with these components (see :func:`search`);
     returns the results and what the graph path matched (None without it)."""
+    reranker = components.get("reranker")
+    rewriter = components.get("rewriter")
+    graph = components.get("graph")
+    graph_depth = components.get("graph_depth")
+    entity_matcher = components.get("entity_matcher")
+    embedder = components.get("embedder")
+    vector_store = components.get("vector_store")
     if not request.query.strip():
         return [], None
     mode = request.mode
+    uses_vector = implementation(mode).uses_vector
     limit = request.limit
     use_graph = graph_setting("ENABLED") if graph is None else graph
     query_text = request.query
@@ -211,7 +168,7 @@ def search_request(
         rankings = []
         for query in queries:
             vector = None
-            if mode.uses_vector:
+            if uses_vector:
                 vector = embed_query(embedder, query, store, using=request.database)
             searched = replace(searched, query=query, vector=vector)
             with span(
@@ -250,34 +207,6 @@ def search_request(
             )
         s.set(result_count=len(results), queries=len(queries), reranked=ranker is not None)
         return results, match
-
-
-@functools.cache
-def search_option_names() -> frozenset[str]:
-    """The keyword options :func:`search` takes (every parameter but the query)."""
-    return frozenset(inspect.signature(search).parameters) - {"query"}
-
-
-def check_search_options(
-    options: Mapping[str, Any], owner: str, *, own: frozenset[str] = frozenset()
-) -> None:
-    """Raise :class:`~django_rag.exceptions.InvalidOption` naming the first of ``options``
-    that :func:`search` does not take, with the accepted ones, so a typo fails at the call
-    site of ``owner`` (``"ask()"``, ``"Loop"``...) instead of as a ``TypeError`` deep in
-    :func:`run_search`. ``own`` are names ``owner`` sets itself: they are refused too."""
-    known = search_option_names() - own
-    for name in options:
-        if name in known:
-            continue
-        if name in ("collection", "collections"):
-            hint = f"; give the collections as {owner}(collection=...) (a name or a list)"
-        else:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise InvalidOption(
-            f"{owner} got an unknown option {name!r}{hint} (search options: "
-            f"{', '.join(sorted(known))})"
-        )
 
 
 def _with_graph(query, results, request, store, depth, matcher, embedder):

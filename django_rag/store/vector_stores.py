@@ -22,12 +22,11 @@ import numpy as np
 
 from ..conf import bm25_k3, build_component, get_setting, on_reset, search_setting
 from ..exceptions import UnknownCollection
-from ..fusion import fuse
 from ..models import Chunk, Collection
 from ..models.databases import search_budget, search_db, write_db
 from ..models.fulltext import query_term_weight, split_query
-from ..modes import SearchMode
 from ..results import SearchResult
+from .search_modes import implementation
 
 
 class VectorStore:
@@ -134,34 +133,7 @@ class PgVectorStore(VectorStore):
         ef_search = getattr(request, "hnsw_ef_search", None)
         if ef_search is not None:
             chunks = chunks.with_ef_search(ef_search)
-        mode = SearchMode.parse(request.mode)
-        if mode is SearchMode.SEMANTIC:
-            # The result columns come with the ranking (no Chunk objects, no second query).
-            return chunks.semantic_results(
-                request.vector, limit=request.limit, threshold=request.threshold
-            )
-        # Result columns are read in one statement after the ranking (no Chunk objects).
-        if mode is SearchMode.FULLTEXT:
-            return chunks.fulltext_results(
-                request.query,
-                limit=request.limit,
-                threshold=request.threshold,
-                syntax=request.syntax,
-                statistics_from=scope,
-            )
-        return chunks.hybrid_results(
-            request.vector,
-            request.query,
-            limit=request.limit,
-            threshold=request.threshold,
-            fusion=request.fusion,
-            rrf_k=request.rrf_k,
-            semantic_weight=request.semantic_weight,
-            fulltext_weight=request.fulltext_weight,
-            candidates=request.candidates,
-            syntax=request.syntax,
-            statistics_from=scope,
-        )
+        return implementation(request.mode).pg(chunks, request, scope)
 
     # The rows written by django_rag.store are this store's data: nothing to hand over.
     def store(self, chunks, vectors) -> None:
@@ -258,7 +230,7 @@ class MemoryVectorStore(VectorStore):
             self.delete(collection=collection)
 
     def search(self, request):
-        mode = SearchMode.parse(request.mode)
+        mode = implementation(request.mode)
         with self._lock:
             rows = list(self._entries.values())
         entries = [entry for entry, _, _ in rows]
@@ -304,33 +276,7 @@ class MemoryVectorStore(VectorStore):
                 results.pop(searched[j], None)
             for i, result in results.items():
                 result.fulltext_score = matches.get(i, 0.0)
-        if mode is SearchMode.SEMANTIC:
-            ranked = sorted(results.values(), key=lambda r: -r.semantic_score)
-            for result in ranked:
-                result.score = result.semantic_score
-        elif mode is SearchMode.FULLTEXT:
-            ranked = sorted(
-                (r for i, r in results.items() if i in matches), key=lambda r: -r.fulltext_score
-            )
-            for result in ranked:
-                result.score = result.fulltext_score
-        else:
-            pool = request.limit * request.candidates
-            by_semantic = sorted(results.values(), key=lambda r: -r.semantic_score)[:pool]
-            by_fulltext = sorted(
-                (r for i, r in results.items() if i in matches), key=lambda r: -r.fulltext_score
-            )[:pool]
-            union = {r.chunk_id: r for r in [*by_semantic, *by_fulltext]}
-
-            ranked = fuse(
-                list(union.values()),
-                fusion=request.fusion,
-                rrf_k=request.rrf_k,
-                semantic_weight=request.semantic_weight,
-                fulltext_weight=request.fulltext_weight,
-                pool=pool,
-                readable=True,
-            )
+        ranked = mode.memory(results, matches, request)
         if request.threshold is not None:
             ranked = [r for r in ranked if r.score >= request.threshold]
         return ranked[: request.limit]

@@ -5,8 +5,8 @@ from django.core.management.base import CommandError
 from django_rag.conf import search_setting
 from django_rag.exceptions import RagError
 from django_rag.management.progress import RagCommand
-from django_rag.modes import SearchMode
 from django_rag.retrieval.service import search
+from django_rag.store.search_modes import score_legend as mode_legend
 from django_rag.validation import finite_float_arg, positive_int_arg
 
 
@@ -70,23 +70,4 @@ class Command(RagCommand):
 
 def score_legend(mode: str | None, fusion: str | None) -> str:
     """One line saying what the printed scores mean for the mode (and fusion) searched."""
-    mode = SearchMode.parse(mode or search_setting("MODE"))
-    if mode is SearchMode.SEMANTIC:
-        return "score: cosine similarity to the query (1 = same meaning, 0 = unrelated)"
-    if mode is SearchMode.FULLTEXT:
-        return "score: BM25 (0 = no query word; no upper bound, compare within one search)"
-    fusion = fusion or search_setting("FUSION")
-    if fusion == "rrf":
-        return (
-            "score: hybrid, reciprocal rank fusion: sum of 1/(rrf_k + rank) over the semantic "
-            "and full-text rankings (at most 2/(rrf_k + 1), first in both)"
-        )
-    if fusion == "weighted":
-        return (
-            "score: hybrid, weighted: 0 to 1, the weighted mix of cosine and BM25 each scaled "
-            "to its best candidate (1 = best on both)"
-        )
-    return (
-        "score: hybrid, 0 to 1: 0.5 = as good as this query's average candidate, 0.73 = one "
-        "standard deviation above it, 0.95 = three (compare within one search)"
-    )
+    return mode_legend(mode or search_setting("MODE"), fusion or search_setting("FUSION"))
