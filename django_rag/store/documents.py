@@ -59,7 +59,7 @@ from .fences import (  # noqa: F401 (next_versions, touch_source... are re-expor
     next_versions,
     touch_source,
 )
-from .graph import persist
+from .graph_stores import store_of
 from .rows import (  # noqa: F401 (COPY_ROWS, copy_chunks, insert_chunks are re-exported)
     COPY_ROWS,
     ChunkRow,
@@ -233,7 +233,7 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
     stored = rows.insert_chunks(document, collection, chunks, model_name)
     if extractions is not None:
         # The graph goes in with the chunks: a failure leaves neither.
-        persist(collection.pk, [chunk.pk for chunk in stored], extractions)
+        store_of(extractions).persist(collection.pk, [chunk.pk for chunk in stored], extractions)
     sync_stored(stored, document=document)
     _compact_on_commit(db)
     document.deduplicated = False
@@ -400,7 +400,7 @@ def _write_many(
             for row, pk in zip(item.chunks, own, strict=True)
         ]
         if item.extractions is not None:
-            persist(collection.pk, own, item.extractions)
+            store_of(item.extractions).persist(collection.pk, own, item.extractions)
         sync_stored(stored, document=item.document)
     if compact:
         _compact_on_commit(db)
