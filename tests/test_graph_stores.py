@@ -156,6 +156,16 @@ def test_store_sweeps_orphans_on_delete_and_marks_communities_dirty(store):
     assert keep.pk and store.sweep(kb()) == 0
 
 
+def test_store_drops_a_replaced_versions_graph(store):
+    with settings(store, EXTRACTOR=words_graph):
+        rag.ingest("a b", collection="kb", source_id="s")
+        rag.ingest_many([{"text": "c d", "source_id": "t"}], collection="kb")
+        rag.ingest("e f", collection="kb", source_id="s", replace=True)
+        rag.ingest_many([{"text": "g h", "source_id": "t"}], collection="kb", replace=True)
+    assert names(store.find([kb()])) == ["e", "f", "g", "h"]
+    assert len(store.relationships(kb())) == 2
+
+
 def test_graph_search_and_ask_read_the_configured_store(store):
     def matcher(query, collection_ids):
         return [e.pk for e in store.find(collection_ids, names=["globex"])]

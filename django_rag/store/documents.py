@@ -216,7 +216,9 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
         # A pending document is written even when a stored one has its content (it replaces
         # it); a new one is not stored again.
         keep = {document.pk} if document.pk is not None else {duplicate and duplicate.pk}
-        delete_documents(_older_versions(collection, versions, keep))
+        # The older versions' graph is in the store this version's goes to.
+        graph_store = getattr(extractions, "store", None)
+        delete_documents(_older_versions(collection, versions, keep), graph_store=graph_store)
     if duplicate is not None and document.pk is None:
         duplicate.deduplicated = True
         return duplicate
@@ -226,7 +228,10 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
     if document.pk is None:
         document.save(using=db)
     else:
-        delete_chunks(Chunk.objects.using(db).filter(document_id=document.pk))  # a retried task
+        # A retried task: its first attempt's chunks (and their graph mentions) go.
+        gone = delete_chunks(Chunk.objects.using(db).filter(document_id=document.pk))
+        if extractions is not None:
+            store_of(extractions).forget_chunks(gone)
         document.save(
             using=db, update_fields=["collection", "status", "error", "chunk_count", "updated_at"]
         )
@@ -360,7 +365,12 @@ def _write_many(
     if replaced:
         _raise_fences(collection, replaced, deleted=False)
         keep = {document.pk for document in duplicates.values()}
-        delete_documents(_older_versions(collection, replaced, keep))
+        # One call's batch: its documents' graph goes to one store, the older versions' too.
+        graph_store = next(
+            (getattr(i.extractions, "store", None) for i in run if i.extractions is not None),
+            None,
+        )
+        delete_documents(_older_versions(collection, replaced, keep), graph_store=graph_store)
     results: list[Document | _Superseded] = []
     new: list[DocumentWrite] = []
     for index, (item, identity) in enumerate(zip(run, identities, strict=True)):
