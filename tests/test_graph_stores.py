@@ -12,6 +12,7 @@ import django_rag as rag
 from django_rag.exceptions import ConfigurationError, InvalidOption
 from django_rag.graph import (
     CommunityDetector,
+    GraphQuery,
     LLMGraphExtractor,
     MemoryGraphStore,
     PostgresGraphStore,
@@ -402,3 +403,17 @@ def test_summarize_community_summarises_any_group_and_stores_nothing(clusters):
     assert text == "The letters a to d are all near each other."
     assert "--[NEAR]-->" in llm.calls[0]["prompt"] and len(custom) == 20_000
     assert "\x00" not in custom and not PostgresGraphStore().communities()
+
+
+def test_in_memory_graphs_merge_keeping_the_first_spelling():
+    first = GraphQuery.from_texts({1: "x"}, extractor=lambda t: (["Acme Corp", "Berlin"], [
+        {"source": "Acme Corp", "target": "Berlin", "type": "IN"}
+    ]))  # fmt: skip
+    second = GraphQuery.from_texts({2: "y"}, extractor=lambda t: (["ACME_corp", "Paris"], [
+        {"source": "ACME_corp", "target": "Paris", "type": "IN"},
+    ]))  # fmt: skip
+    merged = first.merge(second)
+    assert merged.entity("acme corp")["name"] == "Acme Corp"
+    assert merged.traverse("Acme Corp") == {"berlin": 1, "paris": 1}
+    assert merged.chunks_for(["Acme Corp"]) == {1, 2}
+    assert first.traverse("Acme Corp") == {"berlin": 1}  # the inputs are unchanged
