@@ -9,6 +9,7 @@ import pytest
 from django.test import override_settings
 
 import django_rag as rag
+from django_rag.checks import check_settings
 from django_rag.exceptions import ConfigurationError, InvalidOption
 from django_rag.graph import (
     CommunityDetector,
@@ -249,8 +250,11 @@ def test_per_call_graph_store_wins_over_the_setting_for_search_and_delete():
 
 @pytest.mark.parametrize("bad", ["nope", 42, {"BACKEND": "memory", "OPTIONS": {"x": 1}}])
 def test_a_bad_graph_store_setting_names_the_setting(bad, db):
-    with settings(bad), pytest.raises(ConfigurationError, match="GRAPH.STORE"):
-        get_graph_store()
+    with settings(bad):
+        with pytest.raises(ConfigurationError, match="GRAPH.STORE"):
+            get_graph_store()
+        errors = [e for e in check_settings() if e.id == "django_rag.E002"]
+    assert len(errors) == 1 and "GRAPH.STORE" in errors[0].msg
 
 
 # --- batch extraction --------------------------------------------------------------------------------
