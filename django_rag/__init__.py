@@ -13,6 +13,7 @@ The public API is small::
     ctx = rag.Agent("Compare plan A and B").gate().search().rerank().answer().context
     result = rag.Loop("Compare plan A and B", collection="plans").run()   # tool-calling agent
     docs = rag.list_documents(collection="docs", limit=20)   # count_documents, get_document
+    rag.summarize_communities(collection="docs")   # GraphRAG; summarize_community(entities, rels)
     rag.delete(doc)
 
     @rag.indexed(text=["title", "body"], where={"published": True})   # a model kept in sync
@@ -37,6 +38,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from django_rag.answers.grounding import Grounder as Grounder
     from django_rag.answers.service import ask as ask
     from django_rag.conversations import chat as chat
+    from django_rag.graph.communities import summarize_communities as summarize_communities
+    from django_rag.graph.communities import summarize_community as summarize_community
     from django_rag.ingestion.documents import count_documents as count_documents
     from django_rag.ingestion.documents import get_document as get_document
     from django_rag.ingestion.documents import list_documents as list_documents
@@ -78,6 +81,8 @@ _EXPORTS = {
     "Grounder": "django_rag.answers.grounding",
     "Grounding": "django_rag.results",
     "GroundedSpan": "django_rag.results",
+    "summarize_community": "django_rag.graph.communities",
+    "summarize_communities": "django_rag.graph.communities",
 }
 
 # A literal, so type checkers read it; a test keeps it equal to sorted(_EXPORTS).
@@ -101,6 +106,8 @@ __all__ = [
     "ingest_many",
     "list_documents",
     "search",
+    "summarize_communities",
+    "summarize_community",
     "sync_folder",
     "with_objects",
 ]

@@ -23,6 +23,7 @@ from .ingestion.chunkers import get_chunker
 from .ingestion.parsers import get_parser, parser_registry
 from .models import Chunk, vector_index
 from .retrieval.stores import get_vector_store
+from .store.graph_stores import get_graph_store
 from .store.vector_stores import writes_supported
 
 
@@ -76,6 +77,7 @@ def check_settings(app_configs=None, **kwargs):
         ("CHUNKER", get_chunker),
         ("VECTOR_STORE", get_vector_store),
         ("GROUNDER", _default_grounder),
+        ("GRAPH", get_graph_store),  # GRAPH["STORE"]
     ):
         try:
             component = build()

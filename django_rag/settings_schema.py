@@ -442,6 +442,12 @@ SCHEMA: tuple[Setting, ...] = (
         keys=(
             _s("ENABLED", False, "Graph on for ingest and search by default.", (bool,)),
             _s(
+                "STORE",
+                "postgres",
+                "Where the graph is kept: 'postgres', 'memory' (this process only), a dotted "
+                "path, a class, an instance or a dict.",
+            ),
+            _s(
                 "EXTRACTOR",
                 "llm",
                 "Combined entity and relationship extractor; None to use the two below.",
@@ -463,6 +469,12 @@ SCHEMA: tuple[Setting, ...] = (
                 (str,),
             ),
             _s("CONCURRENCY", 3, "Chunks extracted at once.", INTEGER),
+            _s(
+                "BATCH_SIZE",
+                1,
+                "Chunks the LLM graph extractor reads in one call (1 to 16).",
+                INTEGER,
+            ),
             _s(
                 "MAX_ENTITIES_PER_CHUNK",
                 50,
@@ -496,8 +508,15 @@ SCHEMA: tuple[Setting, ...] = (
             _s(
                 "COMMUNITY_DETECTOR",
                 "leiden",
-                "Community detector: 'leiden', a dotted path, a class, an instance or a "
-                "function (entity_ids, edges) -> levels.",
+                "Community detector: 'leiden', a dotted path, a class, an instance, a function "
+                "(entities, relationships, options) -> levels, or None/False: no detection.",
+                nullable=True,
+            ),
+            _s(
+                "ISOLATED_COMMUNITIES",
+                False,
+                "Give each entity without relationships a community of its own.",
+                (bool,),
             ),
             _s(
                 "COMMUNITY_SUMMARIZER",

@@ -3,14 +3,22 @@
 
 from __future__ import annotations
 
+from ..store.graph_stores import (
+    GraphStore,
+    MemoryGraphStore,
+    PostgresGraphStore,
+    get_graph_store,
+)
 from .builder import build_graph, delete_graph, sweep_orphans
 from .communities import (
+    CONFIGURED,
     CommunityDetector,
     CommunitySummarizer,
     LeidenDetector,
     detect_communities,
     fingerprint,
     summarize_communities,
+    summarize_community,
 )
 from .extractors import (
     CapitalizedEntityExtractor,
@@ -32,6 +40,7 @@ from .names import normalize_name
 from .query import GraphQuery
 
 __all__ = [
+    "CONFIGURED",
     "CapitalizedEntityExtractor",
     "CommunityDetector",
     "CommunitySummarizer",
@@ -42,19 +51,24 @@ __all__ = [
     "Extraction",
     "GraphExtractor",
     "GraphQuery",
+    "GraphStore",
     "LLMEntityExtractor",
     "LLMGraphExtractor",
     "LLMRelationshipExtractor",
     "LeidenDetector",
+    "MemoryGraphStore",
     "NEREntityExtractor",
+    "PostgresGraphStore",
     "RelationshipExtractor",
     "build_graph",
     "delete_graph",
     "detect_communities",
     "fingerprint",
     "get_extractor",
+    "get_graph_store",
     "global_answer",
     "normalize_name",
     "summarize_communities",
+    "summarize_community",
     "sweep_orphans",
 ]

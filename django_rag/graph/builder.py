@@ -7,20 +7,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Exists, OuterRef
 
 from ..conf import graph_setting
 from ..exceptions import LLMError, UnknownCollection
 from ..llm import map_concurrently
-from ..models import Chunk, Collection, Entity, GraphChunk, Relationship
+from ..models import Chunk, Collection
 from ..models.databases import write_db
 from ..signals import span
-from ..store.graph import (  # noqa: F401 (re-exported)
-    delete_graph,
-    lock_collection_graph,
-    persist,
-    sweep_orphans,
-)
+from ..store.graph import lock_collection_graph  # noqa: F401 (re-exported)
+from ..store.graph_stores import get_graph_store
 from ..validation import clean_collection_name
 from .extractors import Extraction, GraphExtractor, bounded, get_extractor
 
@@ -30,20 +25,28 @@ logger = logging.getLogger(__name__)
 def extract_all(
     texts: Sequence[str], extractor: GraphExtractor, concurrency: int
 ) -> tuple[list[Extraction], int]:
-    """Extract from every text (``concurrency`` at once). A chunk whose LLM call fails or
-    answers nonsense contributes nothing and is counted; other errors are raised."""
-    failures = 0
+    """Extract from every text, ``extractor.batch_size`` texts per call and ``concurrency``
+    calls at once. A call that fails or answers nonsense contributes nothing for its chunks,
+    which are counted; other errors are raised."""
+    size = max(1, int(getattr(extractor, "batch_size", 1) or 1))
+    groups = [list(texts[i : i + size]) for i in range(0, len(texts), size)]
 
-    def one(text: str) -> Extraction | None:
+    def one(group: list[str]) -> list[Extraction | None]:
         try:
-            return bounded(extractor.extract(text))
+            found = extractor.extract(group[0]) if len(group) == 1 else None
+            found = [found] if found is not None else extractor.extract_batch(group)
+            if len(found) != len(group):
+                raise LLMError(
+                    f"the extractor returned {len(found)} extractions for {len(group)} chunks"
+                )
+            return [bounded(item) for item in found]
         except LLMError as exc:
-            logger.warning("Graph extraction skipped a chunk: %s", exc)
-            return None
+            logger.warning("Graph extraction skipped %d chunk(s): %s", len(group), exc)
+            return [None] * len(group)
 
-    results = map_concurrently(one, list(texts), concurrency)
+    failures = 0
     extractions = []
-    for result in results:
+    for result in (r for group in map_concurrently(one, groups, concurrency) for r in group):
         if result is None:
             failures += 1
             result = Extraction()
@@ -62,12 +65,14 @@ def build_graph(
     concurrency: int | None = None,
     batch_size: int = 32,
     progress: Callable[[int, int], None] | None = None,
+    graph_store: Any = None,
 ) -> dict[str, int]:
     """Extract the graph of a collection's chunks (or every collection's).
 
     Incremental by default: only chunks not processed yet. ``resume=False`` deletes the
     collection's graph first and rebuilds it. Each batch of ``batch_size`` chunks is extracted
-    (``concurrency`` chunks at once) and then stored in one transaction.
+    (``concurrency`` extractor calls at once) and then stored in one transaction, in
+    ``graph_store`` (default ``GRAPH["STORE"]``).
 
     Returns ``chunks`` (processed), ``failed`` (chunks whose extraction failed), ``mentions``
     (entity mentions extracted) and ``entities`` / ``relationships``: how many the built
@@ -90,17 +95,14 @@ def build_graph(
         relationship_extractor=relationship_extractor,
         llm=llm,
     )
+    store = get_graph_store(graph_store)
     concurrency = concurrency or graph_setting("CONCURRENCY")
     totals = {"chunks": 0, "entities": 0, "relationships": 0, "mentions": 0, "failed": 0}
     with span("graph.build", collection=collection, resume=resume) as s:
         for target in collections:
             if not resume:
-                delete_graph(target.pk)
-            chunks = (
-                Chunk.objects.using(db)
-                .filter(collection=target)
-                .exclude(Exists(GraphChunk.objects.using(db).filter(chunk=OuterRef("pk"))))
-            )
+                store.delete(target.pk)
+            chunks = store.pending_chunks(Chunk.objects.using(db).filter(collection=target))
             todo = list(chunks.order_by("pk").values_list("pk", "text"))
             for start in range(0, len(todo), batch_size):
                 batch = todo[start : start + batch_size]
@@ -108,16 +110,22 @@ def build_graph(
                     [text for _, text in batch], graph_extractor, concurrency
                 )
                 with transaction.atomic(using=db):
-                    counts = persist(target.pk, [pk for pk, _ in batch], extractions)
+                    counts = store.persist(target.pk, [pk for pk, _ in batch], extractions)
                 totals["chunks"] += len(batch)
                 totals["failed"] += failed
                 totals["mentions"] += counts["mentions"]
                 if progress:
                     progress(min(start + batch_size, len(todo)), len(todo))
-        built = [target.pk for target in collections]
-        totals["entities"] = Entity.objects.using(db).filter(collection_id__in=built).count()
-        totals["relationships"] = (
-            Relationship.objects.using(db).filter(source__collection_id__in=built).count()
-        )
+        totals.update(store.counts([target.pk for target in collections]))
         s.set(**totals)
     return totals
+
+
+def delete_graph(collection_id: int, *, graph_store: Any = None) -> None:
+    """Remove a collection's whole graph (entities, mentions, relationships, communities)."""
+    get_graph_store(graph_store).delete(collection_id)
+
+
+def sweep_orphans(collection_id: int, *, graph_store: Any = None) -> int:
+    """Delete the collection's entities no chunk mentions any more; returns how many."""
+    return get_graph_store(graph_store).sweep(collection_id)

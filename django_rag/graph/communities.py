@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from ..llm.prompting import quote
 from ..models import Collection, Community, Entity, Relationship
 from ..models.databases import write_db
 from ..signals import span
-from ..store.graph import replace_communities, save_summary
+from ..store.graph_stores import get_graph_store
 from ..validation import clean_collection_name, clean_number, clean_positive_int
 
 logger = logging.getLogger(__name__)
@@ -96,18 +97,41 @@ class CommunityDetector:
     """Partitions a collection's graph into communities (``GRAPH["COMMUNITY_DETECTOR"]``, or
     ``detect_communities(detector=...)``).
 
-    :meth:`detect` gets the collection's entity ids (ascending) and its weighted edges
-    ``(entity_id, entity_id, weight)`` (ascending, one per pair, weights summed) and returns
-    the levels of a hierarchy, coarse to fine, each a list of communities (lists of entity
-    ids); a single partition (a list of lists) is one level. It must not use the database
-    (the caller holds the rows)."""
+    Override :meth:`partition`, which gets the collection's entities and relationships
+    (:class:`~django_rag.models.Entity` and :class:`~django_rag.models.Relationship` rows, in
+    id order, with their type, description, strength, count and metadata) and the options in
+    force (``resolution``, ``levels``, ``max_cluster_size``, ``min_size``, ``seed``); or, the
+    older form, :meth:`detect`, which gets the entity ids (ascending) and the weighted edges
+    ``(entity_id, entity_id, weight)`` (ascending, one per pair, strengths summed).
+
+    Either returns the levels of a hierarchy, coarse to fine, each a list of communities
+    (lists of entity ids); a single partition (a list of lists) is one level. It must not use
+    the database (the caller holds the rows)."""
 
     name = "custom"
+
+    def partition(
+        self,
+        entities: Sequence[Entity],
+        relationships: Sequence[Relationship],
+        options: dict[str, Any],
+    ) -> list[list[list[int]]]:
+        return self.detect([e.pk for e in entities], weighted_edges(relationships))
 
     def detect(
         self, entity_ids: Sequence[int], edges: Sequence[tuple[int, int, float]]
     ) -> list[list[list[int]]]:
         raise NotImplementedError
+
+
+def weighted_edges(relationships: Sequence[Relationship]) -> list[tuple[int, int, float]]:
+    """One undirected edge per pair of entities, weighing the sum of their relationships'
+    strengths, in ascending order (a stable order: Leiden's seed reproduces a partition)."""
+    weights: dict[tuple[int, int], float] = defaultdict(float)
+    for rel in relationships:
+        a, b = sorted((rel.source_id, rel.target_id))
+        weights[(a, b)] += float(rel.strength or 1.0)
+    return [(a, b, w) for (a, b), w in sorted(weights.items())]
 
 
 class LeidenDetector(CommunityDetector):
@@ -129,22 +153,50 @@ class LeidenDetector(CommunityDetector):
         self.max_cluster_size = max_cluster_size
         self.seed = seed
 
+    def partition(self, entities, relationships, options):
+        return leiden_levels(
+            weighted_edges(relationships),
+            resolution=options["resolution"],
+            levels=options["levels"],
+            max_cluster_size=options["max_cluster_size"],
+            seed=options["seed"],
+        )
+
     def detect(self, entity_ids, edges):
         return leiden_levels(
             edges,
-            resolution=self.resolution,
-            levels=self.levels,
-            max_cluster_size=self.max_cluster_size,
-            seed=self.seed,
+            resolution=graph_setting("RESOLUTION") if self.resolution is None else self.resolution,
+            levels=graph_setting("LEVELS") if self.levels is None else self.levels,
+            max_cluster_size=graph_setting("MAX_CLUSTER_SIZE")
+            if self.max_cluster_size is None
+            else self.max_cluster_size,
+            seed=graph_setting("SEED") if self.seed is None else self.seed,
         )
 
 
+def _positional_arity(function: Callable[..., Any]) -> int | None:
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return None
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return None
+    return sum(1 for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+
+
 class CallableCommunityDetector(CommunityDetector):
-    """A function ``(entity_ids, edges) -> levels`` (or one partition) as a detector."""
+    """A function as a detector: ``(entities, relationships, options) -> levels`` when it
+    takes three arguments, the older ``(entity_ids, edges) -> levels`` when it takes two."""
 
     def __init__(self, function: Callable[..., Any]):
         self.function = function
         self.name = getattr(function, "__qualname__", type(function).__name__)
+        self.rich = _positional_arity(function) == 3
+
+    def partition(self, entities, relationships, options):
+        if self.rich:
+            return self.function(list(entities), list(relationships), dict(options))
+        return super().partition(entities, relationships, options)
 
     def detect(self, entity_ids, edges):
         return self.function(entity_ids, edges)
@@ -177,12 +229,29 @@ class CallableCommunitySummarizer(CommunitySummarizer):
 DETECTOR_ALIASES = {"leiden": "django_rag.graph.communities.LeidenDetector"}
 
 
-def get_detector(spec: Any = None) -> CommunityDetector:
-    """The community detector ``spec`` names (None: ``GRAPH["COMMUNITY_DETECTOR"]``): an
-    alias (``"leiden"``), a dotted path, a class, an instance, a ``{"BACKEND", "OPTIONS"}``
-    dict or a function."""
+class _Configured:
+    """The value of ``detector=`` when it is left out: the configured detector. (``None`` and
+    ``False`` are taken: they switch detection off.)"""
+
+    def __repr__(self) -> str:
+        return "CONFIGURED"
+
+
+#: ``detect_communities(detector=CONFIGURED)``, the default: ``GRAPH["COMMUNITY_DETECTOR"]``.
+CONFIGURED: Any = _Configured()
+
+
+def get_detector(spec: Any = CONFIGURED) -> CommunityDetector | None:
+    """The community detector ``spec`` names (:data:`CONFIGURED`, the default:
+    ``GRAPH["COMMUNITY_DETECTOR"]``): an alias (``"leiden"``), a dotted path, a class, an
+    instance, a ``{"BACKEND", "OPTIONS"}`` dict or a function; None for ``None`` or ``False``
+    (detection off)."""
+    if spec is CONFIGURED:
+        spec = graph_setting("COMMUNITY_DETECTOR")
+    if spec is None or spec is False:
+        return None
     return build_component(
-        graph_setting("COMMUNITY_DETECTOR") if spec is None else spec,
+        spec,
         setting="GRAPH.COMMUNITY_DETECTOR",
         base=CommunityDetector,
         aliases=DETECTOR_ALIASES,
@@ -260,7 +329,9 @@ def detect_communities(
     min_size: int | None = None,
     seed: int | None = None,
     progress: Callable[[int, int], None] | None = None,
-    detector: Any = None,
+    detector: Any = CONFIGURED,
+    isolated: bool | None = None,
+    graph_store: Any = None,
 ) -> dict[str, int]:
     """Detect the communities of each collection's graph and replace the stored ones.
 
@@ -268,10 +339,16 @@ def detect_communities(
     communities. Summaries carry over to a community with the same level and members; when its
     content fingerprint changed it is marked dirty (re-summarised later).
 
-    ``detector`` (default ``GRAPH["COMMUNITY_DETECTOR"]``, ``"leiden"``) is any
-    :class:`CommunityDetector` form. Leiden's options come from this call, else the detector's
-    own ``OPTIONS``, else the ``GRAPH`` settings; ``levels`` and ``min_size`` apply to every
-    detector.
+    ``detector`` (left out: ``GRAPH["COMMUNITY_DETECTOR"]``, ``"leiden"``) is any
+    :class:`CommunityDetector` form; ``None`` or ``False`` switches detection off: nothing is
+    computed, the stored communities stay as they are, and the result counts no collection.
+    Leiden's options come from this call, else the detector's own ``OPTIONS``, else the
+    ``GRAPH`` settings; ``levels`` and ``min_size`` apply to every detector.
+
+    ``isolated`` (default ``GRAPH["ISOLATED_COMMUNITIES"]``): each entity no community of a
+    level holds gets a community of its own at that level (whatever ``min_size``), so every
+    entity can be reached through a community. ``graph_store``: where the graph is read and
+    the communities written (default ``GRAPH["STORE"]``).
     """
     component = get_detector(detector)
     if isinstance(component, LeidenDetector):
@@ -281,70 +358,60 @@ def detect_communities(
             component.max_cluster_size if max_cluster_size is None else max_cluster_size
         )
         seed = component.seed if seed is None else seed
-    resolution = graph_setting("RESOLUTION") if resolution is None else resolution
-    levels = graph_setting("LEVELS") if levels is None else levels
-    max_cluster_size = (
-        graph_setting("MAX_CLUSTER_SIZE") if max_cluster_size is None else max_cluster_size
-    )
-    min_size = graph_setting("MIN_SIZE") if min_size is None else min_size
-    seed = graph_setting("SEED") if seed is None else seed
-
-    clean_positive_int("levels", levels)
-    clean_number("resolution", resolution, minimum=0, strict_minimum=True)
-    clean_positive_int("min_size", min_size)
-    clean_positive_int("max_cluster_size", max_cluster_size)
+    options = {
+        "resolution": graph_setting("RESOLUTION") if resolution is None else resolution,
+        "levels": graph_setting("LEVELS") if levels is None else levels,
+        "max_cluster_size": (
+            graph_setting("MAX_CLUSTER_SIZE") if max_cluster_size is None else max_cluster_size
+        ),
+        "min_size": graph_setting("MIN_SIZE") if min_size is None else min_size,
+        "seed": graph_setting("SEED") if seed is None else seed,
+    }
+    isolated = graph_setting("ISOLATED_COMMUNITIES") if isolated is None else isolated
+    clean_positive_int("levels", options["levels"])
+    clean_number("resolution", options["resolution"], minimum=0, strict_minimum=True)
+    clean_positive_int("min_size", options["min_size"])
+    clean_positive_int("max_cluster_size", options["max_cluster_size"])
+    seed = options["seed"]
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise InvalidOption(f"seed must be an integer or None, got {seed!r}")
+    if not isinstance(isolated, bool):
+        raise InvalidOption(f"isolated must be True or False, got {isolated!r}")
     if collection is not None:
         clean_collection_name(collection)
     targets = _collections(collection)
+    if component is None:
+        return {"collections": 0, "communities": 0}
+    store = get_graph_store(graph_store)
     total = 0
     with span("graph.community_detection", collection=collection, detector=component.name) as s:
         for index, target in enumerate(targets, start=1):
-            relationships = list(
-                Relationship.objects.using(write_db())
-                .filter(source__collection=target)
-                .order_by("pk")
-            )
-            weights: dict[tuple[int, int], float] = defaultdict(float)
-            for rel in relationships:
-                a, b = sorted((rel.source_id, rel.target_id))
-                weights[(a, b)] += float(rel.strength or 1.0)
-            edges = [(a, b, w) for (a, b), w in sorted(weights.items())]
-            if isinstance(component, LeidenDetector):
-                partitions = leiden_levels(
-                    edges,
-                    resolution=resolution,
-                    levels=levels,
-                    max_cluster_size=max_cluster_size,
-                    seed=seed,
-                )
-            else:
-                entity_ids = list(
-                    Entity.objects.using(write_db())
-                    .filter(collection=target)
-                    .order_by("pk")
-                    .values_list("pk", flat=True)
-                )
-                partitions = checked_levels(
-                    component, component.detect(entity_ids, edges), entity_ids
-                )[:levels]
-            total += replace_communities(target, partitions, min_size)
+            entities = store.find([target.pk])
+            relationships = store.relationships(target.pk)
+            ids = [e.pk for e in entities]
+            result = component.partition(entities, relationships, dict(options))
+            if not isinstance(component, LeidenDetector):
+                result = checked_levels(component, result, ids)
+            partitions = [
+                [members for members in level if len(members) >= options["min_size"]]
+                for level in result[: options["levels"]]
+            ]
+            if isolated:
+                partitions = with_isolated(partitions or [[]], ids)
+            total += store.replace_communities(target.pk, partitions)
             if progress:
                 progress(index, len(targets))
         s.set(community_count=total)
     return {"collections": len(targets), "communities": total}
 
 
-def _members(community: Community) -> tuple[list[Entity], list[Relationship]]:
-    db = write_db()
-    entities = list(Entity.objects.using(db).filter(pk__in=community.entity_ids).order_by("pk"))
-    relationships = list(
-        Relationship.objects.using(db)
-        .filter(source_id__in=community.entity_ids, target_id__in=community.entity_ids)
-        .order_by("pk")
-    )
-    return entities, relationships
+def with_isolated(partitions: list[list[list[int]]], ids: Sequence[int]) -> list[list[list[int]]]:
+    """Each level with a one-entity community for every entity it leaves out."""
+    levels = []
+    for partition in partitions:
+        held = {pk for members in partition for pk in members}
+        levels.append(sorted(partition + [[pk] for pk in ids if pk not in held]))
+    return levels
 
 
 def needs_summary(community: Community, current_fingerprint: str, threshold: int) -> bool:
@@ -383,6 +450,44 @@ def summary_prompt(entities: Sequence[Entity], relationships: Sequence[Relations
     )
 
 
+def summarize_community(
+    entities: Sequence[Entity],
+    relationships: Sequence[Relationship],
+    *,
+    llm: Any = None,
+    summarizer: Any = None,
+) -> str:
+    """A summary of any group of entities and the relationships among them, stored nowhere:
+    the text :func:`summarize_communities` would store for a community with these members.
+
+    ``summarizer`` (default ``GRAPH["COMMUNITY_SUMMARIZER"]``; None: the LLM ``llm``, default
+    ``DJANGO_RAG["LLM"]``) is any :class:`CommunitySummarizer` form. What it returns is
+    checked (a string, NULs removed, at most :data:`MAX_SUMMARY_CHARS`); an LLM failure raises
+    :class:`~django_rag.exceptions.LLMError`, a summarizer that does not return text
+    :class:`~django_rag.exceptions.InvalidOption`."""
+    component = get_summarizer(summarizer)
+    model = get_llm(llm, feature="Community summaries") if component is None else None
+    return _summarize(component, model, list(entities), list(relationships))
+
+
+def _summarize(component: CommunitySummarizer | None, model: Any, entities, relationships) -> str:
+    name = "llm" if component is None else component.name
+    with span("graph.community_summary", entity_count=len(entities), summarizer=name) as s:
+        if component is None:
+            text = model.complete(summary_prompt(entities, relationships)).text.strip()
+        else:
+            text = component.summarize(entities, relationships)
+            if not isinstance(text, str):
+                raise InvalidOption(
+                    f"the community summarizer {name!r} returned a "
+                    f"{type(text).__name__}, not a string"
+                )
+            text = text.replace("\x00", "").strip()
+        text = text[:MAX_SUMMARY_CHARS]
+        s.set(summary_length=len(text))
+    return text
+
+
 def summarize_communities(
     collection: str | None = None,
     *,
@@ -393,6 +498,7 @@ def summarize_communities(
     threshold: int | None = None,
     progress: Callable[[int, int], None] | None = None,
     summarizer: Any = None,
+    graph_store: Any = None,
 ) -> dict[str, int]:
     """Summarise the communities that need it (see :func:`needs_summary`), ``concurrency`` LLM
     calls at once. ``levels``: a list of levels, ``"all"``, or ``GRAPH["SUMMARY_LEVELS"]``.
@@ -400,9 +506,12 @@ def summarize_communities(
 
     ``summarizer`` (default ``GRAPH["COMMUNITY_SUMMARIZER"]``; None: the LLM) writes the
     summaries instead of the LLM: any :class:`CommunitySummarizer` form (no LLM is needed
-    then). An exception it raises, or a reply that is not text, counts as a failure."""
+    then). An exception it raises, or a reply that is not text, counts as a failure.
+    ``graph_store``: where the communities are read and written (default ``GRAPH["STORE"]``).
+    :func:`summarize_community` summarises a group of entities without storing anything."""
     component = get_summarizer(summarizer)
     model = get_llm(llm, feature="Community summaries") if component is None else None
+    store = get_graph_store(graph_store)
     levels = graph_setting("SUMMARY_LEVELS") if levels is None else levels
     if levels != "all":
         levels = [levels] if isinstance(levels, int) else list(levels)
@@ -413,12 +522,11 @@ def summarize_communities(
     todo = []
     checked = 0
     for target in _collections(collection):
-        communities = Community.objects.using(write_db()).filter(collection=target)
-        if levels != "all":
-            communities = communities.filter(level__in=levels)
+        communities = store.communities([target.pk], levels=None if levels == "all" else levels)
         for community in communities:
             checked += 1
-            entities, relationships = _members(community)
+            entities = store.find(ids=community.entity_ids)
+            relationships = store.relationships(among=community.entity_ids)
             current = fingerprint(entities, relationships)
             if force or needs_summary(community, current, threshold):
                 todo.append((community, entities, relationships, current))
@@ -428,38 +536,25 @@ def summarize_communities(
         # this transaction's rows).
         community, entities, relationships, current = item
         name = "llm" if component is None else component.name
-        with span("graph.community_summary", entity_count=len(entities), summarizer=name) as s:
-            try:
-                if component is None:
-                    text = model.complete(summary_prompt(entities, relationships)).text.strip()
-                else:
-                    text = component.summarize(entities, relationships)
-                    if not isinstance(text, str):
-                        raise InvalidOption(
-                            f"the community summarizer {name!r} returned a "
-                            f"{type(text).__name__}, not a string"
-                        )
-                    text = text.replace("\x00", "").strip()[:MAX_SUMMARY_CHARS]
-            except LLMError as exc:
-                logger.warning("Community %s not summarised: %s", community.pk, exc)
-                text = ""
-            except Exception as exc:  # a summarizer that is not ours: its failure is one
-                logger.warning(
-                    "Community %s not summarised: the summarizer %r raised %s: %s",
-                    community.pk,
-                    name,
-                    type(exc).__name__,
-                    scrub_text(exc)[:300],
-                )
-                text = ""
-            s.set(summary_length=len(text))
-        return text
+        try:
+            return _summarize(component, model, entities, relationships)
+        except LLMError as exc:
+            logger.warning("Community %s not summarised: %s", community.pk, exc)
+        except Exception as exc:  # a summarizer that is not ours: its failure is one
+            logger.warning(
+                "Community %s not summarised: the summarizer %r raised %s: %s",
+                community.pk,
+                name,
+                type(exc).__name__,
+                scrub_text(exc)[:300],
+            )
+        return ""
 
     texts = map_concurrently(summarize, todo, concurrency)
     written = 0
     for (community, _, _, current), text in zip(todo, texts, strict=True):
         if text:
-            save_summary(community.pk, text, current)
+            store.save_summary(community.pk, text, current)
             written += 1
     if progress:
         progress(len(todo), len(todo))

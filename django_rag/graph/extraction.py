@@ -49,6 +49,8 @@ class ExtractedRelationship:
     type: str = "RELATED_TO"
     description: str = ""
     strength: float = 1.0
+    # Stored on the relationship (JSON; keys already stored are kept, new keys are added).
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -142,8 +144,18 @@ class RelationshipExtractor:
 
 
 class GraphExtractor:
+    """Finds entities and relationships in chunk text. :meth:`extract` reads one chunk;
+    :meth:`extract_batch` reads several (``batch_size`` at most per call) and by default
+    calls :meth:`extract` for each."""
+
+    batch_size = 1
+
     def extract(self, text: str) -> Extraction:
         raise NotImplementedError
+
+    def extract_batch(self, texts: Sequence[str]) -> list[Extraction]:
+        """One extraction per text, in order."""
+        return [self.extract(text) for text in texts]
 
 
 class CallableEntityExtractor(EntityExtractor):
@@ -193,19 +205,21 @@ def _entity(item: Any) -> ExtractedEntity:
 
 
 def entity_metadata(value: Any) -> dict[str, Any]:
-    """An extractor's entity metadata as a JSON object PostgreSQL accepts; anything else (an
-    LLM's reply is untrusted) is dropped with a warning rather than failing the chunk."""
+    """An extractor's entity or relationship metadata as a JSON object PostgreSQL accepts;
+    anything else (an LLM's reply is untrusted) is dropped with a warning rather than failing
+    the chunk."""
     if value is None or value == {}:
         return {}
     try:
         return clean_metadata(value)
     except InvalidInput as exc:
-        logger.warning("Entity metadata dropped: %s", exc)
+        logger.warning("Graph metadata dropped: %s", exc)
         return {}
 
 
 def _relationship(item: Any) -> ExtractedRelationship:
     if isinstance(item, ExtractedRelationship):
+        item.metadata = entity_metadata(item.metadata)
         return item
     return ExtractedRelationship(
         source=str(item.get("source") or ""),
@@ -213,6 +227,7 @@ def _relationship(item: Any) -> ExtractedRelationship:
         type=clean_relationship_type(item.get("type")),
         description=str(item.get("description") or ""),
         strength=clean_strength(item.get("strength")),
+        metadata=entity_metadata(item.get("metadata")),
     )
 
 

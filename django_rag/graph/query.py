@@ -96,6 +96,22 @@ class GraphQuery:
             )
         return graph
 
+    def merge(self, other: GraphQuery) -> GraphQuery:
+        """A new graph with both graphs' entities (the first graph's spelling and attributes
+        kept for a name both have), relationships, mentions and summaries."""
+        merged = GraphQuery()
+        for source in (self, other):
+            for key, data in source.graph.nodes(data=True):
+                if key not in merged.graph:
+                    merged.graph.add_node(key, **data)
+            for a, b, edge_key, data in source.graph.edges(keys=True, data=True):
+                if not merged.graph.has_edge(a, b, key=edge_key):
+                    merged.graph.add_edge(a, b, key=edge_key, **data)
+            for key, chunks in source.mentions.items():
+                merged.mentions.setdefault(key, set()).update(chunks)
+            merged.summaries.extend(dict(item) for item in source.summaries)
+        return merged
+
     # --- queries ----------------------------------------------------------------------------
 
     def find(self, name: str, *, fuzzy: bool = False) -> list[str]:

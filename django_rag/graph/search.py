@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db.models import Exists, OuterRef, Q, QuerySet
-from pgvector.django import CosineDistance
+from django.db.models import QuerySet
 
 from ..conf import graph_setting
 from ..embeddings import get_embedder
 from ..exceptions import ConfigurationError, InvalidOption
-from ..models import Community, Entity, EntityMention, Relationship
 from ..results import SearchResult
 from ..signals import span
+from ..store.graph_stores import get_graph_store
 from .extractors import get_extractor
 from .names import normalize_name
 
@@ -38,6 +36,8 @@ class GraphMatch:
     # How to expand later (graph_context) when the gate skipped the expansion.
     depth: int = 0
     collection_ids: list[int] | None = field(default=None, repr=False)
+    # The graph store the match read (None: GRAPH["STORE"]); the graph context reads it too.
+    store: Any = field(default=None, repr=False)
 
     @property
     def strength(self) -> float:
@@ -54,9 +54,10 @@ def match_entities(
     threshold: float | None = None,
     limit: int | None = None,
     using: str | None = None,
+    graph_store: Any = None,
 ) -> dict[int, float]:
-    """Entities the query is about, with a score in (0, 1], read on the database ``using``
-    (None: the routers' choice).
+    """Entities the query is about, with a score in (0, 1], read in ``graph_store`` (None:
+    ``GRAPH["STORE"]``) on the database ``using`` (None: the routers' choice).
 
     ``matcher``: ``"embedding"`` (cosine similarity of the query and entity embeddings, at
     least ``threshold``), ``"ner"`` (names the NER/entity extractor finds in the query, matched
@@ -65,27 +66,18 @@ def match_entities(
     matcher = graph_setting("ENTITY_MATCHER") if matcher is None else matcher
     threshold = graph_setting("MATCH_THRESHOLD") if threshold is None else threshold
     limit = graph_setting("MATCH_LIMIT") if limit is None else limit
-    entities = Entity.objects.using(using)
-    if collection_ids is not None:
-        entities = entities.filter(collection_id__in=collection_ids)
+    store = get_graph_store(graph_store)
     if matcher == "embedding":
         if vector is None:
             vector = get_embedder(using=using).embed_query(query)
-        rows = (
-            entities.filter(embedding__isnull=False)
-            .annotate(distance=CosineDistance("embedding", vector))
-            .filter(distance__lte=1 - threshold)
-            .order_by("distance", "pk")
-            .values_list("pk", "distance")[:limit]
-        )
-        return {pk: 1.0 - distance for pk, distance in rows}
+        return store.search(vector, collection_ids, limit=limit, threshold=threshold, using=using)
     if matcher == "ner":
         found = get_extractor(None, entity_extractor=graph_setting("ENTITY_EXTRACTOR")).extract(
             query
         )
         names = {normalize_name(e.name) for e in found.entities}
-        ids = entities.filter(normalized_name__in=names).values_list("pk", flat=True)[:limit]
-        return dict.fromkeys(ids, 1.0)
+        entities = store.find(collection_ids, names=names, using=using)[:limit]
+        return dict.fromkeys((e.pk for e in entities), 1.0)
     if callable(matcher):
         result = matcher(query, collection_ids)
         if isinstance(result, dict):
@@ -103,30 +95,11 @@ def expand(
     collection_ids: list[int] | None,
     *,
     using: str | None = None,
+    graph_store: Any = None,
 ) -> tuple[dict[int, float], dict[int, int]]:
     """Follow relationships (both directions) ``depth`` hops from the seeds. A neighbour's
     score is its best parent's times ``decay``; each entity appears once, at its first hop."""
-    scores = dict(seeds)
-    hops = dict.fromkeys(seeds, 0)
-    frontier = dict(seeds)
-    for hop in range(1, depth + 1):
-        if not frontier:
-            break
-        edges = Relationship.objects.using(using).filter(
-            Q(source_id__in=list(frontier)) | Q(target_id__in=list(frontier))
-        )
-        if collection_ids is not None:
-            edges = edges.filter(source__collection_id__in=collection_ids)
-        following: dict[int, float] = {}
-        for source, target in edges.values_list("source_id", "target_id"):
-            for parent, child in ((source, target), (target, source)):
-                if parent in frontier and child not in scores:
-                    following[child] = max(following.get(child, 0.0), frontier[parent] * decay)
-        for pk, score in following.items():
-            scores[pk] = score
-            hops[pk] = hop
-        frontier = following
-    return scores, hops
+    return get_graph_store(graph_store).traverse(seeds, depth, decay, collection_ids, using=using)
 
 
 def graph_results(
@@ -140,6 +113,7 @@ def graph_results(
     matcher: Any = None,
     using: str | None = None,
     min_match_score: float = 0.0,
+    graph_store: Any = None,
 ) -> tuple[list[SearchResult], GraphMatch]:
     """Chunks (within ``chunks``, the request's scope) that mention the query's entities or
     their neighbours, scored by the sum of those entities' scores. Everything is read on the
@@ -150,12 +124,20 @@ def graph_results(
     if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
         raise InvalidOption(f"graph_depth must be a non-negative integer, got {depth!r}")
     using = using or chunks.db
+    store = get_graph_store(graph_store)
     with span(
         "graph.search", depth=depth, matcher=str(matcher or graph_setting("ENTITY_MATCHER"))
     ) as s:
-        seeds = match_entities(query, vector, collection_ids, matcher=matcher, using=using)
+        seeds = match_entities(
+            query, vector, collection_ids, matcher=matcher, using=using, graph_store=store
+        )
         match = GraphMatch(
-            seeds, scope=chunks, database=using, depth=depth, collection_ids=collection_ids
+            seeds,
+            scope=chunks,
+            database=using,
+            depth=depth,
+            collection_ids=collection_ids,
+            store=store,
         )
         s.set(entities_found=len(seeds), match_score=match.strength)
         if not seeds or match.strength < min_match_score:
@@ -163,17 +145,13 @@ def graph_results(
             match.skipped = "no match" if not seeds else "weak match"
             s.set(expanded_entity_count=0, result_count=0, skipped=match.skipped)
             return [], match
-        expanded, hops = expand(
+        expanded, hops = store.traverse(
             seeds, depth, graph_setting("DEPTH_DECAY"), collection_ids, using=using
         )
         match.expanded, match.hops = expanded, hops
         s.set(expanded_entity_count=len(expanded))
         totals: dict[int, float] = defaultdict(float)
-        for chunk_id, entity_id in (
-            EntityMention.objects.using(using)
-            .filter(entity_id__in=list(expanded), chunk__in=chunks)
-            .values_list("chunk_id", "entity_id")
-        ):
+        for chunk_id, entity_id in store.mentions(expanded, chunks.using(using)):
             totals[chunk_id] += expanded[entity_id]
         best = sorted(totals, key=lambda pk: (-totals[pk], pk))[:limit]
         rows = {
@@ -214,70 +192,70 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
         return empty
     scope = match.scope
     using = match.database or (scope.db if scope is not None else None)
+    store = get_graph_store(match.store)
+    if scope is not None:
+        scope = scope.using(using)
     if not match.expanded:  # the gate left the graph list out of the search: expand now
-        match.expanded, match.hops = expand(
+        match.expanded, match.hops = store.traverse(
             match.entities,
             match.depth,
             graph_setting("DEPTH_DECAY"),
             match.collection_ids,
             using=using,
         )
-    mentions = EntityMention.objects.using(using)
     candidates = list(match.expanded or match.entities)
     if scope is None:
         in_scope, outside = set(candidates), set()
     else:
-        in_scope = set(
-            mentions.filter(entity_id__in=candidates, chunk__in=scope).values_list(
-                "entity_id", flat=True
-            )
-        )
-        outside = _mentioned_outside(in_scope, scope)
+        in_scope = store.mentioned(candidates, scope)
+        outside = store.mentioned(in_scope, scope, outside=True)
     matched = [
         pk for pk in sorted(match.entities, key=lambda pk: -match.entities[pk]) if pk in in_scope
     ][: graph_setting("CONTEXT_ENTITIES")]
-    entities = Entity.objects.using(using).in_bulk(matched)
+    inside = [pk for pk in candidates if pk in in_scope]
+    names = {e.pk: e for e in store.find(ids=set(inside) | set(matched), using=using)}
     ordered = []
     for pk in matched:
-        entity = entities.get(pk)
+        entity = names.get(pk)
         if entity is None:
             continue
         if pk in outside:
             entity.description = ""  # known from chunks outside the scope
         ordered.append(entity)
-    inside = [pk for pk in candidates if pk in in_scope]
-    edges = Relationship.objects.using(using).filter(source_id__in=inside, target_id__in=inside)
+    edges = store.relationships(among=inside, using=using)
     if scope is not None and outside:
-        both_mentioned = mentions.filter(
-            entity_id=OuterRef("source_id"),
-            chunk__in=scope,
-            chunk__mentions__entity_id=OuterRef("target_id"),
-        )
-        edges = edges.filter(
-            (~Q(source_id__in=list(outside)) & ~Q(target_id__in=list(outside)))
-            | Q(Exists(both_mentioned))
-        )
-    relationships = list(
-        edges.select_related("source", "target").order_by("-strength", "pk")[
-            : graph_setting("CONTEXT_RELATIONSHIPS")
+        # An edge touching an entity also known from outside the scope is shown only when a
+        # chunk in scope mentions both its ends (relationships do not record their chunk).
+        together: dict[int, set[int]] = defaultdict(set)
+        for chunk_id, entity_id in store.mentions(inside, scope):
+            together[chunk_id].add(entity_id)
+        pairs = {(a, b) for group in together.values() for a in group for b in group}
+        edges = [
+            r
+            for r in edges
+            if (r.source_id not in outside and r.target_id not in outside)
+            or (r.source_id, r.target_id) in pairs
         ]
-    )
+    edges.sort(key=lambda r: (-r.strength, r.pk))
+    relationships = []
+    for rel in edges[: graph_setting("CONTEXT_RELATIONSHIPS")]:
+        if rel.source_id in names and rel.target_id in names:
+            rel.source, rel.target = names[rel.source_id], names[rel.target_id]
+            relationships.append(rel)
     seeds = set(matched)
     communities = []
     if seeds:
-        candidates_c = list(
-            Community.objects.using(using)
-            .filter(entity_ids__overlap=list(seeds), level__in=graph_setting("SUMMARY_LEVELS"))
-            .exclude(summary="")
-        )
+        candidates_c = [
+            c
+            for c in store.communities(
+                levels=graph_setting("SUMMARY_LEVELS"), members=seeds, using=using
+            )
+            if c.summary
+        ]
         if scope is not None and candidates_c:
             members = {pk for c in candidates_c for pk in c.entity_ids}
-            mentioned = set(
-                mentions.filter(entity_id__in=members, chunk__in=scope).values_list(
-                    "entity_id", flat=True
-                )
-            )
-            excluded = (members - mentioned) | _mentioned_outside(members, scope)
+            mentioned = store.mentioned(members, scope)
+            excluded = (members - mentioned) | store.mentioned(members, scope, outside=True)
             candidates_c = [c for c in candidates_c if not excluded & set(c.entity_ids)]
         communities = candidates_c
     # Most overlap with the matched entities first; then the more specific (smaller) ones.
@@ -287,18 +265,3 @@ def graph_context(match: GraphMatch) -> dict[str, list]:
         "relationships": relationships,
         "summaries": [c.summary for c in communities[: graph_setting("CONTEXT_SUMMARIES")]],
     }
-
-
-def _mentioned_outside(entity_ids: Iterable[int], scope: QuerySet) -> set[int]:
-    """Those of ``entity_ids`` that a chunk outside ``scope`` mentions (read where ``scope``
-    is)."""
-    ids = list(entity_ids)
-    if not ids:
-        return set()
-    return set(
-        EntityMention.objects.using(scope.db)
-        .filter(entity_id__in=ids)
-        .exclude(chunk__in=scope)
-        .values_list("entity_id", flat=True)
-        .distinct()
-    )

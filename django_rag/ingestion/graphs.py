@@ -13,6 +13,7 @@ from ..graph.builder import extract_all
 from ..graph.extractors import GraphExtractor, get_extractor
 from ..graph.names import normalize_name
 from ..signals import span
+from ..store.graph_stores import GraphExtractions, get_graph_store
 from .prepare import PreparedChunk
 
 
@@ -47,11 +48,20 @@ def refuse_background_extractors(*extractors: Any) -> None:
         )
 
 
-def extract_graph(chunks: Sequence[PreparedChunk], collection: str, extractor: Any = None) -> list:
+def extract_graph(
+    chunks: Sequence[PreparedChunk],
+    collection: str,
+    extractor: Any = None,
+    *,
+    graph_store: Any = None,
+) -> GraphExtractions:
     """Entities and relationships of the chunks, found before the write transaction opens
     (LLM calls must not hold it), in a ``graph.build`` span as a :func:`build_graph` run emits
     (``ingest=True``; its counts are those found in this document's chunks). ``extractor``:
-    the call's own (a :class:`GraphExtractor`), else the configured one."""
+    the call's own (a :class:`GraphExtractor`), else the configured one. The write path stores
+    them in ``graph_store`` (None: ``GRAPH["STORE"]``), checked here, before any work."""
+    if graph_store is not None:
+        get_graph_store(graph_store)
     if not isinstance(extractor, GraphExtractor):
         extractor = get_extractor()
     with span(
@@ -76,4 +86,4 @@ def extract_graph(chunks: Sequence[PreparedChunk], collection: str, extractor: A
             entities=len(entities - {""}),
             relationships=len(relationships),
         )
-    return extractions
+    return GraphExtractions(extractions, graph_store)

@@ -84,6 +84,8 @@ class Relationship(models.Model):
     strength = models.FloatField(default=1.0)
     # How many extractions found this edge (co-occurrence counts, repeated LLM findings).
     count = models.PositiveIntegerField(default=1)
+    # What the extractor attached to the edge (JSON; keys stored first are kept, new keys added).
+    metadata = models.JSONField(default=dict, blank=True)
 
     class Meta:
         constraints = [

@@ -6,6 +6,7 @@ identity records its version so a late write cannot bring it back.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from django.db import connections, models, transaction
 from django.utils import timezone
@@ -13,7 +14,7 @@ from django.utils import timezone
 from ..models import Chunk, Collection, Document, Job
 from ..models.databases import write_db
 from .fences import _older_versions, _raise_fences, lock_identity, next_versions
-from .graph import sweep_orphans
+from .graph_stores import get_graph_store
 from .transactions import _compact_on_commit, retry_transient
 from .vector_stores import sync_deleted
 
@@ -51,9 +52,10 @@ def _relations_to(model) -> list:
     ]
 
 
-def delete_documents(ids: Sequence[int] | models.QuerySet) -> int:
-    """Delete documents with their chunks, graph mentions and orphaned entities. Run inside a
-    transaction (every caller in the store is). Returns how many documents were deleted."""
+def delete_documents(ids: Sequence[int] | models.QuerySet, *, graph_store: Any = None) -> int:
+    """Delete documents with their chunks, graph mentions and orphaned entities (in
+    ``graph_store``, default ``GRAPH["STORE"]``). Run inside a transaction (every caller in the
+    store is). Returns how many documents were deleted."""
     db = write_db()
     if isinstance(ids, models.QuerySet):
         ids = ids.using(db)  # a caller's queryset would read where the routers say
@@ -70,9 +72,11 @@ def delete_documents(ids: Sequence[int] | models.QuerySet) -> int:
     _supersede_jobs([pk for pk, _, status in locked if status != Document.Status.COMPLETED])
     chunk_ids = delete_chunks(Chunk.objects.using(db).filter(document_id__in=pks))
     Document.objects.using(db).filter(pk__in=pks).delete()
+    graph = get_graph_store(graph_store)
+    graph.forget_chunks(chunk_ids)
     for collection_id in sorted({collection_id for _, collection_id, _ in locked}):
         # Entities no chunk mentions any more, in this collection only.
-        sweep_orphans(collection_id)
+        graph.sweep(collection_id)
     sync_deleted(chunk_ids)
     _compact_on_commit(db)
     return len(pks)
@@ -93,12 +97,12 @@ def _supersede_jobs(document_ids: list[int]) -> None:
     )
 
 
-def delete_document(pk: int) -> bool:
+def delete_document(pk: int, *, graph_store: Any = None) -> bool:
     """Delete one document (see :func:`delete_documents`); False when it does not exist."""
 
     def write() -> bool:
         with transaction.atomic(using=write_db()):
-            return delete_documents([pk]) > 0
+            return delete_documents([pk], graph_store=graph_store) > 0
 
     return retry_transient(write, what="delete_document")
 

@@ -59,7 +59,7 @@ from .fences import (  # noqa: F401 (next_versions, touch_source... are re-expor
     next_versions,
     touch_source,
 )
-from .graph import persist
+from .graph_stores import store_of
 from .rows import (  # noqa: F401 (COPY_ROWS, copy_chunks, insert_chunks are re-exported)
     COPY_ROWS,
     ChunkRow,
@@ -216,7 +216,9 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
         # A pending document is written even when a stored one has its content (it replaces
         # it); a new one is not stored again.
         keep = {document.pk} if document.pk is not None else {duplicate and duplicate.pk}
-        delete_documents(_older_versions(collection, versions, keep))
+        # The older versions' graph is in the store this version's goes to.
+        graph_store = getattr(extractions, "store", None)
+        delete_documents(_older_versions(collection, versions, keep), graph_store=graph_store)
     if duplicate is not None and document.pk is None:
         duplicate.deduplicated = True
         return duplicate
@@ -226,14 +228,17 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
     if document.pk is None:
         document.save(using=db)
     else:
-        delete_chunks(Chunk.objects.using(db).filter(document_id=document.pk))  # a retried task
+        # A retried task: its first attempt's chunks (and their graph mentions) go.
+        gone = delete_chunks(Chunk.objects.using(db).filter(document_id=document.pk))
+        if extractions is not None:
+            store_of(extractions).forget_chunks(gone)
         document.save(
             using=db, update_fields=["collection", "status", "error", "chunk_count", "updated_at"]
         )
     stored = rows.insert_chunks(document, collection, chunks, model_name)
     if extractions is not None:
         # The graph goes in with the chunks: a failure leaves neither.
-        persist(collection.pk, [chunk.pk for chunk in stored], extractions)
+        store_of(extractions).persist(collection.pk, [chunk.pk for chunk in stored], extractions)
     sync_stored(stored, document=document)
     _compact_on_commit(db)
     document.deduplicated = False
@@ -360,7 +365,12 @@ def _write_many(
     if replaced:
         _raise_fences(collection, replaced, deleted=False)
         keep = {document.pk for document in duplicates.values()}
-        delete_documents(_older_versions(collection, replaced, keep))
+        # One call's batch: its documents' graph goes to one store, the older versions' too.
+        graph_store = next(
+            (getattr(i.extractions, "store", None) for i in run if i.extractions is not None),
+            None,
+        )
+        delete_documents(_older_versions(collection, replaced, keep), graph_store=graph_store)
     results: list[Document | _Superseded] = []
     new: list[DocumentWrite] = []
     for index, (item, identity) in enumerate(zip(run, identities, strict=True)):
@@ -400,7 +410,7 @@ def _write_many(
             for row, pk in zip(item.chunks, own, strict=True)
         ]
         if item.extractions is not None:
-            persist(collection.pk, own, item.extractions)
+            store_of(item.extractions).persist(collection.pk, own, item.extractions)
         sync_stored(stored, document=item.document)
     if compact:
         _compact_on_commit(db)

@@ -18,7 +18,7 @@ from django.db.models import Exists, F, OuterRef
 from django.db.models.functions import Greatest
 
 from ..embeddings import get_embedder
-from ..models import Collection, Community, Entity, EntityMention, GraphChunk, Relationship
+from ..models import Community, Entity, EntityMention, GraphChunk, Relationship
 from ..models.databases import write_db
 from ..models.graph import normalize_name
 from .schema import vector_literal
@@ -47,21 +47,7 @@ def persist(
     target, type) with repeated findings counted. Run inside a transaction."""
     db = write_db()
     lock_collection_graph(collection_id)
-    found: dict[str, Any] = {}
-    for extraction in extractions:
-        for entity in extraction.entities:
-            key = normalize_name(entity.name)
-            if not key:
-                continue
-            known = found.get(key)
-            if known is None:
-                found[key] = entity
-            else:  # keep the first spelling, fill in what it lacked
-                known.description = known.description or entity.description
-                if known.type == "other":
-                    known.type = entity.type
-                if entity.metadata:
-                    known.metadata = {**entity.metadata, **known.metadata}
+    found = collect_entities(extractions)
     ids = dict(
         Entity.objects.using(db)
         .filter(collection_id=collection_id, normalized_name__in=list(found))
@@ -69,18 +55,7 @@ def persist(
     )
     new = [key for key in found if key not in ids]
     if new:
-        texts = [
-            f"{found[k].name}: {found[k].description}" if found[k].description else found[k].name
-            for k in new
-        ]
-        model = ""
-        try:
-            resolved = get_embedder(embedder)
-            vectors = resolved.embed_documents(texts)
-            model = resolved.model_name
-        except Exception as exc:  # entities stay usable by name; embed them later
-            logger.warning("Entity embeddings failed (%s); stored without them", exc)
-            vectors = [None] * len(new)
+        vectors, model = embed_entities([found[k] for k in new], embedder)
         Entity.objects.using(db).bulk_create(
             [
                 Entity(
@@ -128,11 +103,17 @@ def persist(
                 continue
             edge = edges.setdefault(
                 (source, target, rel.type),
-                {"count": 0, "strength": rel.strength, "description": rel.description},
+                {
+                    "count": 0,
+                    "strength": rel.strength,
+                    "description": rel.description,
+                    "metadata": {},
+                },
             )
             edge["count"] += 1
             edge["strength"] = max(edge["strength"], rel.strength)
             edge["description"] = edge["description"] or rel.description
+            edge["metadata"] = {**(getattr(rel, "metadata", None) or {}), **edge["metadata"]}
     EntityMention.objects.using(db).bulk_create(mentions, ignore_conflicts=True)
     _upsert_relationships(edges, db)
     GraphChunk.objects.using(db).bulk_create(
@@ -145,6 +126,40 @@ def persist(
             collection_id=collection_id, entity_ids__overlap=list(touched)
         ).update(change_count=F("change_count") + 1)
     return {"entities": len(found), "relationships": len(edges), "mentions": len(mentions)}
+
+
+def collect_entities(extractions: Sequence[Any]) -> dict[str, Any]:
+    """The entities of a batch of extractions, one per normalised name: the first spelling,
+    filled in with what later findings add (description, a type other than "other",
+    metadata keys)."""
+    found: dict[str, Any] = {}
+    for extraction in extractions:
+        for entity in extraction.entities:
+            key = normalize_name(entity.name)
+            if not key:
+                continue
+            known = found.get(key)
+            if known is None:
+                found[key] = entity
+            else:  # keep the first spelling, fill in what it lacked
+                known.description = known.description or entity.description
+                if known.type == "other":
+                    known.type = entity.type
+                if entity.metadata:
+                    known.metadata = {**entity.metadata, **known.metadata}
+    return found
+
+
+def embed_entities(entities: Sequence[Any], embedder: Any = None) -> tuple[list, str]:
+    """Vectors of new entities ("name: description") and the model's name; when embedding
+    fails, None for each (they stay usable by name and are embedded later)."""
+    texts = [f"{e.name}: {e.description}" if e.description else e.name for e in entities]
+    try:
+        resolved = get_embedder(embedder)
+        return list(resolved.embed_documents(texts)), resolved.model_name
+    except Exception as exc:
+        logger.warning("Entity embeddings failed (%s); stored without them", exc)
+        return [None] * len(entities), ""
 
 
 def _add_entity_metadata(metadata: dict[int, dict[str, Any]], db: str) -> None:
@@ -173,9 +188,11 @@ def _upsert_relationships(edges: dict[tuple[int, int, str], dict[str, Any]], db:
     }
     for key, edge in edges.items():
         if key in existing:
+            # The collection's graph lock is held: the metadata read above is current.
             relationships.filter(pk=existing[key].pk).update(
                 count=F("count") + edge["count"],
                 strength=Greatest(F("strength"), edge["strength"]),
+                metadata={**edge["metadata"], **existing[key].metadata},
             )
     relationships.bulk_create(
         [
@@ -186,6 +203,7 @@ def _upsert_relationships(edges: dict[tuple[int, int, str], dict[str, Any]], db:
                 description=edge["description"],
                 strength=edge["strength"],
                 count=edge["count"],
+                metadata=edge["metadata"],
             )
             for key, edge in edges.items()
             if key not in existing
@@ -229,23 +247,21 @@ def delete_graph(collection_id: int) -> None:
         GraphChunk.objects.using(db).filter(chunk__collection_id=collection_id).delete()
 
 
-def replace_communities(
-    target: Collection, partitions: list[list[list[int]]], min_size: int
-) -> int:
+def replace_communities(collection_id: int, partitions: list[list[list[int]]]) -> int:
     """Replace a collection's communities by these partitions (one per level), keeping the
     summary of every community whose level and members did not change."""
     db = write_db()
-    communities = Community.objects.using(db).filter(collection_id=target.pk)
+    communities = Community.objects.using(db).filter(collection_id=collection_id)
     with transaction.atomic(using=db):
-        lock_collection_graph(target.pk)
+        lock_collection_graph(collection_id)
         old = {(c.level, tuple(sorted(c.entity_ids))): c for c in communities}
         fresh = []
         for level, partition in enumerate(partitions):
             for members in partition:
-                if len(members) < min_size:
-                    continue
                 previous = old.get((level, tuple(sorted(members))))
-                community = Community(collection=target, level=level, entity_ids=sorted(members))
+                community = Community(
+                    collection_id=collection_id, level=level, entity_ids=sorted(members)
+                )
                 if previous is not None:
                     community.summary = previous.summary
                     community.fingerprint = previous.fingerprint
