@@ -248,6 +248,26 @@ def test_per_call_graph_store_wins_over_the_setting_for_search_and_delete():
     assert memory.counts([kb()]) == {"entities": 0, "relationships": 0}
 
 
+@pytest.mark.django_db
+def test_search_reads_the_graph_store_given_per_call():
+    memory = MemoryGraphStore()
+    with settings("postgres"):
+        rag.ingest(DOCS["globex"], collection="kb", graph=False)
+        build_graph("kb", llm=ScriptedLLM(default=respond), graph_store=memory)
+        (globex,) = memory.find(names=["globex"])
+        chunk = Chunk.objects.get(collection__name="kb")
+
+        def matcher(query, ids):
+            return [globex.pk]
+
+        options = dict(mode="fulltext", collection="kb", graph=True, entity_matcher=matcher)
+        with_memory = rag.search("Globex", graph_store=memory, **options)
+        assert [r.chunk_id for r in with_memory] == [chunk.pk]
+        assert with_memory[0].graph_score is not None  # found through the memory store's graph
+        # The configured (PostgreSQL) store holds no graph: the graph list is left out.
+        assert rag.search("Globex", **options)[0].graph_score is None
+
+
 @pytest.mark.parametrize("bad", ["nope", 42, {"BACKEND": "memory", "OPTIONS": {"x": 1}}])
 def test_a_bad_graph_store_setting_names_the_setting(bad, db):
     with settings(bad):

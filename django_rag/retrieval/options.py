@@ -63,6 +63,7 @@ class SearchComponents(TypedDict, total=False):
     graph: bool | None
     graph_depth: int | None
     entity_matcher: Any
+    graph_store: Any
     embedder: Any
     vector_store: Any
 

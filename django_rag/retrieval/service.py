@@ -72,7 +72,8 @@ def search(query: str, **options: Unpack[SearchOptions]) -> list[SearchResult]:
     that mention them (within the same collection, source and metadata scope) and fuses them
     with the results above by reciprocal rank fusion, the graph list weighing
     ``GRAPH["WEIGHT"]`` (``graph_score`` is set on them). When no entity matched with a score
-    of at least ``GRAPH["MIN_MATCH_SCORE"]``, the graph list is left out.
+    of at least ``GRAPH["MIN_MATCH_SCORE"]``, the graph list is left out. ``graph_store``
+    (default ``GRAPH["STORE"]``) is the graph store it reads (docs/graphrag.md).
 
     ``hnsw_ef_search`` (1 to 1000; default ``SEARCH["HNSW_EF_SEARCH"]``) is the HNSW
     candidate list of this search's semantic side (semantic and hybrid modes): larger finds
@@ -122,6 +123,7 @@ def search_request(
     graph = components.get("graph")
     graph_depth = components.get("graph_depth")
     entity_matcher = components.get("entity_matcher")
+    graph_store = components.get("graph_store")
     embedder = components.get("embedder")
     vector_store = components.get("vector_store")
     if not request.query.strip():
@@ -183,7 +185,8 @@ def search_request(
         match = None
         if use_graph:
             results, match = _with_graph(
-                query_text, results, searched, store, graph_depth, entity_matcher, embedder
+                query_text, results, searched, store, graph_depth, entity_matcher, embedder,
+                graph_store,
             )
             s.set(
                 graph_enhanced=not match.skipped,
@@ -209,7 +212,7 @@ def search_request(
         return results, match
 
 
-def _with_graph(query, results, request, store, depth, matcher, embedder):
+def _with_graph(query, results, request, store, depth, matcher, embedder, graph_store):
 
     if not isinstance(store, PgVectorStore):
         raise InvalidOption("graph=True needs the pgvector store (the graph lives in PostgreSQL)")
@@ -228,6 +231,7 @@ def _with_graph(query, results, request, store, depth, matcher, embedder):
         matcher=matcher,
         using=request.database,
         min_match_score=graph_number("MIN_MATCH_SCORE"),
+        graph_store=graph_store,
     )
     return fuse_graph(results, found, match, weight=weight, rrf_k=rrf_k), match
 
