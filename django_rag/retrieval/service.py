@@ -185,7 +185,13 @@ def search_request(
         match = None
         if use_graph:
             results, match = _with_graph(
-                query_text, results, searched, store, graph_depth, entity_matcher, embedder,
+                query_text,
+                results,
+                searched,
+                store,
+                graph_depth,
+                entity_matcher,
+                embedder,
                 graph_store,
             )
             s.set(
