@@ -183,12 +183,7 @@ def write_batched(
     for index, item in items:
         try:
             item.chunks = chunk_text(
-                item.parsed,
-                chunker=request.chunker,
-                embedder=embedder,
-                chunk_size=request.chunk_size,
-                chunk_overlap=request.chunk_overlap,
-                title=item.document.title,
+                item.parsed, chunker=request.chunker, embedder=embedder, title=item.document.title
             )
         except RagError as exc:
             if errors is None:

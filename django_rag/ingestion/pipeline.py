@@ -158,12 +158,7 @@ def prepare_document(
     report)."""
     embedder = request.embedder
     chunks = pending.chunks or chunk_text(
-        pending.parsed,
-        chunker=request.chunker,
-        embedder=embedder,
-        chunk_size=request.chunk_size,
-        chunk_overlap=request.chunk_overlap,
-        title=pending.document.title,
+        pending.parsed, chunker=request.chunker, embedder=embedder, title=pending.document.title
     )
     vectors = embed_texts(
         embedder, embedding_inputs(chunks), on_error=request.on_chunk_error, progress=progress

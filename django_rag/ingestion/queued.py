@@ -24,6 +24,7 @@ from ..validation import (
     clean_text,
     clean_title,
 )
+from .chunkers import chunk_options, get_chunker
 from .collections import apply_description
 from .isolation import parse_isolated
 from .parsers import Page, ParsedDocument, check_input_size, get_parser
@@ -159,11 +160,12 @@ def process_pending(job: Job) -> Document:
             )
         pending = Pending(document.collection.name, document, parsed, replace)
         # The options were checked when the job was submitted: rebuilt as they were stored.
+        sizes = chunk_options(params.get("chunk_size"), params.get("chunk_overlap"))
         request = IngestRequest(
             collection=CollectionTarget(pending.collection),
+            chunker=get_chunker(None, **sizes),
             embedder=get_embedder(),
-            chunk_size=params.get("chunk_size"),
-            chunk_overlap=params.get("chunk_overlap"),
+            **sizes,
             graph=bool(params.get("graph")),
             on_chunk_error=normalize_on_chunk_error(params.get("on_chunk_error", "raise")),
         )

@@ -22,7 +22,7 @@ from ..embeddings import Embedder, get_embedder
 from ..exceptions import InvalidOption
 from ..graph.extractors import GraphExtractor
 from ..validation import clean_metadata, clean_title
-from .chunkers import get_chunker
+from .chunkers import Chunker, chunk_options, get_chunker
 from .collections import resolve_ingest_collection, strict_setting
 from .graphs import refuse_background_extractors, use_graph
 from .pipeline import FORMATS, ON_CHUNK_ERROR
@@ -70,8 +70,9 @@ class CollectionTarget(NamedTuple):
 class IngestRequest:
     """One ingest call's options, checked: built by :func:`build_ingest_request`, then only
     read. Its fields are :class:`IngestOptions`' keys (a test keeps them equal), resolved:
-    ``collection`` a :class:`CollectionTarget`, ``embedder`` an
-    :class:`~django_rag.embeddings.Embedder`, ``graph`` False, True (the configured extractor)
+    ``collection`` a :class:`CollectionTarget`, ``chunker`` the
+    :class:`~django_rag.ingestion.chunkers.Chunker` with ``chunk_size`` / ``chunk_overlap``
+    applied, ``embedder`` an :class:`~django_rag.embeddings.Embedder`, ``graph`` False, True (the configured extractor)
     or the call's :class:`~django_rag.graph.extractors.GraphExtractor`, ``on_chunk_error``
     ``"raise"`` or ``"skip"`` and ``strict_collections`` a bool."""
 
@@ -81,7 +82,7 @@ class IngestRequest:
     source_id: str | None = None
     replace: bool = False
     format: str = "text"
-    chunker: Any = None
+    chunker: Chunker | None = None
     embedder: Embedder | None = None
     chunk_size: int | None = None
     chunk_overlap: int | None = None
@@ -101,11 +102,6 @@ class IngestRequest:
         return self.collection.name
 
     @property
-    def chunk_options(self) -> dict[str, int]:
-        """``chunk_size`` / ``chunk_overlap`` where given (the chunker's own defaults else)."""
-        return chunk_options(self.chunk_size, self.chunk_overlap)
-
-    @property
     def job_options(self) -> dict[str, Any]:
         """What a background job needs of the request (JSON: a worker gets no components)."""
         return {
@@ -114,12 +110,6 @@ class IngestRequest:
             "graph": bool(self.graph),
             "on_chunk_error": self.on_chunk_error,
         }
-
-
-def chunk_options(chunk_size: int | None, chunk_overlap: int | None) -> dict[str, int]:
-    """The chunker options given (None: the chunker's own default)."""
-    sizes = (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
-    return {key: value for key, value in sizes if value is not None}
 
 
 # --- which entry point takes which option ---------------------------------------------------
@@ -244,7 +234,9 @@ def build_ingest_request(entry: str, options: Mapping[str, Any]) -> IngestReques
                 "receive per-call components)."
             )
         refuse_background_extractors(*extractors)
-    get_chunker(values["chunker"], **chunk_options(values["chunk_size"], values["chunk_overlap"]))
+    chunker = get_chunker(
+        values["chunker"], **chunk_options(values["chunk_size"], values["chunk_overlap"])
+    )
     graph = use_graph(options.get("graph"), *extractors)
     strict = strict_setting(options.get("strict_collections"))
     values.update(
@@ -252,6 +244,7 @@ def build_ingest_request(entry: str, options: Mapping[str, Any]) -> IngestReques
         collection=CollectionTarget(*resolve_ingest_collection(options.get("collection"), strict)),
         strict_collections=strict,
         graph=graph,
+        chunker=chunker,
         embedder=get_embedder(values["embedder"]),
     )
     return IngestRequest(**values)
