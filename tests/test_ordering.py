@@ -159,6 +159,7 @@ def test_inline_versions_and_a_foreground_write_overtaken_by_a_newer_one():
         # A foreground write submitted before a newer one but stored after it is superseded:
         # its version is taken at the call, before embedding.
         from django_rag.ingestion import pipeline, service
+        from django_rag.ingestion.request import build_ingest_request
 
         slow = pipeline.validate(
             pipeline.text_document("older text", "text"),
@@ -168,7 +169,8 @@ def test_inline_versions_and_a_foreground_write_overtaken_by_a_newer_one():
         )
         pipeline.take_versions([slow])
         rag.ingest("newer text", collection="bg", source_id="s", replace=True)
-        prepared = service.prepare_document(slow, embedder=service.get_embedder())
+        request = build_ingest_request("ingest", {"collection": "bg"})
+        prepared = service.prepare_document(slow, request)
         returned = pipeline.store_prepared(slow, prepared)
     # Like a duplicate: the caller gets what is stored for the identity, flagged.
     assert returned.superseded and returned.content == "newer text"

@@ -10,25 +10,20 @@ import logging
 from collections import Counter
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Unpack
 
 from django.db import DatabaseError, connections
 
-from ..embeddings import Embedder, get_embedder
 from ..exceptions import DocumentSuperseded, EmbeddingFailed, InvalidOption, RagError
-from ..graph.extractors import GraphExtractor
 from ..models import Document
 from ..models.databases import write_db
 from ..signals import span
 from ..store import DocumentWrite, write_documents
 from ..store.documents import find_duplicates
 from ..store.transactions import compact_on_commit
-from ..validation import clean_collection_name
-from .chunkers import get_chunker
-from .collections import apply_description, resolve_ingest_collection
-from .graphs import use_graph
+from .collections import apply_description
 from .headers import embedding_inputs
 from .pipeline import (
-    FORMATS,
     Pending,
     assemble,
     superseded_result,
@@ -37,38 +32,26 @@ from .pipeline import (
     validate,
 )
 from .prepare import chunk_text, embed_texts
+from .request import IngestOptions, IngestRequest, build_ingest_request
 
 logger = logging.getLogger(__name__)
 
 # Batched ingestion folds the BM25 statistics deltas about this often (in chunks).
 COMPACT_EVERY = 2048
-ON_ERROR = ("raise", "skip")
 _ITEM_KEYS = {"text", "title", "metadata", "source_id", "format"}
 
 
 def ingest_many(
-    documents: Iterable[str | dict],
-    *,
-    collection: str | None = None,
-    replace: bool = False,
-    format: str = "text",
-    chunker=None,
-    embedder=None,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
-    group_size: int = 64,
-    graph: bool | None = None,
-    on_error: str = "skip",
-    strict_collections: bool | None = None,
-    extractor=None,
-    entity_extractor=None,
-    relationship_extractor=None,
+    documents: Iterable[str | dict], **options: Unpack[IngestOptions]
 ) -> list[Document | Exception]:
     """Ingest many texts, embedding the chunks of several documents per batch.
 
     Each item is a string or a dict with ``text`` and optionally ``title``, ``metadata``,
-    ``source_id`` and ``format``; the other options apply to every item as in :func:`ingest`.
-    Returns the documents in input order (stored duplicates included, as with ``ingest``).
+    ``source_id`` and ``format``; the options (``collection``, ``replace``, ``format``,
+    ``chunker``, ``embedder``, ``chunk_size``, ``chunk_overlap``, ``graph`` and the extractors,
+    ``strict_collections``, ``group_size`` (64), ``on_error`` ("skip")) apply to every item as
+    in :func:`~django_rag.ingestion.service.ingest`. Returns the documents in input order
+    (stored duplicates included, as with ``ingest``).
 
     One bad document does not fail the batch: with ``on_error="skip"`` (the default, as for
     :func:`ingest_files` and ``rag_ingest``) a document that cannot be ingested (empty text,
@@ -89,26 +72,11 @@ def ingest_many(
     in one transaction, in order (cut where a source_id comes back, so the result is that of
     one ``ingest`` per document).
     """
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise InvalidOption(f"group_size must be a positive integer, got {group_size!r}")
-    if on_error not in ON_ERROR:
-        raise InvalidOption(f"on_error must be one of {', '.join(ON_ERROR)}, got {on_error!r}")
-    collection, description = resolve_ingest_collection(collection, strict_collections)
-    with span("ingest_many", collection=collection, group_size=group_size) as s:
-        results = _ingest_many(
-            documents,
-            collection=collection,
-            replace=replace,
-            format=format,
-            chunker=chunker,
-            embedder=embedder,
-            chunk_size=chunk_size,
-            chunk_overlap=chunk_overlap,
-            group_size=group_size,
-            graph=use_graph(graph, extractor, entity_extractor, relationship_extractor),
-            on_error=on_error,
-        )
-        apply_description(collection, description)  # once the shared options passed
+    request = build_ingest_request("ingest_many", options)
+    collection = request.collection_name
+    with span("ingest_many", collection=collection, group_size=request.group_size) as s:
+        results = _ingest_many(documents, request)
+        apply_description(collection, request.collection.description)  # the options passed
         failed = sum(isinstance(document, Exception) for document in results)
         if failed:
             logger.warning("ingest_many: %d of %d document(s) skipped", failed, len(results))
@@ -120,32 +88,8 @@ def ingest_many(
         return results
 
 
-def _ingest_many(
-    documents,
-    *,
-    collection,
-    replace,
-    format,
-    chunker,
-    embedder,
-    chunk_size,
-    chunk_overlap,
-    group_size,
-    graph,
-    on_error,
-) -> list:
-    # Options shared by every document fail the call, not each document.
-    collection = clean_collection_name(collection)
-    if format not in FORMATS:
-        raise InvalidOption(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
-    options = {
-        key: value
-        for key, value in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
-        if value is not None
-    }
-    get_chunker(chunker, **options)
-    resolved = get_embedder(embedder)
-    errors: dict[int, Exception] | None = {} if on_error == "skip" else None
+def _ingest_many(documents, request: IngestRequest) -> list:
+    errors: dict[int, Exception] | None = {} if request.on_error == "skip" else None
     results: list = []
     validated: list[tuple[int, Pending]] = []
     for index, item in enumerate(documents):
@@ -157,14 +101,14 @@ def _ingest_many(
                     "each document must be a str or a dict with 'text' and optionally "
                     f"{', '.join(sorted(_ITEM_KEYS - {'text'}))}"
                 )
-            parsed = text_document(item["text"], item.get("format", format))
+            parsed = text_document(item["text"], item.get("format", request.format))
             checked = validate(
                 parsed,
-                collection=collection,
+                collection=request.collection_name,
                 title=item.get("title", ""),
                 metadata=item.get("metadata"),
                 source_id=item.get("source_id"),
-                replace=replace,
+                replace=request.replace,
                 check_duplicate=False,
             )
         except RagError as exc:
@@ -177,18 +121,8 @@ def _ingest_many(
         validated.append((index, checked))
         results.append(checked)
     take_versions([item for _, item in validated])
-    to_write = without_stored(validated, results, replace)
-    write_batched(
-        to_write,
-        results,
-        embedder=resolved,
-        chunker=chunker,
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-        group_size=group_size,
-        graph=graph,
-        errors=errors,
-    )
+    to_write = without_stored(validated, results, request.replace)
+    write_batched(to_write, results, request, errors=errors)
     for index, error in (errors or {}).items():
         if not any(note.startswith("in documents[") for note in getattr(error, "__notes__", [])):
             error.add_note(f"in documents[{index}]")
@@ -232,15 +166,9 @@ def without_stored(validated: list[tuple[int, Pending]], results: list, replace:
 def write_batched(
     items: list[tuple[int, Pending]],
     results: list,
+    request: IngestRequest,
     *,
-    embedder: Embedder,
-    chunker,
-    chunk_size,
-    chunk_overlap,
-    group_size: int,
-    graph: bool | GraphExtractor,
     errors: dict[int, Exception] | None = None,
-    progress=None,
 ) -> None:
     """Chunk, embed and write validated documents ``group_size`` at a time; ``results[index]``
     becomes each one's stored document.
@@ -249,16 +177,13 @@ def write_batched(
     with it, a document's failure is recorded there and the others go on (a group whose
     embedding fails is embedded again document by document). ``progress(done, total)`` is
     called with chunk counts as batches are embedded (from the embedding thread)."""
+    embedder, graph, progress = request.embedder, request.graph, request.progress
+    group_size = request.group_size
     pending: list[tuple[int, Pending]] = []
     for index, item in items:
         try:
             item.chunks = chunk_text(
-                item.parsed,
-                chunker=chunker,
-                embedder=embedder,
-                chunk_size=chunk_size,
-                chunk_overlap=chunk_overlap,
-                title=item.document.title,
+                item.parsed, chunker=request.chunker, embedder=embedder, title=item.document.title
             )
         except RagError as exc:
             if errors is None:

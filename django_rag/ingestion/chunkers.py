@@ -365,6 +365,12 @@ ALIASES = {
 }
 
 
+def chunk_options(chunk_size: int | None, chunk_overlap: int | None) -> dict[str, int]:
+    """The per-call chunker options given (None: the chunker's own default)."""
+    sizes = (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
+    return {key: value for key, value in sizes if value is not None}
+
+
 def get_chunker(spec: Any = None, **options: Any) -> Chunker:
     """Return the chunker for ``spec`` (or the configured one), with per-call ``options``.
 

@@ -53,15 +53,15 @@ def strict_setting(strict_collections: bool | None) -> bool:
     return strict
 
 
-def resolve_ingest_collection(
-    collection: Any, strict_collections: bool | None = None
-) -> tuple[str, str | None]:
-    """``(name, description)`` of the collection an ingest writes to. Under strict ingest the
-    collection must exist: :class:`~django_rag.exceptions.UnknownCollection` otherwise,
+def resolve_ingest_collection(collection: Any, strict: bool) -> tuple[str, str | None]:
+    """``(name, description)`` of the collection an ingest writes to (called once per call,
+    by :func:`~django_rag.ingestion.request.build_ingest_request`). Under strict ingest
+    (``strict``: :func:`strict_setting`'s answer) the collection must exist:
+    :class:`~django_rag.exceptions.UnknownCollection` otherwise,
     before anything is parsed, embedded or written. Nothing is written here: the caller
     stores the description with :func:`apply_description` once the document is valid."""
     name, description = split_collection(collection)
-    if strict_setting(strict_collections) and not collection_exists(name):
+    if strict and not collection_exists(name):
         raise UnknownCollection(
             name,
             hint="Strict ingest (strict_collections) never creates a collection: create it "

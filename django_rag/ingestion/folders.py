@@ -24,8 +24,9 @@ import os
 import stat
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Unpack
 
 from django.utils import timezone
 
@@ -34,9 +35,10 @@ from ..models import Document, Job
 from ..models.databases import write_db
 from ..signals import span
 from ..store import delete_source
-from ..validation import clean_collection_name, clean_filename, clean_source_id, clean_text
+from ..validation import clean_filename, clean_source_id, clean_text
 from .isolation import parse_file_isolated
 from .parsers import ParsedDocument, parser_registry
+from .request import IngestOptions, build_ingest_request
 
 # --- walking a tree -------------------------------------------------------------------------
 
@@ -248,18 +250,10 @@ def _stored(collection: str, prefix: str) -> dict[str, list[tuple[str, str]]]:
 def sync_folder(
     path: str | Path,
     *,
-    collection: str | None = None,
     prefix: str = "",
     dry_run: bool = False,
-    metadata: dict | None = None,
-    chunker=None,
-    embedder=None,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
-    group_size: int = 64,
-    graph: bool | None = None,
-    progress: Callable[[int, int], None] | None = None,
     record: bool = True,
+    **options: Unpack[IngestOptions],
 ) -> FolderSync:
     """Make ``collection`` mirror the directory ``path``; return a :class:`FolderSync`.
 
@@ -275,8 +269,11 @@ def sync_folder(
     skipped and reported (:func:`walk_folder`).
 
     ``dry_run=True`` parses and compares but writes nothing: the result says what would be
-    added, replaced, left and deleted. The other options are those of
-    :func:`~django_rag.ingestion.files.ingest_files`.
+    added, replaced, left and deleted. The other options (``collection``, ``metadata``,
+    ``chunker``, ``embedder``, ``chunk_size``, ``chunk_overlap``, ``graph`` and the extractors,
+    ``strict_collections``, ``group_size``, ``progress``) are those of
+    :func:`~django_rag.ingestion.files.ingest_files`, checked before the folder is read; every
+    file replaces its document (``replace`` is not an option here).
 
     Each run (dry runs too) is recorded as a finished ``sync`` job with its counts, so the
     dashboard's Sync page lists the folders and can sync them again (``record=False`` for a
@@ -285,7 +282,8 @@ def sync_folder(
     from .files import ingest_parsed_files
     from .pipeline import content_hash
 
-    name = clean_collection_name(collection)
+    request = replace(build_ingest_request("sync_folder", options), replace=True)
+    name = request.collection_name
     if not isinstance(prefix, str):
         raise InvalidOption(f"prefix must be a str, got {type(prefix).__name__}")
     if prefix:
@@ -334,17 +332,8 @@ def sync_folder(
             outcomes = ingest_parsed_files(
                 [item.path for item, _, _ in wanted],
                 [parsed for _, _, parsed in wanted],
-                collection=name,
+                request,
                 source_ids=[source_id for _, source_id, _ in wanted],
-                replace=True,
-                metadata=metadata,
-                chunker=chunker,
-                embedder=embedder,
-                chunk_size=chunk_size,
-                chunk_overlap=chunk_overlap,
-                group_size=group_size,
-                graph=graph,
-                progress=progress,
             )
             for (_, source_id, _), outcome in zip(wanted, outcomes, strict=True):
                 if isinstance(outcome, Exception):

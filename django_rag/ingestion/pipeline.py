@@ -18,7 +18,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..embeddings import Embedder, active_dimensions
 from ..exceptions import DocumentSuperseded, InvalidOption
@@ -40,6 +40,9 @@ from .headers import embedding_inputs
 from .parsers import ParsedDocument
 from .parsers.base import TEXT_CONTENT_TYPES
 from .prepare import PreparedChunk, attach_vectors, chunk_text, embed_texts
+
+if TYPE_CHECKING:
+    from .request import IngestRequest
 
 logger = logging.getLogger(__name__)
 
@@ -146,29 +149,21 @@ def take_versions(validated: Sequence[Pending]) -> None:
 
 def prepare_document(
     pending: Pending,
+    request: IngestRequest,
     *,
-    embedder: Embedder,
-    chunker=None,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
-    graph: bool | GraphExtractor = False,
-    on_chunk_error: str = "raise",
     progress: Callable[[int, int], None] | None = None,
 ) -> Prepared:
-    """Chunk and embed a validated document (and extract its graph): no database writes.
-    ``progress(done, total)`` follows the embedding, chunk by chunk (a job's report)."""
+    """Chunk and embed a validated document (and extract its graph) as ``request`` says: no
+    database writes. ``progress(done, total)`` follows the embedding, chunk by chunk (a job's
+    report)."""
+    embedder = request.embedder
     chunks = pending.chunks or chunk_text(
-        pending.parsed,
-        chunker=chunker,
-        embedder=embedder,
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-        title=pending.document.title,
+        pending.parsed, chunker=request.chunker, embedder=embedder, title=pending.document.title
     )
     vectors = embed_texts(
-        embedder, embedding_inputs(chunks), on_error=on_chunk_error, progress=progress
+        embedder, embedding_inputs(chunks), on_error=request.on_chunk_error, progress=progress
     )
-    return assemble(pending, chunks, vectors, embedder, graph)
+    return assemble(pending, chunks, vectors, embedder, request.graph)
 
 
 def assemble(

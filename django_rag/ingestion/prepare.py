@@ -15,7 +15,7 @@ from ..embeddings import Embedder
 from ..exceptions import EmbeddingFailed, EmptyDocument
 from ..store import ChunkRow
 from ..validation import check_vectors
-from .chunkers import TextChunk, get_chunker
+from .chunkers import Chunker, TextChunk, chunk_options, get_chunker
 from .headers import add_headers, embedding_inputs, headers_enabled
 from .parsers import ParsedDocument
 
@@ -45,23 +45,14 @@ class PreparedChunk:
 def chunk_text(
     parsed: ParsedDocument,
     *,
-    chunker=None,
+    chunker: Chunker,
     embedder: Embedder,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
     title: str | None = None,
 ) -> list[TextChunk]:
-    """Split ``parsed.text`` with the chunker (per-call sizes override its options). With
+    """Split ``parsed.text`` with ``chunker`` (an ingest request's, its sizes applied). With
     ``CHUNK_HEADERS`` on, each chunk gets its header (``title``, default the parsed title, and
     its heading path; :mod:`.headers`)."""
-    options = {
-        key: value
-        for key, value in (("chunk_size", chunk_size), ("chunk_overlap", chunk_overlap))
-        if value is not None
-    }
-    chunks = get_chunker(chunker, **options).chunk(
-        parsed.text, format=parsed.format, embedder=embedder
-    )
+    chunks = chunker.chunk(parsed.text, format=parsed.format, embedder=embedder)
     if not chunks:
         raise EmptyDocument("The chunker produced no chunks for this document.")
     if headers_enabled():
@@ -109,13 +100,8 @@ def prepare_chunks(
     on_chunk_error: str = "raise",
 ) -> list[PreparedChunk]:
     """Chunk ``parsed.text`` and embed every chunk; raises before anything is stored."""
-    chunks = chunk_text(
-        parsed,
-        chunker=chunker,
-        embedder=embedder,
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-    )
+    resolved = get_chunker(chunker, **chunk_options(chunk_size, chunk_overlap))
+    chunks = chunk_text(parsed, chunker=resolved, embedder=embedder)
     vectors = embed_texts(embedder, embedding_inputs(chunks), on_error=on_chunk_error)
     return attach_vectors(parsed, chunks, vectors, embedder=embedder, dimensions=dimensions)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..background import enqueue
 from ..embeddings import get_embedder
-from ..exceptions import DocumentNotFound, DocumentSuperseded, InvalidOption
+from ..exceptions import DocumentNotFound, DocumentSuperseded
 from ..models import Document, Job
 from ..models.databases import write_db
 from ..signals import span
@@ -24,63 +24,29 @@ from ..validation import (
     clean_text,
     clean_title,
 )
-from .collections import apply_description, resolve_ingest_collection
-from .graphs import refuse_background_extractors, use_graph
+from .chunkers import chunk_options, get_chunker
+from .collections import apply_description
 from .isolation import parse_isolated
 from .parsers import Page, ParsedDocument, check_input_size, get_parser
 from .pipeline import (
-    ON_CHUNK_ERROR,
     Pending,
     content_hash,
     prepare_document,
     store_prepared,
 )
+from .request import CollectionTarget, IngestRequest, normalize_on_chunk_error
 
 
-def ingest_upload(
-    data: bytes,
-    *,
-    filename: str,
-    collection=None,
-    title: str | None = "",
-    metadata=None,
-    source_id: str | None = None,
-    replace: bool = False,
-    chunker=None,
-    embedder=None,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
-    graph: bool | None = None,
-    on_chunk_error: str = "raise",
-    strict_collections: bool | None = None,
-    extractor=None,
-    entity_extractor=None,
-    relationship_extractor=None,
-) -> Document:
-    """Validate an upload's options, store its bytes with a pending document and queue the job
-    that parses, chunks and embeds it."""
-    if on_chunk_error not in ON_CHUNK_ERROR:
-        raise InvalidOption(
-            f"on_chunk_error must be one of {', '.join(ON_CHUNK_ERROR)}, got {on_chunk_error!r}"
-        )
-    if chunker is not None or embedder is not None:
-        raise InvalidOption(
-            "background=True uses the configured chunker and embedder (a worker cannot "
-            "receive per-call components)."
-        )
-    refuse_background_extractors(extractor, entity_extractor, relationship_extractor)
+def ingest_upload(data: bytes, request: IngestRequest, *, filename: str) -> Document:
+    """Store an upload's bytes with a pending document and queue the job that parses, chunks
+    and embeds it (``ingest_bytes(..., background=True)``: ``request`` is checked already)."""
     parser = get_parser(filename)  # an unsupported type is refused now, unread
     check_input_size(parser, len(data), filename=filename)
-    source_id = clean_source_id(source_id)
-    title = clean_title(title)
-    if replace and not source_id:
-        raise InvalidOption(
-            "replace=True needs a source_id: it replaces the document with the same "
-            "(collection, source_id)."
-        )
-    metadata = clean_metadata(metadata)
-    name, description = resolve_ingest_collection(collection, strict_collections)
-    apply_description(name, description)
+    source_id = clean_source_id(request.source_id)
+    title = clean_title(request.title)
+    metadata = clean_metadata(request.metadata)
+    name = request.collection_name
+    apply_description(name, request.collection.description)
     basename = Path(filename).name
     with span("ingest", collection=name, source_id=source_id, filename=basename) as s:
         document = Document(
@@ -100,12 +66,9 @@ def ingest_upload(
                 "document_id": document.pk,
                 "collection": name,
                 "title": document.title or basename,
-                "replace": replace,
+                "replace": request.replace,
                 "upload": True,
-                "chunk_size": chunk_size,
-                "chunk_overlap": chunk_overlap,
-                "graph": use_graph(graph),
-                "on_chunk_error": on_chunk_error,
+                **request.job_options,
             },
         )
         document = _queue(document, job)
@@ -196,15 +159,18 @@ def process_pending(job: Job) -> Document:
                 pages=[Page(*page) for page in params.get("pages", [])],
             )
         pending = Pending(document.collection.name, document, parsed, replace)
-        prepared = prepare_document(
-            pending,
+        # The options were checked when the job was submitted: rebuilt as they were stored.
+        sizes = chunk_options(params.get("chunk_size"), params.get("chunk_overlap"))
+        request = IngestRequest(
+            collection=CollectionTarget(pending.collection),
+            chunker=get_chunker(None, **sizes),
             embedder=get_embedder(),
-            chunk_size=params.get("chunk_size"),
-            chunk_overlap=params.get("chunk_overlap"),
+            **sizes,
             graph=bool(params.get("graph")),
-            on_chunk_error=params.get("on_chunk_error", "raise"),
-            progress=job.report,  # the jobs page shows chunks embedded / chunks
+            on_chunk_error=normalize_on_chunk_error(params.get("on_chunk_error", "raise")),
         )
+        # The jobs page shows chunks embedded / chunks.
+        prepared = prepare_document(pending, request, progress=job.report)
         stored = store_prepared(pending, prepared)
         if params.get("upload"):
             discard_upload(document.pk)

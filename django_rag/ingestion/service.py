@@ -18,24 +18,21 @@ points and ``delete``; batches are in :mod:`~django_rag.ingestion.batch` (``inge
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
+from typing import Unpack
 
-from ..embeddings import get_embedder
 from ..exceptions import DocumentNotFound, InvalidOption
 from ..models import Document
 from ..signals import span
 from ..store import delete_document
 from ..validation import clean_filename
 from .batch import ingest_many  # noqa: F401 (re-exported: callers import it from here)
-from .collections import apply_description, resolve_ingest_collection
+from .collections import apply_description
 from .files import ingest_files, ingest_parsed_files  # noqa: F401 (re-exported)
-from .graphs import refuse_background_extractors, use_graph
 from .isolation import parse_file_isolated, parse_isolated
 from .parsers import ParsedDocument
 from .pipeline import (  # noqa: F401 (FORMATS, content_hash, Prepared are re-exported)
     FORMATS,
-    ON_CHUNK_ERROR,
     Pending,
     Prepared,
     content_hash,
@@ -52,31 +49,12 @@ from .queued import (  # noqa: F401 (abandon_pending, process_pending are re-exp
     ingest_upload,
     process_pending,
 )
+from .request import IngestOptions, IngestRequest, build_ingest_request
 
 # --- public entry points ----------------------------------------------------------------------
 
 
-def ingest(
-    text: str,
-    *,
-    collection: str | Mapping[str, str] | None = None,
-    title: str = "",
-    metadata: dict | None = None,
-    source_id: str | None = None,
-    replace: bool = False,
-    format: str = "text",
-    chunker=None,
-    embedder=None,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
-    background: bool = False,
-    graph: bool | None = None,
-    on_chunk_error: str = "raise",
-    strict_collections: bool | None = None,
-    extractor=None,
-    entity_extractor=None,
-    relationship_extractor=None,
-) -> Document:
+def ingest(text: str, **options: Unpack[IngestOptions]) -> Document:
     """Ingest ``text`` into ``collection`` and return the stored :class:`Document`.
 
     ``collection`` is a name or ``{"name": ..., "description": ...}``: the description is
@@ -88,8 +66,9 @@ def ingest(
     ``replace=True`` (requires ``source_id``) supersedes the previous document with the same
     (collection, source_id) in the same transaction. Ingesting text identical to a stored
     document of the same collection and source returns that document (with
-    ``deduplicated = True``) instead of creating a second one. ``format`` is ``"text"`` or
-    ``"markdown"``; ``chunk_size``/``chunk_overlap`` override the chunker's options.
+    ``deduplicated = True``) instead of creating a second one. ``format`` is ``"text"``,
+    ``"markdown"`` or ``"html"``; ``chunk_size``/``chunk_overlap`` override the chunker's
+    options.
 
     ``background=True`` validates now, stores the document as ``pending`` and leaves chunking
     and embedding to a Celery worker (or runs them inline when no broker is configured); the
@@ -103,40 +82,29 @@ def ingest(
 
     ``on_chunk_error="skip"`` stores the chunks that embed when the provider refuses some (the
     skipped indexes are in ``document.skipped_chunks`` and ``document.error``); the default
-    ``"raise"`` stores nothing.
+    ``"raise"`` (or ``"abort"``, Arcana's name) stores nothing.
+
+    Every option is checked before anything is read or written: an unknown one raises
+    :class:`~django_rag.exceptions.InvalidOption` naming the closest known option.
     """
-    return _ingest_parsed(
-        text_document(text, format),
-        collection=collection,
-        title=title,
-        metadata=metadata,
-        source_id=source_id,
-        replace=replace,
-        chunker=chunker,
-        embedder=embedder,
-        chunk_size=chunk_size,
-        chunk_overlap=chunk_overlap,
-        background=background,
-        graph=graph,
-        on_chunk_error=on_chunk_error,
-        strict_collections=strict_collections,
-        extractor=extractor,
-        entity_extractor=entity_extractor,
-        relationship_extractor=relationship_extractor,
-    )
+    request = build_ingest_request("ingest", options)
+    return ingest_parsed(text_document(text, request.format), request)
 
 
-def ingest_file(path: str | Path, **options) -> Document:
-    """Parse the file at ``path`` (by extension) and ingest it; options as for :func:`ingest`.
-    The parse runs in a bounded worker (``MAX_PARSE_MEMORY``, ``PARSE_TIMEOUT``)."""
+def ingest_file(path: str | Path, **options: Unpack[IngestOptions]) -> Document:
+    """Parse the file at ``path`` (by extension) and ingest it; options as for :func:`ingest`
+    (but ``format``: the extension decides). The parse runs in a bounded worker
+    (``MAX_PARSE_MEMORY``, ``PARSE_TIMEOUT``)."""
+    request = build_ingest_request("ingest_file", options)
     clean_filename(str(path))
     parsed = parse_file_isolated(path)
-    return _ingest_parsed(parsed, filename=Path(path).name, **options)
+    return ingest_parsed(parsed, request, filename=Path(path).name)
 
 
-def ingest_bytes(data: bytes, *, filename: str, background: bool = False, **options) -> Document:
+def ingest_bytes(data: bytes, *, filename: str, **options: Unpack[IngestOptions]) -> Document:
     """Parse ``data`` as a file called ``filename`` and ingest it; nothing touches disk. The
     parse runs in a bounded worker (``MAX_PARSE_MEMORY``, ``PARSE_TIMEOUT``), as every parse.
+    Options as for :func:`ingest` (but ``format``: the file name's extension decides).
 
     With ``background=True`` the bytes are not parsed here: they are stored with the pending
     document, and the job parses them (in a child process limited to ``MAX_PARSE_MEMORY``),
@@ -145,83 +113,49 @@ def ingest_bytes(data: bytes, *, filename: str, background: bool = False, **opti
     error's message. This is how the dashboard ingests uploads: the web process never holds
     what parsing a hostile file would take.
     """
+    request = build_ingest_request("ingest_bytes", options)
     if not isinstance(data, bytes | bytearray | memoryview):
         raise InvalidOption(f"data must be bytes, got {type(data).__name__}")
     clean_filename(filename)
-    if background:
-        return ingest_upload(bytes(data), filename=filename, **options)
+    if request.background:
+        return ingest_upload(bytes(data), request, filename=filename)
     parsed = parse_isolated(bytes(data), filename=filename)
-    return _ingest_parsed(parsed, filename=Path(filename).name, **options)
+    return ingest_parsed(parsed, request, filename=Path(filename).name)
 
 
-def _ingest_parsed(
-    parsed: ParsedDocument,
-    *,
-    chunker=None,
-    embedder=None,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
-    background: bool = False,
-    graph: bool | None = None,
-    on_chunk_error: str = "raise",
-    strict_collections: bool | None = None,
-    extractor=None,
-    entity_extractor=None,
-    relationship_extractor=None,
-    **document_options,
-):
-    if on_chunk_error not in ON_CHUNK_ERROR:
-        raise InvalidOption(
-            f"on_chunk_error must be one of {', '.join(ON_CHUNK_ERROR)}, got {on_chunk_error!r}"
-        )
-    if background:
-        refuse_background_extractors(extractor, entity_extractor, relationship_extractor)
-    with_graph = use_graph(graph, extractor, entity_extractor, relationship_extractor)
-    name, description = resolve_ingest_collection(
-        document_options.get("collection"), strict_collections
-    )
-    document_options["collection"] = name
+def ingest_parsed(
+    parsed: ParsedDocument, request: IngestRequest, *, filename: str = ""
+) -> Document:
+    """Ingest one parsed document as ``request`` says (what :func:`ingest`, :func:`ingest_file`
+    and :func:`ingest_bytes` run once their input is text)."""
+    name = request.collection_name
     with span(
         "ingest",
         text=parsed.text,
-        collection=document_options.get("collection"),
-        source_id=document_options.get("source_id"),
-        filename=document_options.get("filename", ""),
+        collection=name,
+        source_id=request.source_id,
+        filename=filename,
         chars=len(parsed.text) if isinstance(parsed.text, str) else None,
     ) as s:
-        pending = validate(parsed, **document_options)
-        apply_description(name, description)  # once the document is valid
+        pending = validate(
+            parsed,
+            collection=name,
+            title=request.title,
+            metadata=request.metadata,
+            source_id=request.source_id,
+            replace=request.replace,
+            filename=filename,
+        )
+        apply_description(name, request.collection.description)  # once the document is valid
         if not isinstance(pending, Pending):
             s.set(document_id=pending.pk, chunk_count=pending.chunk_count, deduplicated=True)
             return pending
         take_versions([pending])
-        if background:
-            if chunker is not None or embedder is not None:
-                raise InvalidOption(
-                    "background=True uses the configured chunker and embedder (a worker "
-                    "cannot receive per-call components)."
-                )
-            document = enqueue_document(
-                pending,
-                {
-                    "chunk_size": chunk_size,
-                    "chunk_overlap": chunk_overlap,
-                    "graph": bool(with_graph),
-                    "on_chunk_error": on_chunk_error,
-                },
-            )
+        if request.background:
+            document = enqueue_document(pending, request.job_options)
             s.set(document_id=document.pk, background=True, status=document.status)
             return document
-        resolved = get_embedder(embedder)
-        prepared = prepare_document(
-            pending,
-            embedder=resolved,
-            chunker=chunker,
-            chunk_size=chunk_size,
-            chunk_overlap=chunk_overlap,
-            graph=with_graph,
-            on_chunk_error=on_chunk_error,
-        )
+        prepared = prepare_document(pending, request)
         document = store_prepared(pending, prepared)
         s.set(
             document_id=document.pk,
@@ -232,32 +166,24 @@ def _ingest_parsed(
         return document
 
 
-def ingest_source(
-    text: str,
-    *,
-    collection: str,
-    source_id: str,
-    version: int,
-    title: str = "",
-    metadata: dict | None = None,
-    format: str = "text",
-) -> Document:
-    """Replace ``(collection, source_id)`` with ``text`` at ``version``, a version taken earlier
-    (:func:`~django_rag.store.next_versions`) when the change was made: model sync takes it as
-    the row's change commits, so the order of changes decides what stays, not the order the
-    jobs run in. Returns the stored document (``superseded`` when a newer version won)."""
+def ingest_source(text: str, request: IngestRequest, *, version: int) -> Document:
+    """Replace ``(collection, source_id)`` of ``request`` (built for ``"sync"``) with ``text``
+    at ``version``, a version taken earlier (:func:`~django_rag.store.next_versions`) when the
+    change was made: model sync takes it as the row's change commits, so the order of changes
+    decides what stays, not the order the jobs run in. Returns the stored document
+    (``superseded`` when a newer version won)."""
     pending = validate(
-        text_document(text, format),
-        collection=collection,
-        title=title,
-        metadata=metadata,
-        source_id=source_id,
+        text_document(text, request.format),
+        collection=request.collection_name,
+        title=request.title,
+        metadata=request.metadata,
+        source_id=request.source_id,
         replace=True,
         check_duplicate=False,
     )
+    apply_description(request.collection_name, request.collection.description)
     pending.document.version = version
-    prepared = prepare_document(pending, embedder=get_embedder(), graph=use_graph(None))
-    return store_prepared(pending, prepared)
+    return store_prepared(pending, prepare_document(pending, request))
 
 
 def delete(document: Document | int | str) -> None:

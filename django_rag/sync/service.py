@@ -24,6 +24,7 @@ from django.db import router, transaction
 from .. import background
 from ..exceptions import RagError
 from ..ingestion.isolation import html_to_markdown_isolated
+from ..ingestion.request import build_ingest_request
 from ..ingestion.service import content_hash, ingest_many, ingest_source
 from ..models import Document, Job
 from ..models.databases import write_db
@@ -120,15 +121,18 @@ def sync_row(
             )
             s.set(action="unchanged")
             return {"action": "unchanged", "document_id": current.pk}
-        stored = ingest_source(
-            text,
-            collection=collection,
-            source_id=source_id,
-            version=version,
-            title=document["title"],
-            metadata=document["metadata"],
-            format=format,
+        request = build_ingest_request(
+            "sync",
+            {
+                "collection": collection,
+                "source_id": source_id,
+                "title": document["title"],
+                "metadata": document["metadata"],
+                "format": format,
+                "replace": True,
+            },
         )
+        stored = ingest_source(text, request, version=version)
         action = "superseded" if stored.superseded else "indexed"
         s.set(action=action, document_id=stored.pk)
         return {"action": action, "document_id": stored.pk}

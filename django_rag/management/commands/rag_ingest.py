@@ -1,3 +1,4 @@
+import argparse
 import glob
 import json
 import threading
@@ -153,6 +154,13 @@ class Command(RagCommand):
             metavar="TOKENS",
             help="tokens shared by consecutive chunks (default: the CHUNKER setting)",
         )
+        parser.add_argument(
+            "--strict-collections",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="never create the collection: an unknown one fails before any file is read "
+            "(default: the STRICT_COLLECTIONS setting)",
+        )
         versions = parser.add_mutually_exclusive_group()
         versions.add_argument(
             "--replace",
@@ -198,6 +206,7 @@ class Command(RagCommand):
         metadata,
         chunk_size,
         chunk_overlap,
+        strict_collections,
         replace,
         keep_versions,
         sync,
@@ -206,16 +215,20 @@ class Command(RagCommand):
         quiet,
         **options,
     ):
-        metadata = parse_metadata(metadata)
+        # The ingest options the flags give, checked by the ingest request (ingestion.request).
+        ingest_options = {
+            "collection": collection,
+            "metadata": parse_metadata(metadata),
+            "chunk_size": chunk_size,
+            "chunk_overlap": chunk_overlap,
+            "strict_collections": strict_collections,
+        }
         if sync:
             return self.sync(
                 paths,
-                collection=collection,
+                ingest_options,
                 source_id=source_id,
                 title=title,
-                metadata=metadata,
-                chunk_size=chunk_size,
-                chunk_overlap=chunk_overlap,
                 keep_versions=keep_versions,
                 dry_run=dry_run,
                 prefix=source_prefix,
@@ -257,14 +270,11 @@ class Command(RagCommand):
         try:
             outcomes = ingest_files(
                 [path for path, _ in regular],
-                collection=collection,
                 source_ids=[identity for _, identity in regular],
                 replace=replace,
                 title=title or "",
-                metadata=metadata,
-                chunk_size=chunk_size,
-                chunk_overlap=chunk_overlap,
                 progress=report if progress.enabled else None,
+                **ingest_options,
             )
         except RagError as exc:  # an option wrong for every file
             raise CommandError(str(exc)) from exc
@@ -352,13 +362,10 @@ class Command(RagCommand):
     def sync(
         self,
         paths,
+        ingest_options,
         *,
-        collection,
         source_id,
         title,
-        metadata,
-        chunk_size,
-        chunk_overlap,
         keep_versions,
         dry_run,
         prefix,
@@ -389,13 +396,10 @@ class Command(RagCommand):
         try:
             result = sync_folder(
                 paths[0],
-                collection=collection,
                 prefix=prefix,
                 dry_run=dry_run,
-                metadata=metadata,
-                chunk_size=chunk_size,
-                chunk_overlap=chunk_overlap,
                 progress=report if progress.enabled else None,
+                **ingest_options,
             )
         except RagError as exc:
             raise CommandError(str(exc)) from exc
