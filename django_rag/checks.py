@@ -104,7 +104,9 @@ def check_settings(app_configs=None, **kwargs):
             )
     try:
         for extension in parser_registry():
-            get_parser(f"x{extension}")
+            get_parser(f"x{extension}", check_available=False)
+        if get_setting("FALLBACK_PARSER") is not None:
+            get_parser("x.unclaimed-extension-check", check_available=False)
     except ConfigurationError as exc:
         errors.append(
             checks.Error(str(exc), hint="Fix DJANGO_RAG['PARSERS'].", id="django_rag.E002")
