@@ -212,3 +212,25 @@ def test_builtin_parsers_with_extras_declare_them():
     pyproject = (Path(__file__).resolve().parent.parent / "pyproject.toml").read_text()
     for extra in extras.values():
         assert f"\n{extra} = [" in pyproject
+
+
+def test_a_bad_fallback_parser_fails_the_system_check_naming_it(settings):
+    from django_rag.checks import check_settings
+
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "FALLBACK_PARSER": "myproject.nope.Parser"}
+    errors = [e for e in check_settings() if e.id == "django_rag.E002"]
+    assert errors and "FALLBACK_PARSER" in errors[0].msg
+    settings.DJANGO_RAG = {"EMBEDDER": "hashing", "FALLBACK_PARSER": EchoParser}
+    assert not [e for e in check_settings() if e.id == "django_rag.E002"]
+
+
+def test_parser_formats_include_the_fallback_content_type(settings):
+    from django_rag.ingestion.parsers import parser_formats
+
+    class LogParser(EchoParser):
+        content_type = "text/x-log"
+        format = "markdown"
+
+    assert "text/x-log" not in parser_formats()
+    settings.DJANGO_RAG = {"FALLBACK_PARSER": LogParser}
+    assert parser_formats()["text/x-log"] == "markdown"

@@ -15,7 +15,6 @@ from ..conf import get_setting
 from ..exceptions import (
     InvalidInput,
     LLMError,
-    RagError,
     TestCaseNotFound,
     UnknownCollection,
 )
@@ -27,6 +26,7 @@ from ..validation import (
     clean_collection_name,
     clean_collection_names,
     clean_int,
+    clean_pk,
     clean_query,
     clean_source_id,
     clean_string,
@@ -203,17 +203,6 @@ def generate_test_cases(
 # --- reading and deleting test cases ---------------------------------------------------------
 
 
-def object_pk(value: Any, error: type[RagError], what: str) -> int:
-    """``value`` as a primary key (an int or a string of digits); anything that cannot be one
-    raises ``error`` (a not-found error) rather than a ValueError."""
-    pk = value
-    if isinstance(pk, str) and pk.isascii() and pk.strip().isdigit():
-        pk = int(pk)
-    if isinstance(pk, bool) or not isinstance(pk, int) or not 0 < pk < 2**63:
-        raise error(f"No {what} with id {value!r}: ids are positive integers.", id=value)
-    return pk
-
-
 def _test_cases(collection: Any, source_id: str | None) -> QuerySet[TestCase]:
     cases = TestCase.objects.all()
     names = clean_collection_names(collection)
@@ -266,7 +255,7 @@ def get_test_case(test_case_id: Any, *, collection: str | Sequence[str] | None =
     """The test case with this id, its relevance rows loaded. Raises
     :class:`~django_rag.exceptions.TestCaseNotFound` when there is none, when it lies outside
     ``collection``, and for an id that cannot be one."""
-    pk = object_pk(test_case_id, TestCaseNotFound, "test case")
+    pk = clean_pk(test_case_id, TestCaseNotFound, "test case")
     found = list(
         _test_cases(collection, None)
         .filter(pk=pk)
@@ -282,7 +271,7 @@ def delete_test_case(test_case_id: Any, *, collection: str | Sequence[str] | Non
     """Delete a test case (past runs keep their results). The scope is part of the DELETE, so
     a case outside ``collection`` is never removed: it raises
     :class:`~django_rag.exceptions.TestCaseNotFound`, as an unknown id does."""
-    pk = object_pk(test_case_id, TestCaseNotFound, "test case")
+    pk = clean_pk(test_case_id, TestCaseNotFound, "test case")
     deleted, _ = _test_cases(collection, None).filter(pk=pk).delete()
     if not deleted:
         raise TestCaseNotFound(f"No test case with id {pk} here.", id=pk)

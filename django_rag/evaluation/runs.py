@@ -27,12 +27,12 @@ from ..signals import span
 from ..validation import (
     clean_collection_names,
     clean_int,
+    clean_pk,
     clean_positive_int,
     clean_source_id,
     clean_string,
 )
 from . import prompts
-from .cases import object_pk
 from .metrics import METRIC_NAMES, aggregate, case_metrics, paired_difference
 
 logger = logging.getLogger(__name__)
@@ -592,7 +592,7 @@ def get_run(run_id: Any, *, collection: str | Sequence[str] | None = None) -> Ru
     """The run with this id; :class:`~django_rag.exceptions.RunNotFound` when there is none,
     when it lies outside ``collection`` (as :func:`list_runs` scopes) or for an id that
     cannot be one."""
-    pk = object_pk(run_id, RunNotFound, "evaluation run")
+    pk = clean_pk(run_id, RunNotFound, "evaluation run")
     run = _runs(collection).filter(pk=pk).first()
     if run is None:
         raise RunNotFound(f"No evaluation run with id {pk} here.", id=pk)
@@ -602,7 +602,7 @@ def get_run(run_id: Any, *, collection: str | Sequence[str] | None = None) -> Ru
 def delete_run(run_id: Any, *, collection: str | Sequence[str] | None = None) -> None:
     """Delete a run. The scope is part of the DELETE: a run outside ``collection`` raises
     :class:`~django_rag.exceptions.RunNotFound`, as an unknown id does, and stays."""
-    pk = object_pk(run_id, RunNotFound, "evaluation run")
+    pk = clean_pk(run_id, RunNotFound, "evaluation run")
     deleted, _ = _runs(collection).filter(pk=pk).delete()
     if not deleted:
         raise RunNotFound(f"No evaluation run with id {pk} here.", id=pk)

@@ -184,18 +184,33 @@ def get_parser(
     return parser
 
 
+def fallback_parser() -> Parser | None:
+    """``FALLBACK_PARSER`` built with its options (None when unset); a bad one raises
+    ConfigurationError naming the setting."""
+    spec = get_setting("FALLBACK_PARSER")
+    if spec is None:
+        return None
+    spec, options = _spec_parts(spec, "FALLBACK_PARSER")
+    return _build(spec, options, {}, setting="FALLBACK_PARSER", what="unclaimed extensions")
+
+
 def parser_formats() -> dict[str, str]:
     """``{content type: "markdown" or "text"}``: what a stored document of each content type
     was chunked as. A document keeps its content type, not its format: its chunk headers are
     rebuilt with this (``rag_maintenance headers``). Text given to ``ingest`` comes first
     (``TEXT_CONTENT_TYPES``: plain text is text, Markdown and HTML are chunked as Markdown),
-    then each registered parser's :attr:`Parser.format`."""
+    then each registered parser's :attr:`Parser.format`, then the fallback's."""
     formats = {
         content_type: "text" if given == "text" else "markdown"
         for given, content_type in TEXT_CONTENT_TYPES.items()
     }
-    for extension in parser_registry():
-        parser = get_parser(f"x{extension}", check_available=False)
+    parsers = [
+        get_parser(f"x{extension}", check_available=False) for extension in parser_registry()
+    ]
+    fallback = fallback_parser()
+    if fallback is not None:
+        parsers.append(fallback)
+    for parser in parsers:
         formats.setdefault(parser.content_type, getattr(parser, "format", "text"))
     return formats
 
