@@ -148,3 +148,26 @@ def test_explicit_collection_that_none_of_the_chunks_belong_to_is_refused(corpus
         "days?", chunks=[chunk_of(corpus["leave"]), chunk_of(corpus["drill"])], collection="hr"
     )
     assert mixed.collection.name == "hr"
+
+
+def test_a_scoped_caller_never_sees_a_case_linking_another_collections_chunk(corpus):
+    mixed = create_test_case(
+        "days?", chunks=[chunk_of(corpus["leave"]), chunk_of(corpus["drill"])], collection="hr"
+    )
+    own = create_test_case("leave?", chunks=[chunk_of(corpus["leave"])])
+    assert [c.pk for c in list_test_cases(collection="hr")] == [own.pk]
+    assert count_test_cases(collection="hr") == 1
+    with pytest.raises(TestCaseNotFound):
+        get_test_case(mixed.pk, collection="hr")
+    with pytest.raises(TestCaseNotFound):
+        delete_test_case(mixed.pk, collection="hr")
+    assert TestCase.objects.filter(pk=mixed.pk).exists()
+    # Allowed both collections, it is seen; unscoped, too.
+    assert get_test_case(mixed.pk, collection=["hr", "tools"]).pk == mixed.pk
+    assert {c.pk for c in list_test_cases()} == {mixed.pk, own.pk}
+    # A document-level case counts its documents' collections the same way.
+    by_doc = create_test_case("docs?", documents=[corpus["leave"], corpus["drill"]])
+    assert by_doc.collection is None
+    TestCase.objects.filter(pk=by_doc.pk).update(collection=corpus["leave"].collection)
+    assert by_doc.pk not in {c.pk for c in list_test_cases(collection="hr")}
+    assert by_doc.pk in {c.pk for c in list_test_cases(collection=["hr", "tools"])}

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from ..conf import get_setting
 from ..exceptions import (
@@ -207,10 +207,19 @@ def _test_cases(collection: Any, source_id: str | None) -> QuerySet[TestCase]:
     cases = TestCase.objects.all()
     names = clean_collection_names(collection)
     if names is not None:
-        # A case belongs to one collection (that of its relevant items) or to none (items in
-        # several): scoped, only the cases filed under an allowed collection are seen, and an
-        # unknown name matches nothing.
-        cases = cases.filter(collection__name__in=names)
+        # Scoped, a case is seen when it is filed under an allowed collection and every chunk
+        # or document it links (relevant ones, the source chunk) lies in one too, as in
+        # Arcana: a scoped caller never learns of another collection's chunks through a case.
+        # An unknown name matches nothing.
+        foreign = Relevance.objects.filter(test_case=OuterRef("pk")).filter(
+            Q(chunk__isnull=False) & ~Q(chunk__collection__name__in=names)
+            | Q(document__isnull=False) & ~Q(document__collection__name__in=names)
+        )
+        cases = cases.filter(
+            Q(collection__name__in=names),
+            Q(source_chunk__isnull=True) | Q(source_chunk__collection__name__in=names),
+            ~Exists(foreign),
+        )
     source_id = clean_source_id(source_id) or None
     if source_id:
         cases = cases.filter(
