@@ -21,6 +21,7 @@ from .embeddings import get_embedder
 from .exceptions import ConfigurationError, UnknownSetting
 from .ingestion.chunkers import get_chunker
 from .ingestion.parsers import get_parser, parser_registry
+from .ingestion.parsers.registry import fallback_parser
 from .models import Chunk, vector_index
 from .retrieval.stores import get_vector_store
 from .store.graph_stores import get_graph_store
@@ -106,7 +107,8 @@ def check_settings(app_configs=None, **kwargs):
             )
     try:
         for extension in parser_registry():
-            get_parser(f"x{extension}")
+            get_parser(f"x{extension}", check_available=False)
+        fallback_parser()
     except ConfigurationError as exc:
         errors.append(
             checks.Error(str(exc), hint="Fix DJANGO_RAG['PARSERS'].", id="django_rag.E002")

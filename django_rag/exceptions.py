@@ -78,6 +78,21 @@ class MissingDependency(RagError, ImproperlyConfigured):
         self.extra = extra
 
 
+class ParserUnavailable(MissingDependency):
+    """The parser chosen for a file needs an optional extra that is not installed. Raised
+    before the parser runs (and before an upload is stored or a worker is started), naming
+    the parser, the file and the extra to install. Also a :class:`MissingDependency`, so
+    handlers of that keep working."""
+
+    code = "parser_unavailable"
+
+    def __init__(self, package: str, extra: str, *, parser: str, filename: str):
+        super().__init__(package, extra, f"The parser {parser} (chosen for {filename!r})")
+        self.details.update(parser=parser, filename=filename)
+        self.parser = parser
+        self.filename = filename
+
+
 class BrokenDependency(MissingDependency):
     """An optional dependency is installed but cannot be imported: a package it needs is
     missing or broken (an older pip, for one, skips a dependency's extra whose name it does not
@@ -294,6 +309,19 @@ class CollectionNotEmpty(RagError):
 
 class DocumentNotFound(RagError, LookupError):
     code = "document_not_found"
+
+
+class TestCaseNotFound(RagError, LookupError):
+    """No evaluation test case has this id (or it lies outside the collections asked for)."""
+
+    __test__ = False  # not a pytest test class
+    code = "test_case_not_found"
+
+
+class RunNotFound(RagError, LookupError):
+    """No evaluation run has this id (or it lies outside the collections asked for)."""
+
+    code = "run_not_found"
 
 
 class DocumentSuperseded(RagError):

@@ -173,8 +173,15 @@ SCHEMA: tuple[Setting, ...] = (
     _s(
         "PARSERS",
         {},
-        "Parsers by file extension, merged over the built-ins; None disables one.",
+        "Parsers by file extension, merged over the built-ins: a dotted path, a Parser class "
+        "or instance, or a (parser, {options}) pair; None disables one (the fallback too).",
         (dict,),
+    ),
+    _s(
+        "FALLBACK_PARSER",
+        None,
+        "The parser for files whose extension no PARSERS entry claims (same forms as a "
+        "PARSERS value); None: such files are refused with UnsupportedFileType.",
     ),
     _s(
         "VECTOR_STORE",

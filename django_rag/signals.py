@@ -54,12 +54,16 @@ TEXT_KEYS = frozenset(
         "expanded_query",
         "sub_questions",
         "follow_up_query",
+        # Arcana's stop metadata carries the ingested document, the search results and the
+        # answer; ours carry ids and counts, and these summaries only with INCLUDE_TEXT.
+        "document",
+        "results",
     }
 )
 
 
 _ids = itertools.count(1)
-_current: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[Span | None] = contextvars.ContextVar(
     "django_rag_span", default=None
 )
 
@@ -67,13 +71,15 @@ _current: contextvars.ContextVar[int | None] = contextvars.ContextVar(
 class Span:
     """The handle :func:`span` yields: ``set()`` adds metadata to the finished/failed event."""
 
-    __slots__ = ("event", "metadata", "span_id", "parent_id")
+    __slots__ = ("event", "metadata", "span_id", "parent_id", "parent")
 
     def __init__(self, event: str, metadata: dict[str, Any]):
         self.event = event
         self.metadata = metadata
         self.span_id = next(_ids)
-        self.parent_id = _current.get()
+        parent = _current.get()
+        self.parent_id = parent.span_id if parent is not None else None
+        self.parent = parent
 
     def set(self, **metadata: Any) -> None:
         self.metadata.update(metadata)
@@ -124,7 +130,7 @@ def span(event: str, **metadata: Any) -> Iterator[Span]:
     handle = Span(event, dict(metadata))
     ids = {"span_id": handle.span_id, "parent_id": handle.parent_id}
     send(operation_started, event, metadata, system_time=time.time(), **ids)
-    token = _current.set(handle.span_id)
+    token = _current.set(handle)
     started = time.perf_counter()
     try:
         yield handle
@@ -140,6 +146,17 @@ def span(event: str, **metadata: Any) -> Iterator[Span]:
         _finish(token, operation_finished, handle, started, ids)
 
 
+def annotate(event: str, **metadata: Any) -> None:
+    """Add stop metadata to the innermost open span of ``event`` in this context (nothing when
+    none is open): a step deep inside an operation reports to it without being handed its
+    span."""
+    handle = _current.get()
+    while handle is not None and handle.event != event:
+        handle = handle.parent
+    if handle is not None:
+        handle.set(**metadata)
+
+
 def _finish(token, signal, handle: Span, started: float, ids, **kwargs: Any) -> None:
     duration = time.perf_counter() - started
     try:
@@ -149,4 +166,11 @@ def _finish(token, signal, handle: Span, started: float, ids, **kwargs: Any) -> 
     send(signal, handle.event, handle.metadata, duration=duration, **ids, **kwargs)
 
 
-__all__ = ["operation_started", "operation_finished", "operation_failed", "span", "Span"]
+__all__ = [
+    "operation_started",
+    "operation_finished",
+    "operation_failed",
+    "span",
+    "annotate",
+    "Span",
+]

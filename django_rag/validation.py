@@ -168,6 +168,18 @@ def clean_metadata(metadata: Any) -> dict:
 MAX_PK = 2**63 - 1
 
 
+def clean_pk(value: Any, not_found: type[Exception], what: str) -> int:
+    """``value`` as a primary key (an int or a string of digits). Anything that cannot name a
+    row (``"abc"``, None, -1, a bool, past bigint) raises ``not_found`` (a not-found error
+    taking ``(message, id=value)``) rather than a ValueError: no such row exists."""
+    pk = value
+    if isinstance(pk, str) and pk.isascii() and pk.strip().isdigit():
+        pk = int(pk)
+    if isinstance(pk, bool) or not isinstance(pk, int) or not 0 < pk <= MAX_PK:
+        raise not_found(f"No {what} with id {value!r}: {what} ids are positive integers.", id=value)
+    return pk
+
+
 def clean_collection_name(collection: Any, *, strict: bool = False) -> str:
     """A collection name (None: ``DEFAULT_COLLECTION``): not blank, at most 255 characters, no
     NUL, valid Unicode; with ``strict`` (names from untrusted callers: the HTTP API) no control

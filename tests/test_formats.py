@@ -531,7 +531,9 @@ def test_a_format_whose_extra_is_missing_says_which_extra_to_install(
     with pytest.raises(MissingDependency, match=rf"django-rag\[{extra}\]") as caught:
         parse_bytes(b"PK\x05\x06" + b"\x00" * 18, filename=filename)
     assert caught.value.details["extra"] == extra
-    assert caught.value.code == "missing_dependency"
+    # Found before the parser runs: the typed ParserUnavailable, naming the parser and file.
+    assert caught.value.code == "parser_unavailable"
+    assert caught.value.details["filename"] == filename
 
 
 @docx_extra

@@ -559,8 +559,12 @@ def test_test_cases_validate_their_collection_and_question(docs):
         create_test_case("refunds\ud800?", chunks=[chunk])
     with nothing_written(), pytest.raises(InvalidInput):
         create_test_case(ZERO_WIDTH, chunks=[chunk])
-    with nothing_written(), pytest.raises(UnknownCollection):
-        generate_test_cases(3, collection="nope", llm=ScriptedLLM())
+    llm = ScriptedLLM()
+    with nothing_written():  # as in Arcana: no such collection, no chunks, nothing generated
+        assert generate_test_cases(3, collection="nope", llm=llm).created == []
+    assert llm.calls == []
+    with nothing_written(), pytest.raises(InvalidOption):
+        generate_test_cases(3, collection="docs\x00", llm=llm)
     with nothing_written(), pytest.raises(InvalidInput):
         generate_test_cases(True, llm=ScriptedLLM())
 

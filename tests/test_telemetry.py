@@ -19,7 +19,11 @@ pytestmark = pytest.mark.django_db
 
 # event: (keys in the start metadata, keys added by the stop metadata)
 EVENTS = {
-    "ingest": ({"collection", "source_id", "chars"}, {"document_id", "chunk_count"}),
+    "ingest": (
+        {"collection", "source_id", "chars"},
+        {"document_id", "chunk_count", "skipped_chunks"},
+    ),
+    "chunk": ({"chunker", "format", "chars"}, {"chunk_count"}),
     "ingest_many": ({"collection"}, {"document_count", "chunk_count"}),
     "delete": ({"document_id"}, set()),
     "embed": ({"model", "count"}, {"dimensions"}),
@@ -47,7 +51,14 @@ EVENTS = {
         {"score", "spans", "faithful_span_count", "hallucinated_span_count"},
     ),
     "evaluation.generate": ({"sample_size", "collection"}, {"created", "skipped"}),
-    "evaluation.run": ({"run_id", "mode", "total"}, {"mrr", "ndcg_at_10", "recall_at_5"}),
+    "evaluation.run": (
+        {"run_id", "run_ref", "mode", "total"},
+        {"mrr", "ndcg_at_10", "recall_at_5"},
+    ),
+    "evaluation.case": (
+        {"run_id", "run_ref", "index", "total", "test_case_id", "retriever"},
+        {"ndcg_at_10", "retrieved"},
+    ),
     "reembed": ({"model"}, {"reembedded"}),
     "graph.extraction": (set(), {"entity_count", "relationship_count"}),
     "graph.build": ({"collection", "resume"}, {"chunks", "entities", "relationships"}),

@@ -4,19 +4,33 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Exists, OuterRef, Q, QuerySet
 
 from ..conf import get_setting
-from ..exceptions import InvalidInput, LLMError, UnknownCollection
+from ..exceptions import (
+    InvalidInput,
+    LLMError,
+    TestCaseNotFound,
+    UnknownCollection,
+)
 from ..llm import get_llm
 from ..models import Chunk, Collection, Document, Relevance, TestCase
 from ..models.databases import write_db
 from ..signals import span
-from ..validation import clean_collection_name, clean_query, clean_source_id, clean_string
+from ..validation import (
+    clean_collection_name,
+    clean_collection_names,
+    clean_int,
+    clean_pk,
+    clean_query,
+    clean_source_id,
+    clean_string,
+)
 from . import prompts
 
 logger = logging.getLogger(__name__)
@@ -55,6 +69,14 @@ def create_test_case(
         raise InvalidInput("Give the relevant chunks or the relevant documents (one of them).")
     grades = grades or {}
     found = _relevant_collections(Chunk if chunk_ids else Document, chunk_ids or document_ids)
+    if target is not None and target.pk not in found:
+        # A case filed under a collection none of its answers lie in could never be found by
+        # a run scoped to that collection: it would only drag the scores down.
+        raise InvalidInput(
+            f"None of the relevant {'chunks' if chunk_ids else 'documents'} is in the "
+            f"collection {target.name!r}: give that collection's chunks or documents, or "
+            "leave collection out (the case takes the collection of its relevant items)."
+        )
     if target is None and len(set(found)) == 1:
         target = Collection.objects.using(write_db()).get(pk=found[0])
     with transaction.atomic():
@@ -124,11 +146,15 @@ def generate_test_cases(
 
     Each question becomes a test case whose one relevant chunk is the chunk it came from.
     Answers without a parseable ``{"question": ...}`` and failed calls are skipped and counted.
-    The same ``seed`` samples the same chunks.
+    The same ``seed`` samples the same chunks. A ``collection`` that does not exist has no
+    chunks: nothing is generated (as in Arcana), and the LLM is not called.
     """
     if isinstance(sample_size, bool) or not isinstance(sample_size, int) or sample_size < 1:
         raise InvalidInput(f"sample_size must be a positive integer, got {sample_size!r}")
-    _collection(collection)
+    try:
+        _collection(collection)
+    except UnknownCollection:
+        return Generated()  # no such collection: no chunks to write questions for
     source_id = clean_source_id(source_id) or None
     model = get_llm(llm, feature="generate_test_cases()")
     chunks = Chunk.objects.all()
@@ -172,3 +198,89 @@ def generate_test_cases(
                 progress(done, len(picked))
         s.set(created=len(result.created), skipped=result.skipped)
     return result
+
+
+# --- reading and deleting test cases ---------------------------------------------------------
+
+
+def _test_cases(collection: Any, source_id: str | None) -> QuerySet[TestCase]:
+    cases = TestCase.objects.all()
+    names = clean_collection_names(collection)
+    if names is not None:
+        # Scoped, a case is seen when it is filed under an allowed collection and every chunk
+        # or document it links (relevant ones, the source chunk) lies in one too, as in
+        # Arcana: a scoped caller never learns of another collection's chunks through a case.
+        # An unknown name matches nothing.
+        foreign = Relevance.objects.filter(test_case=OuterRef("pk")).filter(
+            Q(chunk__isnull=False) & ~Q(chunk__collection__name__in=names)
+            | Q(document__isnull=False) & ~Q(document__collection__name__in=names)
+        )
+        cases = cases.filter(
+            Q(collection__name__in=names),
+            Q(source_chunk__isnull=True) | Q(source_chunk__collection__name__in=names),
+            ~Exists(foreign),
+        )
+    source_id = clean_source_id(source_id) or None
+    if source_id:
+        cases = cases.filter(
+            Q(relevance__chunk__document__source_id=source_id)
+            | Q(relevance__document__source_id=source_id)
+            | Q(source_chunk__document__source_id=source_id)
+        ).distinct()
+    return cases
+
+
+def list_test_cases(
+    *,
+    collection: str | Sequence[str] | None = None,
+    source_id: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+) -> list[TestCase]:
+    """Test cases, newest first, their collection and relevance rows loaded.
+
+    ``collection`` (a name or a list) keeps the cases filed under those collections;
+    ``source_id`` the cases with a relevant (or source) item from that document source.
+    ``limit`` (0 to 1000) and ``offset`` page through them."""
+    limit = clean_int("limit", limit, minimum=0, maximum=1000)
+    offset = clean_int("offset", offset, minimum=0)
+    page = (
+        _test_cases(collection, source_id)
+        .select_related("collection", "source_chunk")
+        .prefetch_related("relevance")
+        .order_by("-created_at", "-id")[offset : offset + limit]
+    )
+    return list(page) if limit else []
+
+
+def count_test_cases(
+    *, collection: str | Sequence[str] | None = None, source_id: str | None = None
+) -> int:
+    """How many test cases :func:`list_test_cases` pages through with the same filters."""
+    return _test_cases(collection, source_id).count()
+
+
+def get_test_case(test_case_id: Any, *, collection: str | Sequence[str] | None = None) -> TestCase:
+    """The test case with this id, its relevance rows loaded. Raises
+    :class:`~django_rag.exceptions.TestCaseNotFound` when there is none, when it lies outside
+    ``collection``, and for an id that cannot be one."""
+    pk = clean_pk(test_case_id, TestCaseNotFound, "test case")
+    found = list(
+        _test_cases(collection, None)
+        .filter(pk=pk)
+        .select_related("collection", "source_chunk")
+        .prefetch_related("relevance")
+    )
+    if not found:
+        raise TestCaseNotFound(f"No test case with id {pk} here.", id=pk)
+    return found[0]
+
+
+def delete_test_case(test_case_id: Any, *, collection: str | Sequence[str] | None = None) -> None:
+    """Delete a test case (past runs keep their results). The scope is part of the DELETE, so
+    a case outside ``collection`` is never removed: it raises
+    :class:`~django_rag.exceptions.TestCaseNotFound`, as an unknown id does."""
+    pk = clean_pk(test_case_id, TestCaseNotFound, "test case")
+    deleted, _ = _test_cases(collection, None).filter(pk=pk).delete()
+    if not deleted:
+        raise TestCaseNotFound(f"No test case with id {pk} here.", id=pk)

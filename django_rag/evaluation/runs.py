@@ -2,28 +2,36 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from statistics import fmean
 from typing import Any
 
-from django.db.models import Prefetch, Q
+from django.db.models import Prefetch, Q, QuerySet
 from django.utils import timezone
 
 from ..agent import Agent, Context, Loop, LoopResult
 from ..agent.steps import STEPS
 from ..answers.grounding import get_grounder, ground_text
 from ..answers.service import answer_messages
-from ..conf import scrub_text, search_setting
+from ..conf import get_setting, get_settings, redact, scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
-from ..exceptions import InvalidInput, InvalidOption, LLMError, UnknownCollection
+from ..exceptions import InvalidInput, InvalidOption, LLMError, RunNotFound, UnknownCollection
 from ..llm import collect_usage, get_llm
 from ..models import Collection, Relevance, Run, TestCase
 from ..results import Answer, SearchResult
 from ..retrieval.request import MAX_LIMIT, normalize_mode
 from ..retrieval.service import search
 from ..signals import span
-from ..validation import clean_collection_names, clean_positive_int, clean_source_id
+from ..validation import (
+    clean_collection_names,
+    clean_int,
+    clean_pk,
+    clean_positive_int,
+    clean_source_id,
+    clean_string,
+)
 from . import prompts
 from .metrics import METRIC_NAMES, aggregate, case_metrics, paired_difference
 
@@ -65,9 +73,40 @@ def _config(mode: str, limit: int, options: dict[str, Any], **extra: Any) -> dic
         "semantic_weight": options.get("semantic_weight", search_setting("SEMANTIC_WEIGHT")),
         "fulltext_weight": options.get("fulltext_weight", search_setting("FULLTEXT_WEIGHT")),
         "reranker": None if reranker is None else getattr(reranker, "name", repr(reranker)),
+        "vector_store": _component_label(
+            options.get("vector_store") or get_setting("VECTOR_STORE")
+        ),
+        "graph": _graph_config(options.get("graph")),
         **extra,
     }
     return config
+
+
+def _component_label(component: Any) -> str:
+    """A setting's component as text: its alias or dotted path, else its class's path."""
+    if isinstance(component, str):
+        return component
+    kind = component if isinstance(component, type) else type(component)
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _graph_config(per_call: Any) -> dict[str, Any]:
+    """The graph settings a run searched with (secrets redacted, components as text), so
+    two runs can be told apart by what they used: ``enabled`` is the run's ``graph=``
+    search option when given, else ``GRAPH["ENABLED"]``."""
+    graph = dict(get_settings()["GRAPH"] or {})
+    enabled = graph.get("ENABLED", False) if per_call is None else per_call
+    shown = {"enabled": bool(enabled)}
+    for key, value in sorted(graph.items()):
+        if key == "ENABLED":
+            continue
+        value = redact(value)
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            value = _component_label(value)
+        shown[key.lower()] = value
+    return shown
 
 
 def _judge(llm, prompt: str) -> tuple[float | None, str]:
@@ -288,6 +327,7 @@ def run_evaluation(
     grounder: Any = None,
     judge_prompts: Mapping[str, Any] | None = None,
     fail_fast: bool = False,
+    run_ref: str | None = None,
     **search_options: Any,
 ) -> Run:
     """Search every test case (of ``collection``, or all), score the results, store a Run.
@@ -307,13 +347,20 @@ def run_evaluation(
     one. A retriever error counts as an empty result for its case (recorded as ``error``)
     unless ``fail_fast``. ``grounder`` (True, an alias or a grounder) scores faithfulness as
     10 x the grounding score instead of the 0-10 judge; ``judge_prompts``
-    replaces the ``faithfulness`` / ``correctness`` judge prompts. Each case sends one
-    ``evaluation.case`` telemetry event.
+    replaces the ``faithfulness`` / ``correctness`` judge prompts.
+
+    Telemetry: the run is one ``evaluation.run`` span (its start, sent before the first case,
+    carries ``run_id``, ``run_ref`` and ``total``) and each case one ``evaluation.case`` span
+    inside it, carrying ``run_id``, ``run_ref``, ``index`` (from 1) and ``total``.
+    ``run_ref`` is any text of yours (at most 200 characters) that ties those events to
+    something of yours, a job or a request; it is stored in the run's ``config``.
     """
     mode = normalize_mode(mode).value
     names = clean_collection_names(collection)
     clean_positive_int("limit", limit, maximum=MAX_LIMIT)
     source_id = clean_source_id(source_id) or None
+    if run_ref is not None:
+        run_ref = clean_string(run_ref, "run_ref", max_length=200)
     check_collections(names)
     kind, spec = resolve_retriever(retriever)
     judge_prompts = _check_judge_prompts(judge_prompts)
@@ -353,10 +400,13 @@ def run_evaluation(
             grounder=None if grounding is None else grounding.name,
             custom_judge_prompts=sorted(judge_prompts),
             fail_fast=fail_fast,
+            run_ref=run_ref,
         ),
     )
     try:
-        with span("evaluation.run", run_id=run.pk, mode=mode, total=len(cases)) as s:
+        with span(
+            "evaluation.run", run_id=run.pk, run_ref=run_ref, mode=mode, total=len(cases)
+        ) as s:
             with collect_usage() as usage:
                 results = _run_cases(
                     run,
@@ -373,6 +423,7 @@ def run_evaluation(
                     grounder=grounding,
                     judge_prompts=judge_prompts,
                     fail_fast=fail_fast,
+                    run_ref=run_ref,
                 )
             scored = [r for r in results if not r.get("skipped")]
             run.metrics = aggregate(scored)
@@ -414,6 +465,7 @@ def _run_cases(
     grounder=None,
     judge_prompts=None,
     fail_fast=False,
+    run_ref=None,
 ):
     kind, spec = retriever
     results = []
@@ -432,7 +484,16 @@ def _run_cases(
             names if names is not None else ([case.collection.name] if case.collection else None)
         )
         fetch = limit if level == TestCase.Level.CHUNK else max(DOCUMENT_FETCH, limit)
-        with span("evaluation.case", run_id=run.pk, test_case_id=case.pk, retriever=kind) as s:
+        with span(
+            "evaluation.case",
+            run_id=run.pk,
+            run_ref=run_ref,
+            index=done,
+            total=len(cases),
+            test_case_id=case.pk,
+            retriever=kind,
+            question=case.question,
+        ) as s:
             try:
                 hits, answer, error = _retrieve(
                     kind, spec, case, scope, source_id, fetch, model, mode, search_options
@@ -503,3 +564,48 @@ def paired_ndcg(first: Run, second: Run) -> dict[str, float] | None:
         return None
     mean, low, high = paired_difference([x[c] for c in common], [y[c] for c in common])
     return {"cases": len(common), "delta": mean, "low": low, "high": high}
+
+
+# --- reading and deleting runs ---------------------------------------------------------------
+
+
+def _runs(collection: Any) -> QuerySet[Run]:
+    runs = Run.objects.all()
+    names = clean_collection_names(collection)
+    if names is not None:
+        # Scoped, a run is seen only when it was scoped itself, to allowed collections alone:
+        # an unscoped run searched every collection, so its results may show any of them.
+        runs = runs.filter(config__collections__contained_by=names).exclude(config__collections=[])
+    return runs
+
+
+def list_runs(
+    *, collection: str | Sequence[str] | None = None, limit: int = 20, offset: int = 0
+) -> list[Run]:
+    """Evaluation runs, newest first. With ``collection`` (a name or a list), only the runs
+    scoped to some of those collections (``run_evaluation(collection=...)``); unscoped runs
+    are left out. ``limit`` (0 to 1000) and ``offset`` page through them."""
+    limit = clean_int("limit", limit, minimum=0, maximum=1000)
+    offset = clean_int("offset", offset, minimum=0)
+    page = _runs(collection).order_by("-started_at", "-id")[offset : offset + limit]
+    return list(page) if limit else []
+
+
+def get_run(run_id: Any, *, collection: str | Sequence[str] | None = None) -> Run:
+    """The run with this id; :class:`~django_rag.exceptions.RunNotFound` when there is none,
+    when it lies outside ``collection`` (as :func:`list_runs` scopes) or for an id that
+    cannot be one."""
+    pk = clean_pk(run_id, RunNotFound, "evaluation run")
+    run = _runs(collection).filter(pk=pk).first()
+    if run is None:
+        raise RunNotFound(f"No evaluation run with id {pk} here.", id=pk)
+    return run
+
+
+def delete_run(run_id: Any, *, collection: str | Sequence[str] | None = None) -> None:
+    """Delete a run. The scope is part of the DELETE: a run outside ``collection`` raises
+    :class:`~django_rag.exceptions.RunNotFound`, as an unknown id does, and stays."""
+    pk = clean_pk(run_id, RunNotFound, "evaluation run")
+    deleted, _ = _runs(collection).filter(pk=pk).delete()
+    if not deleted:
+        raise RunNotFound(f"No evaluation run with id {pk} here.", id=pk)

@@ -10,7 +10,13 @@ from django.db.models import QuerySet
 
 from ..exceptions import DocumentNotFound, InvalidOption
 from ..models import Document
-from ..validation import clean_collection_names, clean_int, clean_metadata, clean_source_id
+from ..validation import (
+    clean_collection_names,
+    clean_int,
+    clean_metadata,
+    clean_pk,
+    clean_source_id,
+)
 
 #: The largest page :func:`list_documents` returns.
 MAX_PAGE = 1000
@@ -90,14 +96,7 @@ def get_document(document_id: Any) -> Document:
     """The document with this id (an int or a string of digits), its collection loaded.
     Raises :class:`~django_rag.exceptions.DocumentNotFound` when there is none, and for an id
     that cannot be one (``"abc"``, ``None``, ``-1``) rather than a ``ValueError``."""
-    pk = document_id
-    if isinstance(pk, str) and pk.isascii() and pk.strip().isdigit():
-        pk = int(pk)
-    if isinstance(pk, bool) or not isinstance(pk, int) or not 0 < pk < 2**63:
-        raise DocumentNotFound(
-            f"No document with id {document_id!r}: document ids are positive integers.",
-            id=document_id,
-        )
+    pk = clean_pk(document_id, DocumentNotFound, "document")
     try:
         return Document.objects.select_related("collection").get(pk=pk)
     except Document.DoesNotExist:

@@ -51,7 +51,7 @@ from typing import Any
 
 from django.core.signals import setting_changed
 
-from ..exceptions import CorruptFile, DocumentTooLarge, RagError
+from ..exceptions import CorruptFile, DocumentTooLarge, InvalidOption, RagError
 from . import budget as memory
 from .parsers import Page, ParsedDocument, _limit, get_parser, parse_bytes, parse_file
 
@@ -91,36 +91,59 @@ def _budget() -> int | None:
 # --- the entry points ------------------------------------------------------------------------
 
 
-def parse_isolated(data: bytes, *, filename: str) -> ParsedDocument:
+def parse_isolated(
+    data: bytes, *, filename: str, options: dict[str, Any] | None = None
+) -> ParsedDocument:
     """:func:`~django_rag.ingestion.parsers.parse_bytes` in a worker limited to
     ``MAX_PARSE_MEMORY`` bytes more than it starts with (in this process when that is None or
     the platform cannot fork). The parser's typed errors come back as they were raised; a
     parse that runs out of memory raises :class:`DocumentTooLarge` (``MAX_PARSE_MEMORY``), one
     past ``PARSE_TIMEOUT`` raises :class:`DocumentTooLarge` (``PARSE_TIMEOUT``), one that
-    crashes raises :class:`CorruptFile`."""
+    crashes raises :class:`CorruptFile`. ``options`` go to the parser (see
+    :func:`~django_rag.ingestion.parsers.get_parser`); they must be JSON values."""
     budget = _budget()
     if budget is None:
-        return parse_bytes(data, filename=filename)
-    get_parser(filename)  # an unsupported type fails here; the parser's module is loaded
-    message = _run({"op": "bytes", "filename": filename}, bytes(data), filename, budget)
+        return parse_bytes(data, filename=filename, options=options)
+    # An unsupported type, bad options or a missing extra fail here, before a worker is
+    # asked; the parser's module is loaded.
+    options = _sendable(options)
+    get_parser(filename, options=options)
+    header = {"op": "bytes", "filename": filename, "options": options}
+    message = _run(header, bytes(data), filename, budget)
     return _document(message)
 
 
-def parse_file_isolated(path: str | Path) -> ParsedDocument:
+def parse_file_isolated(
+    path: str | Path, *, options: dict[str, Any] | None = None
+) -> ParsedDocument:
     """:func:`~django_rag.ingestion.parsers.parse_file` in a worker, as
     :func:`parse_isolated`: the worker opens and reads the file, so this process never holds
     its bytes. ``OSError`` (permissions) comes back as raised."""
     path = Path(path)
     budget = _budget()
     if budget is None:
-        return parse_file(path)
-    get_parser(path.name)  # unsupported types fail before the file is read
+        return parse_file(path, options=options)
+    options = _sendable(options)
+    get_parser(path.name, options=options)  # fails before the file is read
     try:
         cwd = os.getcwd()  # a worker forked earlier resolves a relative path from here
     except OSError:  # this directory was removed: only an absolute path can be found
         cwd = None
-    header = {"op": "file", "path": str(path), "cwd": cwd}
+    header = {"op": "file", "path": str(path), "cwd": cwd, "options": options}
     return _document(_run(header, b"", path.name, budget))
+
+
+def _sendable(options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """``options`` as the worker will receive them (a JSON round trip); anything else raises
+    :class:`~django_rag.exceptions.InvalidOption`."""
+    if options is None:
+        return None
+    try:
+        return json.loads(json.dumps(options))
+    except (TypeError, ValueError) as exc:
+        raise InvalidOption(
+            f"Parser options must be JSON values (they go to a worker): {exc}"
+        ) from None
 
 
 def html_to_markdown_isolated(html: str, *, main_content: bool = False) -> str:
@@ -524,9 +547,11 @@ def _handle(header: dict, payload: bytes) -> dict:
         if op == "file":
             if header.get("cwd"):
                 os.chdir(header["cwd"])
-            parsed = parse_file(header["path"])
+            parsed = parse_file(header["path"], options=header.get("options"))
         else:
-            parsed = parse_bytes(payload, filename=header["filename"])
+            parsed = parse_bytes(
+                payload, filename=header["filename"], options=header.get("options")
+            )
         del payload
         return {
             "text": parsed.text,

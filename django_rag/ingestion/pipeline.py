@@ -25,6 +25,7 @@ from ..exceptions import DocumentSuperseded, InvalidOption
 from ..graph.extractors import GraphExtractor
 from ..models import Document
 from ..models.databases import write_db
+from ..signals import annotate
 from ..store import next_versions, write_document
 from ..store.documents import find_duplicate
 from ..validation import (
@@ -77,6 +78,8 @@ class Prepared:
     extractions: list | None
     model_name: str
     skipped: list[int] = field(default_factory=list)
+    #: Why each skipped chunk was skipped, by index.
+    reasons: dict[int, str] = field(default_factory=dict)
 
 
 def text_document(text: Any, format: Any) -> ParsedDocument:
@@ -160,14 +163,24 @@ def prepare_document(
     chunks = pending.chunks or chunk_text(
         pending.parsed, chunker=request.chunker, embedder=embedder, title=pending.document.title
     )
+    reasons: dict[int, str] = {}
     vectors = embed_texts(
-        embedder, embedding_inputs(chunks), on_error=request.on_chunk_error, progress=progress
+        embedder,
+        embedding_inputs(chunks),
+        on_error=request.on_chunk_error,
+        progress=progress,
+        reasons=reasons,
     )
-    return assemble(pending, chunks, vectors, embedder, request.graph)
+    return assemble(pending, chunks, vectors, embedder, request.graph, reasons)
 
 
 def assemble(
-    pending: Pending, chunks, vectors, embedder: Embedder, graph: bool | GraphExtractor
+    pending: Pending,
+    chunks,
+    vectors,
+    embedder: Embedder,
+    graph: bool | GraphExtractor,
+    reasons: dict[int, str] | None = None,
 ) -> Prepared:
     prepared = attach_vectors(
         pending.parsed, chunks, vectors, embedder=embedder, dimensions=active_dimensions()
@@ -178,6 +191,7 @@ def assemble(
         extract_graph(prepared, pending.collection, graph) if graph is not False else None,
         embedder.model_name,
         skipped,
+        {index: (reasons or {}).get(index, "not embedded") for index in skipped},
     )
 
 
@@ -186,7 +200,8 @@ def store_prepared(pending: Pending, prepared: Prepared) -> Document:
     # A retried background task's document still holds the failed attempt's error.
     pending.document.error = (
         f"{len(prepared.skipped)} chunk(s) could not be embedded and were skipped: "
-        f"{prepared.skipped[:50]}"
+        f"{prepared.skipped[:50]}; "
+        + "; ".join(f"chunk {i}: {prepared.reasons[i]}" for i in prepared.skipped[:5])
         if prepared.skipped
         else ""
     )
@@ -205,6 +220,21 @@ def store_prepared(pending: Pending, prepared: Prepared) -> Document:
         return superseded_result(pending, exc)
     document.superseded = False
     document.skipped_chunks = prepared.skipped
+    annotate(
+        "ingest",
+        skipped_chunks=[
+            {"index": i, "reason": prepared.reasons[i]} for i in prepared.skipped[:100]
+        ],
+        document={
+            "id": document.pk,
+            "collection": pending.collection,
+            "source_id": document.source_id,
+            "title": document.title,
+            "content_type": document.content_type,
+            "chars": len(document.content or ""),
+            "chunk_count": len(prepared.chunks),
+        },
+    )
     return document
 
 

@@ -13,11 +13,15 @@ from dataclasses import dataclass
 from ..conf import scrub_text
 from ..embeddings import Embedder
 from ..exceptions import EmbeddingFailed, EmptyDocument
+from ..signals import span
 from ..store import ChunkRow
 from ..validation import check_vectors
 from .chunkers import Chunker, TextChunk, chunk_options, get_chunker
 from .headers import add_headers, embedding_inputs, headers_enabled
 from .parsers import ParsedDocument
+
+#: The longest reason kept for a chunk that was skipped.
+MAX_REASON = 200
 
 
 @dataclass
@@ -52,7 +56,10 @@ def chunk_text(
     """Split ``parsed.text`` with ``chunker`` (an ingest request's, its sizes applied). With
     ``CHUNK_HEADERS`` on, each chunk gets its header (``title``, default the parsed title, and
     its heading path; :mod:`.headers`)."""
-    chunks = chunker.chunk(parsed.text, format=parsed.format, embedder=embedder)
+    name = getattr(chunker, "name", None) or type(chunker).__name__
+    with span("chunk", chunker=name, format=parsed.format, chars=len(parsed.text)) as s:
+        chunks = chunker.chunk(parsed.text, format=parsed.format, embedder=embedder)
+        s.set(chunk_count=len(chunks))
     if not chunks:
         raise EmptyDocument("The chunker produced no chunks for this document.")
     if headers_enabled():
@@ -112,11 +119,13 @@ def embed_texts(
     *,
     on_error: str = "raise",
     progress: Callable[[int, int], None] | None = None,
+    reasons: dict[int, str] | None = None,
 ) -> list[list[float] | None]:
     """Embed ``texts`` in batches, longest first. A failure names a chunk that cannot be
     embedded (its index in ``texts``); with ``on_error="skip"`` such chunks get None instead
-    (when some chunk embedded). ``progress(done, total)`` is called after each batch (a
-    background job's report, a command's progress bar)."""
+    (when some chunk embedded), and ``reasons`` (when given) gets why, by index.
+    ``progress(done, total)`` is called after each batch (a background job's report, a
+    command's progress bar)."""
     # Batches of similar lengths: a batch is padded to its longest text, so mixing short and
     # long chunks wastes model time (SentenceTransformer.encode sorts the same way).
     order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
@@ -129,7 +138,10 @@ def embed_texts(
             vectors.extend(embedder.embed_documents(batch))
         except Exception as exc:
             if on_error == "skip":
-                vectors.extend(_one_by_one(embedder, batch))
+                for offset, (vector, error) in enumerate(_one_by_one(embedder, batch)):
+                    vectors.append(vector)
+                    if error is not None and reasons is not None:
+                        reasons[order[start + offset]] = error
                 if progress is not None:
                     progress(len(vectors), len(texts))
                 continue
@@ -154,13 +166,19 @@ def embed_texts(
     return result
 
 
-def _one_by_one(embedder: Embedder, batch: list[str]) -> list[list[float] | None]:
-    vectors: list[list[float] | None] = []
+def _one_by_one(
+    embedder: Embedder, batch: list[str]
+) -> list[tuple[list[float] | None, str | None]]:
+    """Each text's vector, or None and why (the error, scrubbed of secrets and cut short: it
+    goes to telemetry and the document's ``error``)."""
+    vectors: list[tuple[list[float] | None, str | None]] = []
     for text in batch:
         try:
-            vectors.extend(embedder.embed_documents([text]))
-        except Exception:
-            vectors.append(None)
+            (vector,) = embedder.embed_documents([text])
+        except Exception as exc:
+            vectors.append((None, f"{type(exc).__name__}: {scrub_text(exc)}"[:MAX_REASON]))
+        else:
+            vectors.append((vector, None))
     return vectors
 
 

@@ -1,7 +1,9 @@
 """Parsers turn file bytes into text (and page spans), chosen by file extension.
 
 The registry maps extensions to parser classes. A host extends or disables entries with
-``DJANGO_RAG["PARSERS"] = {".html": "myapp.parsers.HtmlParser", ".pdf": None}``.
+``DJANGO_RAG["PARSERS"] = {".html": "myapp.parsers.HtmlParser", ".pdf": None}``; an entry may
+be a ``(parser, {options})`` pair, and ``DJANGO_RAG["FALLBACK_PARSER"]`` reads any extension no
+entry claims.
 
 One module per format; the names below are the package's public surface (and every name
 ``django_rag.ingestion.parsers`` offered when it was one module). Format modules whose library
@@ -23,11 +25,13 @@ from .pdf import PdfParser
 from .pdfcost import MAX_CHARS_PER_CODE, _PageCost, longest_cmap_string
 from .registry import (
     BUILTIN_PARSERS,
+    available,
     get_parser,
     parse_bytes,
     parse_file,
     parser_formats,
     parser_registry,
+    supported_formats,
 )
 from .text import MarkdownParser, TextParser, markdown_title
 
@@ -44,6 +48,7 @@ __all__ = [
     "_PageCost",
     "_limit",
     "_too_many_chars",
+    "available",
     "check_input_size",
     "check_parsed",
     "decode_text",
@@ -54,4 +59,5 @@ __all__ = [
     "parse_file",
     "parser_formats",
     "parser_registry",
+    "supported_formats",
 ]

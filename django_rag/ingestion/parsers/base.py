@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,25 @@ class Parser:
     #: where it found tables). A stored document's chunk headers are rebuilt with it
     #: (``rag_maintenance headers``).
     format = "text"
+
+    #: Optional packages the parser imports, as ``(module, extra, distribution)``: the
+    #: registry refuses a file with :class:`~django_rag.exceptions.ParserUnavailable` naming
+    #: the extra before the parser runs when one of them is not installed.
+    requires: tuple[tuple[str, str, str], ...] = ()
+
+    def missing(self) -> tuple[str, str] | None:
+        """``(package, extra)`` of the first requirement that is not installed, or None when
+        the parser can run. Looks the modules up without importing them. Override it for a
+        need that is not a Python package (return what to install and the extra, or your own
+        package name for both)."""
+        for module, extra, distribution in self.requires:
+            try:
+                found = importlib.util.find_spec(module.split(".")[0]) is not None
+            except (ImportError, ValueError):
+                found = False
+            if not found:
+                return distribution, extra
+        return None
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         raise NotImplementedError

@@ -71,6 +71,8 @@ class DocxParser(Parser):
     left out. The core properties' title (else the first heading) is the title; the author and
     dates are metadata."""
 
+    requires = (("docx", "docx", "python-docx"),)
+
     content_type = "application/vnd.openxmlformats-officedocument.wordprocessingml.document"
     format = "markdown"
 

@@ -298,6 +298,8 @@ class HtmlParser(Parser):
     (``<title>``, Open Graph or the first heading) as the title, author/date/site name/
     description as metadata."""
 
+    requires = (("trafilatura", "html", "trafilatura"),)
+
     content_type = "text/html"
     format = "markdown"
 

@@ -118,6 +118,8 @@ class ImageParser(Parser):
     :class:`~django_rag.exceptions.CorruptFile`; OCR finds nothing:
     :class:`~django_rag.exceptions.EmptyDocument`."""
 
+    requires = (("PIL", "ocr", "pillow"),)
+
     content_type = "image/png"
 
     def max_input_bytes(self) -> int | None:

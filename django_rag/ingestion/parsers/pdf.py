@@ -42,6 +42,8 @@ class PdfParser(Parser):
     before each page).
     """
 
+    requires = (("pymupdf", "pdf", "pymupdf"),)
+
     content_type = "application/pdf"
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:

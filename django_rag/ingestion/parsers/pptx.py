@@ -56,6 +56,8 @@ class PptxParser(Parser):
     images and charts are left out. The core properties' title (else the first slide's title)
     is the deck's title."""
 
+    requires = (("pptx", "pptx", "python-pptx"),)
+
     content_type = "application/vnd.openxmlformats-officedocument.presentationml.presentation"
     format = "markdown"
 

@@ -60,6 +60,8 @@ class XlsxParser(Parser):
     the cells' values (for formulas, the value Excel last computed and saved). Charts, images,
     comments, formatting and hidden sheets' visibility are ignored (hidden sheets are read)."""
 
+    requires = (("openpyxl", "xlsx", "openpyxl"),)
+
     content_type = "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet"
     format = "markdown"
 

@@ -9,6 +9,7 @@ from django_rag.evaluation import (
     import_beir,
     run_evaluation,
 )
+from django_rag.evaluation.runs import check_collections
 from django_rag.exceptions import RagError
 from django_rag.management.progress import ProgressBar, RagCommand
 from django_rag.models import Run, TestCase
@@ -117,6 +118,9 @@ class Command(RagCommand):
         return ProgressBar(1, self.stderr, enabled=options["verbosity"] > 0)
 
     def _generate(self, options):
+        # generate_test_cases() returns nothing for an unknown collection (as Arcana does);
+        # a name typed on the command line is checked first, so a typo is not "0 generated".
+        check_collections([options["collection"]] if options["collection"] else None)
         bar = self._progress(options)
         result = generate_test_cases(
             options["sample_size"],
