@@ -117,3 +117,17 @@ def test_annotate_reaches_the_innermost_open_span_of_its_event(events):
     assert stops[0] == {**stops[0], "nested": 2} and "found" not in stops[0]
     assert stops[1]["found"] == 1 and "nested" not in stops[1] and "lost" not in stops[1]
     assert "found" not in of(events, "stop", "inner")[0]
+
+
+def test_search_carries_its_results_only_with_include_text(events):
+    rag.ingest("Refunds take 14 days.", collection="docs")
+    found = rag.search("refunds", mode="fulltext", collection="docs")
+    (stop,) = of(events, "stop", "search")
+    assert "results" not in stop and stop["result_count"] == len(found) == 1
+    events.clear()
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "TELEMETRY": {"INCLUDE_TEXT": True}}):
+        rag.search("refunds", mode="fulltext", collection="docs")
+    (stop,) = of(events, "stop", "search")
+    assert stop["results"] == [
+        {"chunk_id": found[0].chunk_id, "score": found[0].score, "text": "Refunds take 14 days."}
+    ]

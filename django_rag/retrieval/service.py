@@ -214,7 +214,13 @@ def search_request(
             results = with_context(
                 results, request.context_window, using=search_db(request.database)
             )
-        s.set(result_count=len(results), queries=len(queries), reranked=ranker is not None)
+        s.set(
+            result_count=len(results),
+            queries=len(queries),
+            reranked=ranker is not None,
+            # Dropped unless TELEMETRY["INCLUDE_TEXT"] (signals.TEXT_KEYS).
+            results=[{"chunk_id": r.chunk_id, "score": r.score, "text": r.text} for r in results],
+        )
         return results, match
 
 
