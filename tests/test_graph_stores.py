@@ -26,7 +26,7 @@ from django_rag.graph import (
 from django_rag.graph.builder import extract_all
 from django_rag.graph.extractors import MAX_BATCH_SIZE
 from django_rag.graph.search import graph_results
-from django_rag.models import Chunk, Collection, Entity, Relationship
+from django_rag.models import Chunk, Collection, Document, Entity, Relationship
 from django_rag.store.deletes import delete_document
 from django_rag.testing import HashingEmbedder, ScriptedLLM
 from tests.helpers import DOCS, KNOWN, respond
@@ -266,6 +266,30 @@ def test_search_reads_the_graph_store_given_per_call():
         assert with_memory[0].graph_score is not None  # found through the memory store's graph
         # The configured (PostgreSQL) store holds no graph: the graph list is left out.
         assert rag.search("Globex", **options)[0].graph_score is None
+
+
+@pytest.mark.django_db
+def test_ingest_and_delete_write_to_the_graph_store_given_per_call():
+    memory = MemoryGraphStore()
+    with settings("postgres", EXTRACTOR=words_graph):
+        doc = rag.ingest("a b c", collection="kb", source_id="one", graph=True, graph_store=memory)
+        assert not Entity.objects.exists()
+        assert names(memory.find([kb()])) == ["a", "b", "c"]
+        # A replace forgets the old version's mentions in the same store.
+        rag.ingest("a d", collection="kb", source_id="one", replace=True, graph=True,
+                   graph_store=memory)  # fmt: skip
+        assert names(memory.find([kb()])) == ["a", "d"]
+        rag.delete(Document.objects.get(collection__name="kb").pk, graph_store=memory)
+        assert memory.counts([kb()]) == {"entities": 0, "relationships": 0}
+        assert not Document.objects.filter(pk=doc.pk).exists()
+
+
+@pytest.mark.django_db
+def test_a_per_call_graph_store_is_refused_in_the_background():
+    with pytest.raises(InvalidOption, match="GRAPH\\['STORE'\\]"):
+        rag.ingest("a b", collection="kb", graph=True, background=True,
+                   graph_store=MemoryGraphStore())  # fmt: skip
+    assert not Document.objects.exists()
 
 
 @pytest.mark.parametrize("bad", ["nope", 42, {"BACKEND": "memory", "OPTIONS": {"x": 1}}])

@@ -238,7 +238,9 @@ def write_batched(
                             own = embed_texts(embedder, embedding_inputs(item.chunks))
                         else:
                             own = vectors[offset : offset + count]
-                        prepared = assemble(item, item.chunks, own, embedder, graph)
+                        prepared = assemble(
+                            item, item.chunks, own, embedder, graph, None, request.graph_store
+                        )
                     except RagError as exc:
                         if errors is None:
                             exc.add_note(f"in documents[{index}]")

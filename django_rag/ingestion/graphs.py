@@ -39,12 +39,14 @@ def use_graph(
     )
 
 
-def refuse_background_extractors(*extractors: Any) -> None:
-    """A background ingest runs in a worker that cannot receive per-call components."""
-    if any(x is not None for x in extractors):
+def refuse_background_extractors(*components: Any) -> None:
+    """A background ingest runs in a worker that cannot receive per-call components (graph
+    extractors, a graph store)."""
+    if any(x is not None for x in components):
         raise InvalidOption(
-            "background=True uses the configured graph extractor (a worker cannot receive "
-            "per-call components): set GRAPH['EXTRACTOR'], or ingest in the foreground."
+            "background=True uses the configured graph extractor and store (a worker cannot "
+            "receive per-call components): set GRAPH['EXTRACTOR'] / GRAPH['STORE'], or ingest "
+            "in the foreground."
         )
 
 

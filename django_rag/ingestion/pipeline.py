@@ -171,7 +171,7 @@ def prepare_document(
         progress=progress,
         reasons=reasons,
     )
-    return assemble(pending, chunks, vectors, embedder, request.graph, reasons)
+    return assemble(pending, chunks, vectors, embedder, request.graph, reasons, request.graph_store)
 
 
 def assemble(
@@ -181,6 +181,7 @@ def assemble(
     embedder: Embedder,
     graph: bool | GraphExtractor,
     reasons: dict[int, str] | None = None,
+    graph_store: Any = None,
 ) -> Prepared:
     prepared = attach_vectors(
         pending.parsed, chunks, vectors, embedder=embedder, dimensions=active_dimensions()
@@ -188,7 +189,9 @@ def assemble(
     skipped = [index for index, vector in enumerate(vectors) if vector is None]
     return Prepared(
         prepared,
-        extract_graph(prepared, pending.collection, graph) if graph is not False else None,
+        extract_graph(prepared, pending.collection, graph, graph_store=graph_store)
+        if graph is not False
+        else None,
         embedder.model_name,
         skipped,
         {index: (reasons or {}).get(index, "not embedded") for index in skipped},

@@ -51,6 +51,7 @@ class IngestOptions(TypedDict, total=False):
     extractor: Any
     entity_extractor: Any
     relationship_extractor: Any
+    graph_store: Any
     on_chunk_error: str
     strict_collections: bool | None
     group_size: int
@@ -91,6 +92,7 @@ class IngestRequest:
     extractor: Any = None
     entity_extractor: Any = None
     relationship_extractor: Any = None
+    graph_store: Any = None
     on_chunk_error: str = "raise"
     strict_collections: bool = False
     group_size: int = 64
@@ -125,6 +127,7 @@ _SHARED = frozenset(
         "extractor",
         "entity_extractor",
         "relationship_extractor",
+        "graph_store",
         "strict_collections",
     }
 )
@@ -233,7 +236,7 @@ def build_ingest_request(entry: str, options: Mapping[str, Any]) -> IngestReques
                 "background=True uses the configured chunker and embedder (a worker cannot "
                 "receive per-call components)."
             )
-        refuse_background_extractors(*extractors)
+        refuse_background_extractors(*extractors, values["graph_store"])
     chunker = get_chunker(
         values["chunker"], **chunk_options(values["chunk_size"], values["chunk_overlap"])
     )

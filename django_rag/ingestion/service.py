@@ -19,7 +19,7 @@ points and ``delete``; batches are in :mod:`~django_rag.ingestion.batch` (``inge
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Unpack
+from typing import Any, Unpack
 
 from ..exceptions import DocumentNotFound, InvalidOption
 from ..models import Document
@@ -186,9 +186,9 @@ def ingest_source(text: str, request: IngestRequest, *, version: int) -> Documen
     return store_prepared(pending, prepare_document(pending, request))
 
 
-def delete(document: Document | int | str) -> None:
+def delete(document: Document | int | str, *, graph_store: Any = None) -> None:
     """Delete a document (instance or id), its chunks and the graph entities only it
-    mentioned."""
+    mentioned, in ``graph_store`` (None: ``GRAPH["STORE"]``)."""
     pk = document.pk if isinstance(document, Document) else document
     if isinstance(pk, str) and pk.isascii() and pk.strip().isdigit():
         pk = int(pk)
@@ -198,6 +198,6 @@ def delete(document: Document | int | str) -> None:
             f"No document with id {pk!r}: document ids are positive integers.", id=pk
         )
     with span("delete", document_id=pk):
-        deleted = delete_document(pk)
+        deleted = delete_document(pk, graph_store=graph_store)
     if not deleted:
         raise DocumentNotFound(f"No document with id {pk!r}.", id=pk)
