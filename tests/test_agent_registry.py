@@ -137,3 +137,46 @@ def test_one_registry_of_steps():
     assert forms.STEPS is asking.STEPS is steps.STEPS  # the registry itself, not a copy
     assert not hasattr(forms, "STEP_GROUPS") and not hasattr(asking, "STEP_ORDER")
     assert "hasattr(Agent" not in inspect.getsource(asking) + inspect.getsource(forms)
+
+
+# --- the Loop: one class holding its run's state -----------------------------------------------
+
+
+def test_agent_modules_share_no_private_names_and_no_type_checking_imports():
+    import ast
+    from pathlib import Path
+
+    import django_rag.agent
+
+    for path in Path(django_rag.agent.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{path.name} imports {private} from {node.module}"
+            if isinstance(node, ast.Name):
+                assert node.id != "TYPE_CHECKING", f"{path.name} imports under TYPE_CHECKING"
+
+
+def test_a_loop_run_twice_starts_afresh(corpus):
+    from django_rag.agent import Loop
+
+    llm = ScriptedLLM(
+        ("search", {"query": "X200 warranty"}),
+        ("answer", {"text": "Two years [1]."}),
+        ("search", {"query": "X100 motor"}),
+        ("answer", {"text": "750 watt [1]."}),
+    )
+    loop = Loop("Which drill?", llm=llm, collection="products", limit=1)
+    first = loop.run()
+    second = loop.run()
+    assert loop.result is second and first is not second
+    assert [c.source_id for c in first.chunks] == ["x200"] and first.text == "Two years [1]."
+    # The second run's sources, calls and conversation are its own: source [1] is the X100.
+    assert [c.source_id for c in second.chunks] == ["x100"]
+    assert [s.arguments for s in second.tool_calls] == [
+        {"query": "X100 motor"},
+        {"text": "750 watt [1]."},
+    ]
+    assert second.citations[0].chunk.source_id == "x100"
+    assert "X200 warranty" not in str(second.messages)
