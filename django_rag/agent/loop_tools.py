@@ -184,27 +184,29 @@ def builtin_schemas(scope: list[str] | None, limit: int, max_limit: int) -> list
             "additionalProperties": False,
         },
     )
-    answer_schema = tool_schema(
-        "answer",
-        "Give the final answer, citing sources as [n]. Ends the conversation.",
-        {
-            "type": "object",
-            "properties": {"text": {"type": "string", "description": "The answer."}},
-            "required": ["text"],
-            "additionalProperties": False,
-        },
-    )
-    give_up_schema = tool_schema(
-        "give_up",
-        "Stop without an answer when the documents do not cover the question.",
-        {
-            "type": "object",
-            "properties": {"reason": {"type": "string", "description": "Why."}},
-            "required": ["reason"],
-            "additionalProperties": False,
-        },
-    )
+    answer_schema = _text_tool(
+        "answer", "Give the final answer, citing sources as [n]. Ends the conversation.",
+        "text", "The answer.",
+    )  # fmt: skip
+    give_up_schema = _text_tool(
+        "give_up", "Stop without an answer when the documents do not cover the question.",
+        "reason", "Why.",
+    )  # fmt: skip
     return [search_schema, answer_schema, give_up_schema]
+
+
+def _text_tool(name: str, description: str, argument: str, about: str) -> dict[str, Any]:
+    """The schema of a built-in tool that takes one required string argument."""
+    return tool_schema(
+        name,
+        description,
+        {
+            "type": "object",
+            "properties": {argument: {"type": "string", "description": about}},
+            "required": [argument],
+            "additionalProperties": False,
+        },
+    )
 
 
 def cap_result(text: str, limit: int) -> str:
