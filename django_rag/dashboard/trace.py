@@ -150,6 +150,7 @@ def step_trace(spec: Any, ctx: Any, flags: list[str]) -> dict[str, Any]:
         "name": spec.name,
         "label": spec.label,
         "flags": flags,
+        "flag_labels": [label for flag, label in spec.flags if flag in flags],
         "outputs": outputs,
         "skipped": skipped and not outputs and spec.name != "gate",
     }
