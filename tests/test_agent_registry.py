@@ -102,10 +102,30 @@ def test_a_registered_step_is_on_the_ask_page_and_in_its_trace(summarise, corpus
     assert "<b>Two</b>" not in body  # the LLM's text is escaped
 
 
+def test_a_registered_step_is_a_rag_ask_flag(summarise, corpus):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    llm = scripted()
+    out = StringIO()
+    with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": llm}):
+        call_command(
+            "rag_ask", "What warranty does the X200 have?", "--summarise", "--mode", "fulltext",
+            "--collection", "products", stdout=out,
+        )  # fmt: skip
+    assert out.getvalue().startswith("Two years [1].")
+    # summarise ran, before the answer
+    assert SUMMARISE in llm.calls[0]["prompt"] and ANSWER in llm.calls[1]["system"]
+
+
 def test_an_unregistered_step_is_gone_everywhere(summarise):
     steps.STEPS.remove("summarise")
     assert not hasattr(Agent, "summarise")
     assert "summarise" not in [name for _, c in forms.pipeline_choices() for name, *_ in c]
+    from django_rag.management.commands.rag_ask import pipeline_flags
+
+    assert "--summarise" not in [flag for _, flag, _ in pipeline_flags()]
     with pytest.raises(InvalidOption, match="unknown agent step 'summarise'"):
         resolve_retriever(["search", "summarise"])
 
