@@ -126,6 +126,11 @@ class StepRegistry(dict[str, StepSpec]):
         rank = {phase: i for i, phase in enumerate(PHASES)}
         return sorted(self.values(), key=lambda spec: rank[spec.phase])
 
+    def pipeline(self, chosen: set[str] | frozenset[str]) -> list[StepSpec]:
+        """The steps a pipeline runs when the ``chosen`` ones are asked for: those plus the
+        ones it always runs (``search``, ``answer``), in order."""
+        return [s for s in self.in_order() if s.pipeline and (s.always or s.name in chosen)]
+
     def _changed(self) -> None:
         for listener in self._listeners:
             listener(self)

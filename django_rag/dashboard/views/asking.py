@@ -73,9 +73,7 @@ def _run_pipeline(request, data, visible: list[str]) -> dict:
     )
     ctx = agent.context
     trace = []
-    for spec in STEPS.in_order():
-        if not spec.pipeline or not (spec.always or spec.name in ticked):
-            continue
+    for spec in STEPS.pipeline(ticked):
         flags = [flag for flag, _ in spec.flags if flag in ticked]
         getattr(agent, spec.name)(**dict.fromkeys(flags, True))
         trace.append(step_trace(spec, ctx, flags))

@@ -163,11 +163,10 @@ class Command(RagCommand):
         )
         # The registry's steps in their order: the search and the answer always, the others
         # when their flag is given (the collections chosen are the run's scope).
-        for spec in STEPS.in_order():
-            if spec.pipeline and (spec.always or options.get(spec.name)):
-                step_options = STEP_OPTIONS.get(spec.name, lambda _: {})(options)
-                step_options |= {flag: True for flag, _ in spec.flags if options.get(flag)}
-                getattr(agent, spec.name)(**step_options)
+        for spec in STEPS.pipeline({name for name in STEPS if options.get(name)}):
+            step_options = STEP_OPTIONS.get(spec.name, lambda _: {})(options)
+            step_options |= {flag: True for flag, _ in spec.flags if options.get(flag)}
+            getattr(agent, spec.name)(**step_options)
         context = agent.context
         if context.error is not None:
             raise CommandError(
