@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 from django.test import override_settings
 
-from django_rag.agent import Agent
 from django_rag.dashboard import views
 from django_rag.dashboard.trace import capture_spans, timeline
+from django_rag.results import GroundedSpan
 from django_rag.signals import span
 from django_rag.testing import ScriptedLLM
 from tests.helpers import (
@@ -56,6 +56,11 @@ def post(client, **data):
     response = client.post(url("ask"), data)
     assert response.status_code == 200
     return response.content.decode()
+
+
+def step_text(body: str, name: str) -> str:
+    """The text of one step's row of the pipeline's trace."""
+    return text_of(body, f"step-{name}", end="dd")
 
 
 def text_of(body: str, element_id: str, end: str = "dd|table|p|section|div") -> str:
@@ -110,19 +115,23 @@ def test_pipeline_mode_shows_every_step(staff, corpus):
         "Steps: gate → rewrite → select → expand → decompose → search → reason → rerank → "
         "answer → self_correct"
     )
-    assert text_of(body, "step-gate") == "Retrieve : It asks about a product."
-    assert text_of(body, "step-rewrite") == "X200 drill warranty"
-    assert text_of(body, "step-select") == ("Chose products of hr, products: Manuals cover drills.")
-    assert text_of(body, "step-expand") == "X200 drill warranty guarantee"
-    assert text_of(body, "step-decompose") == "X200 warranty X200 guarantee length"
-    search = text_of(body, "step-search")
-    assert search.startswith("In products: queries: “X200 warranty”, “X200 guarantee length”")
-    assert "“X200 warranty” in products" in search
-    assert text_of(body, "step-reason") == "1 iteration(s): “X100 motor power”"
-    rerank = text_of(body, "step-rerank")
-    assert rerank == "kept 1, dropped 1 kept x200 (9.00) dropped x100 (2.00)"
-    corrections = text_of(body, "step-corrections")
-    assert "Say it is the X200." in corrections and "Two years [1]." in corrections
+    # Each step's trace: the context fields it declares it produces, under their labels.
+    assert step_text(body, "gate") == "Decision: retrieve Reasoning: It asks about a product."
+    assert step_text(body, "rewrite") == "Query: X200 drill warranty"
+    assert step_text(body, "select") == (
+        "Chose: products Offered: hr products Reasoning: Manuals cover drills."
+    )
+    assert step_text(body, "expand") == "Query: X200 drill warranty guarantee"
+    assert step_text(body, "decompose") == "Sub-questions: X200 warranty X200 guarantee length"
+    search = step_text(body, "search")
+    assert search.startswith("Collections: products Queries: X200 warranty X200 guarantee length")
+    assert "“X200 warranty” in products: 1 chunk(s)" in search
+    assert step_text(body, "reason").startswith("Follow-up searches: 1 Queries searched:")
+    assert step_text(body, "reason").endswith("X100 motor power")
+    assert step_text(body, "rerank") == "Kept: x200 (9.00) Dropped: x100 (2.00)"
+    assert (
+        step_text(body, "answer") == "Corrections: Say it is the X200. (replaced: Two years [1].)"
+    )
     # Every chunk with its scores: the kept one used, the dropped ones shown as dropped.
     rows = re.findall(r'<tr class="(kept|dropped)" data-chunk="(\d+)">', body)
     assert [kind for kind, _ in rows] == ["kept", "dropped"]
@@ -147,8 +156,8 @@ def test_pipeline_shows_a_skipped_search_and_a_failed_step(staff, corpus):
                       default="Hello!")  # fmt: skip
     with settings(llm):
         body = post(staff, kind="pipeline", steps=["gate"], question="Hello there")
-    assert text_of(body, "step-gate") == "Answer without retrieval : Chit-chat."
-    assert text_of(body, "step-search").startswith("Skipped")
+    assert step_text(body, "gate") == "Decision: answer without retrieval Reasoning: Chit-chat."
+    assert step_text(body, "search") == "Skipped (the gate decided no retrieval was needed)."
     assert "No chunk." in body
     # The answer step fails (the provider is down): the work up to it is still shown.
     llm = ScriptedLLM(rules={REWRITE: "X200 warranty", ANSWER: RuntimeError("provider down")})
@@ -156,7 +165,7 @@ def test_pipeline_shows_a_skipped_search_and_a_failed_step(staff, corpus):
         body = post(staff, kind="pipeline", steps=["rewrite"])
     assert text_of(body, "failed-step").startswith("The answer step failed: ")
     assert "provider down" in text_of(body, "failed-step")
-    assert 'class="messages"' in body and text_of(body, "step-rewrite") == "X200 warranty"
+    assert 'class="messages"' in body and step_text(body, "rewrite") == "Query: X200 warranty"
     assert 'class="kept" data-chunk=' in body  # the chunks found are still listed
     assert 'id="answer-card" hidden' in body  # no answer to show
 
@@ -190,14 +199,19 @@ def test_single_ask_without_javascript_shows_chunks_usage_and_timeline(staff, co
     assert re.search(r'<span style="padding-left: 12px">search</span>', body)  # nested in ask
 
 
-def test_the_form_offers_kinds_grouped_steps_and_toggles(staff, monkeypatch):
-    monkeypatch.delattr(Agent, "ground", raising=False)
+def test_the_form_offers_kinds_grouped_steps_and_toggles(staff):
     body = staff.get(url("ask")).content.decode()
     for kind in ["ask", "pipeline", "loop"]:
         assert f'name="kind" value="{kind}"' in body
     assert 'data-steps="all"' in body and 'data-steps="none"' in body
     assert body.count('class="step-group"') == 3
-    assert 'value="select"' in body and 'value="ground"' not in body
+    # Every optional step of the registry, by phase; search and answer always run.
+    boxes = re.findall(r'name="steps" value="(\w+)"', body)
+    assert boxes == [
+        "gate", "rewrite", "select", "expand", "decompose", "reason", "rerank", "self_correct",
+        "ground",
+    ]  # fmt: skip
+    assert 'title="Decide whether the question needs retrieval' in body
     assert 'name="max_iterations"' in body and 'name="graph"' in body
 
 
@@ -288,17 +302,16 @@ def test_grounding_highlights_render_in_the_answer(staff, corpus, monkeypatch):
     assert "Acme makes &lt;drills&gt;." in graph
 
 
-def test_the_ground_step_is_offered_and_run_when_the_agent_has_it(staff, corpus, monkeypatch):
-    def ground(self):
-        answer = self.context.answer
-        self.context.grounding = Grounding(1.0, [Span(0, len(answer), answer, "supported", [1])])
-        return self
+def all_supported(text, chunks):
+    return [GroundedSpan(0, len(text), text, "supported", [chunks[0].chunk_id])]
 
-    monkeypatch.setattr(Agent, "ground", ground, raising=False)
-    assert 'value="ground"' in staff.get(url("ask")).content.decode()
-    with settings(ScriptedLLM(rules={ANSWER: "Two years [1]."})):
+
+def test_the_ground_step_runs_with_the_configured_grounder(staff, corpus):
+    llm = ScriptedLLM(rules={ANSWER: "Two years [1]."})
+    with settings(llm, GROUNDER="tests.test_dashboard_ask.all_supported"):
         body = post(staff, kind="pipeline", steps=["ground"])
     assert '<mark class="grounded supported"' in body and "→ ground" in text_of(body, "steps-run")
+    assert step_text(body, "ground") == "Grounding: score 1.00 (all_supported)"
 
 
 # --- scoping -------------------------------------------------------------------------------------
@@ -314,7 +327,7 @@ def test_every_mode_stays_inside_the_users_collections(staff, corpus):
         body = post(staff, kind="pipeline", steps=["select"], question="drill leave warranty")
     select_prompt = next(c["prompt"] for c in llm.calls if SELECT in c["prompt"])
     assert "products" not in select_prompt and "hr" in select_prompt
-    assert text_of(body, "step-select").startswith("Chose hr of hr")
+    assert step_text(body, "select") == "Chose: hr Offered: hr"
     assert "X200" not in body and "watt" not in body
     # The loop: a search naming another collection is an error result; nothing is searched there.
     llm = ScriptedLLM(

@@ -19,8 +19,11 @@ Tool calling (the model decides what to search and when to stop)::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
+
+from django.core.exceptions import ImproperlyConfigured
 
 from ..answers.grounding import (
     CrossEncoderGrounder,
@@ -51,7 +54,9 @@ from .loop import Loop, LoopResult, Tool, ToolError, ToolStep, run_loop
 
 class Agent:
     """Fluent wrapper around a :class:`Context`: each step method runs the step of the same
-    name in :mod:`django_rag.agent.steps` and returns the agent, so steps chain.
+    name in :mod:`django_rag.agent.steps` and returns the agent, so steps chain. The methods
+    are made from the step registry (``steps.STEPS``), with each step's options and docstring:
+    a step registered later gets its method too.
 
     Fields of the context are read through ``agent.context`` (``agent.context.answer`` is the
     answer text); those that are not step names can also be read on the agent itself
@@ -93,43 +98,6 @@ class Agent:
             scope=collection,
         )
 
-    def _run(self, name: str, options: dict[str, Any]) -> Agent:
-        steps.STEPS[name](self.context, **options)
-        return self
-
-    def gate(self, **options: Any) -> Agent:
-        return self._run("gate", options)
-
-    def rewrite(self, **options: Any) -> Agent:
-        return self._run("rewrite", options)
-
-    def select(self, **options: Any) -> Agent:
-        return self._run("select", options)
-
-    def expand(self, **options: Any) -> Agent:
-        return self._run("expand", options)
-
-    def decompose(self, **options: Any) -> Agent:
-        return self._run("decompose", options)
-
-    def search(self, **options: Any) -> Agent:
-        return self._run("search", options)
-
-    def reason(self, **options: Any) -> Agent:
-        return self._run("reason", options)
-
-    def rerank(self, **options: Any) -> Agent:
-        return self._run("rerank", options)
-
-    def answer(self, **options: Any) -> Agent:
-        return self._run("answer", options)
-
-    def ground(self, **options: Any) -> Agent:
-        return self._run("ground", options)
-
-    def global_answer(self, **options: Any) -> Agent:
-        return self._run("global_answer", options)
-
     @property
     def result(self) -> Answer | None:
         """The answer as an :class:`Answer` (text, chunks, citations, usage) once it ran."""
@@ -143,6 +111,46 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"<Agent question={self.context.question[:40]!r} error={self.context.error!r}>"
+
+
+def _chain_method(spec: steps.StepSpec) -> Any:
+    """``Agent.<step>(**options)``: run the step on the agent's context, return the agent."""
+
+    def method(self: Agent, **options: Any) -> Agent:
+        spec(self.context, **options)
+        return self
+
+    parameters = list(inspect.signature(spec.run).parameters.values())[1:]
+    self_parameter = inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    method.__signature__ = inspect.Signature(
+        [self_parameter, *parameters], return_annotation="Agent"
+    )
+    method.__name__ = spec.name
+    method.__qualname__ = f"Agent.{spec.name}"
+    method.__doc__ = spec.doc
+    method.__module__ = __name__
+    method.agent_step = spec.name
+    return method
+
+
+def _sync_chain_methods(registry: steps.StepRegistry) -> None:
+    """One chain method per registered step, none for a step no longer registered."""
+    for name, value in list(vars(Agent).items()):
+        if getattr(value, "agent_step", None) is not None and name not in registry:
+            delattr(Agent, name)
+    for name, spec in registry.items():
+        current = vars(Agent).get(name)
+        if current is not None and getattr(current, "agent_step", None) is None:
+            raise ImproperlyConfigured(
+                f"the agent step {name!r} would hide Agent.{name}; choose another name"
+            )
+        if current is None or getattr(current, "spec", None) is not spec:
+            method = _chain_method(spec)
+            method.spec = spec
+            setattr(Agent, name, method)
+
+
+steps.STEPS.listen(_sync_chain_methods)
 
 
 __all__ = [

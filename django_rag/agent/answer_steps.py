@@ -16,10 +16,20 @@ from ..signals import span
 from . import prompts
 from .components import Answerer, build, component_name
 from .context import Context
-from .step_base import _fallback, _llm, step
+from .step_base import fallback, step, step_llm
 
 
-@step("answer")
+def _corrections(corrections: list[dict[str, str]]) -> list[str]:
+    return [f"{c['feedback']} (replaced: {c['answer']})" for c in corrections]
+
+
+@step(
+    "answer",
+    phase="answer",
+    always=True,
+    flags={"self_correct": "Self-correct"},
+    produces={"corrections": ("Corrections", _corrections)},
+)
 def answer(
     ctx: Context,
     *,
@@ -36,7 +46,7 @@ def answer(
     the feedback, up to ``max_corrections`` times (``corrections`` keeps the history).
     """
     chunks = [] if ctx.skip_retrieval else ctx.chunks
-    component = build(answerer, Answerer, llm=_llm(ctx, llm), prompt=prompt)
+    component = build(answerer, Answerer, llm=step_llm(ctx, llm), prompt=prompt)
     with span("agent.answer", question=ctx.question, answerer=component_name(component)) as s:
         if isinstance(component, Answerer):
             result = component(ctx.question, chunks, skip_retrieval=ctx.skip_retrieval)
@@ -49,7 +59,7 @@ def answer(
         ctx.correction_count = 0
         ctx.corrections = []
         if self_correct and chunks:
-            _self_correct(ctx, chunks, max_corrections, judge_prompt, _llm(ctx, llm))
+            _self_correct(ctx, chunks, max_corrections, judge_prompt, step_llm(ctx, llm))
         ctx.citations = parse_citations(ctx.answer, chunks)
         s.set(
             context_chunk_count=len(chunks),
@@ -68,7 +78,7 @@ def _self_correct(ctx, chunks: list[SearchResult], max_corrections, judge_prompt
                 )
                 grounded = json_flag(verdict, "grounded")
             except LLMError as exc:
-                _fallback(ctx, "answer", exc, "keeping the answer")
+                fallback(ctx, "answer", exc, "keeping the answer")
                 s.set(result="eval_failed")
                 return
             if grounded:
@@ -93,7 +103,11 @@ def _self_correct(ctx, chunks: list[SearchResult], max_corrections, judge_prompt
             s.set(result="corrected")
 
 
-@step("ground")
+def _grounding(grounding: Any) -> str:
+    return f"score {grounding.score:.2f} ({grounding.grounder})"
+
+
+@step("ground", phase="answer", produces={"grounding": ("Grounding", _grounding)})
 def ground(ctx: Context, *, grounder: Any = True, llm: Any = None) -> None:
     """Check the answer against the chunks it was written from; sets ``grounding``.
 
@@ -104,7 +118,7 @@ def ground(ctx: Context, *, grounder: Any = True, llm: Any = None) -> None:
     if ctx.answer is None:
         ctx.warnings.append("ground: no answer to ground (run the answer step first)")
         return
-    component = get_grounder(grounder, llm=_llm(ctx, llm))
+    component = get_grounder(grounder, llm=step_llm(ctx, llm))
     failures: list[str] = []
     ctx.grounding = ground_text(
         ctx.answer, ctx.context_used, component, question=ctx.question, warnings=failures
@@ -112,7 +126,7 @@ def ground(ctx: Context, *, grounder: Any = True, llm: Any = None) -> None:
     ctx.warnings.extend(f"ground: {w}" for w in failures)
 
 
-@step("global_answer")
+@step("global_answer", phase="answer", pipeline=False, label="Global answer")
 def global_answer(
     ctx: Context, *, collection: Any = None, levels: Any = None, llm: Any = None
 ) -> None:
@@ -121,7 +135,7 @@ def global_answer(
     with span("agent.global_answer", question=ctx.question) as s:
         result = answer_globally(
             ctx.question,
-            llm=_llm(ctx, llm),
+            llm=step_llm(ctx, llm),
             collection=collection or ctx.collections or ctx.scope,
             levels=levels,
         )

@@ -75,6 +75,7 @@ class Context:
     # select
     collections: list[str] | None = None
     selection_reasoning: str | None = None
+    offered_collections: list[str] | None = None
     # search / reason
     results: list[Retrieval] = field(default_factory=list)
     searcher: Any = None

@@ -18,19 +18,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from ..answers.grounding import get_grounder, ground_answer
+from ..answers.grounding import get_grounder
 from ..conf import deadline_setting
 from ..exceptions import InvalidInput, InvalidOption, UnknownCollection
-from ..llm import LLM, collect_usage, deadline, get_llm, tool_schema
+from ..llm import LLM, get_llm
 from ..models import Collection
 from ..results import SearchResult
 from ..retrieval.aliases import accepts_aliases
 from ..retrieval.request import SearchRequest, build_request, request_option_names
-from ..signals import span
 from ..validation import clean_query
-from . import prompts
 from .context import check_search_options
-from .loop_run import Run
+from .loop_run import LoopRun
 from .loop_tools import (
     BUILTIN_TOOLS,
     KEEP_SOURCES,
@@ -39,17 +37,20 @@ from .loop_tools import (
     Tool,
     ToolError,
     ToolStep,
-    _as_tool,
+    as_tool,
+    check_history,
 )
 
 # --- the loop -----------------------------------------------------------------------------------
 
 
-class Loop:
+class Loop(LoopRun):
     """A tool-calling agent over the stored documents.
 
     ``Loop(question, ...)`` checks and holds the options; :meth:`run` runs the loop and returns
-    a :class:`LoopResult` (also kept as ``loop.result``). Options:
+    a :class:`LoopResult` (also kept as ``loop.result``). The run and its state come from
+    :class:`~django_rag.agent.loop_run.LoopRun`; one Loop runs one conversation at a time.
+    Options:
 
     - ``collection``: a name or list of names the model may search (None: every collection;
       an unknown name raises :class:`~django_rag.exceptions.UnknownCollection`). A search
@@ -117,7 +118,7 @@ class Loop:
         if not isinstance(question, str) or not question.strip():
             raise InvalidInput("Loop needs a non-empty question string.")
         self.question = clean_query(question)
-        self.history = _history(history)
+        self.history = check_history(history)
         check_search_options(search_options, "Loop")
         for name, value in (
             ("max_iterations", max_iterations),
@@ -195,7 +196,7 @@ class Loop:
         self.answer_llm: LLM | None = (
             None if answer_llm is None else get_llm(answer_llm, feature="Loop's answer_llm")
         )
-        self.tools = [_as_tool(spec) for spec in tools]
+        self.tools = [as_tool(spec) for spec in tools]
         names = [tool.name for tool in self.tools]
         clash = sorted(set(names) & set(BUILTIN_TOOLS)) or sorted(
             {n for n in names if names.count(n) > 1}
@@ -226,126 +227,8 @@ class Loop:
         )
         self.result: LoopResult | None = None
 
-    # --- the schemas the model sees
-
-    def _schemas(self) -> list[dict[str, Any]]:
-        collection: dict[str, Any] = {
-            "type": "string",
-            "description": "Search only this collection (default: every one you may search).",
-        }
-        if self.scope is not None:
-            collection["enum"] = list(self.scope)
-        search_schema = tool_schema(
-            "search",
-            "Search the documents; returns numbered sources.",
-            {
-                "type": "object",
-                "properties": {
-                    "query": {"type": "string", "description": "What to look for."},
-                    "limit": {
-                        "type": "integer",
-                        "description": f"How many results (1-{self.max_limit}, default "
-                        f"{self.limit}).",
-                    },
-                    "collection": collection,
-                },
-                "required": ["query"],
-                "additionalProperties": False,
-            },
-        )
-        answer_schema = tool_schema(
-            "answer",
-            "Give the final answer, citing sources as [n]. Ends the conversation.",
-            {
-                "type": "object",
-                "properties": {"text": {"type": "string", "description": "The answer."}},
-                "required": ["text"],
-                "additionalProperties": False,
-            },
-        )
-        give_up_schema = tool_schema(
-            "give_up",
-            "Stop without an answer when the documents do not cover the question.",
-            {
-                "type": "object",
-                "properties": {"reason": {"type": "string", "description": "Why."}},
-                "required": ["reason"],
-                "additionalProperties": False,
-            },
-        )
-        return [search_schema, answer_schema, give_up_schema] + [t.schema() for t in self.tools]
-
-    def _system(self) -> str:
-        if self.system_prompt is not None:
-            text = self.system_prompt(self) if callable(self.system_prompt) else self.system_prompt
-            if not isinstance(text, str) or not text.strip():
-                raise InvalidOption(
-                    "the system_prompt function must return a non-empty string, got "
-                    f"{type(text).__name__}"
-                )
-            return text
-        described = None
-        if self.scope is not None:
-            described = [(name, self.descriptions.get(name, "")) for name in self.scope]
-        return prompts.loop_system(
-            described, self.max_iterations, [tool.name for tool in self.tools]
-        )
-
-    # --- running
-
-    def run(self) -> LoopResult:
-        """Run the loop; returns (and keeps in ``self.result``) a :class:`LoopResult`."""
-        run = Run(self)
-        with span(
-            "agent.loop",
-            question=self.question,
-            model=self.llm.model_name,
-            max_iterations=self.max_iterations,
-            collections=self.scope,
-            tools=[tool.name for tool in self.tools],
-        ) as s:
-            with collect_usage() as usage, deadline(at=run.deadline_at):
-                run.loop()
-                run.finish()
-                if self.grounder is not None and run.result.text:
-                    ground_answer(run.result, self.grounder)
-            result = run.result
-            result.usage = usage
-            s.set(
-                iterations=result.iterations,
-                stop_reason=result.stop_reason,
-                tool_call_count=len(result.tool_calls),
-                chunk_count=len(result.chunks),
-                citation_count=len(result.citations),
-                error=None if result.error is None else type(result.error).__name__,
-                answer=result.text,
-                prompt_tokens=usage.prompt_tokens,
-                completion_tokens=usage.completion_tokens,
-                cost=usage.cost,
-                grounding_score=None if result.grounding is None else result.grounding.score,
-            )
-        self.result = result
-        return result
-
     def __repr__(self) -> str:
         return f"<Loop question={self.question[:40]!r} collections={self.scope!r}>"
-
-
-def _history(history: Any) -> list[dict[str, str]]:
-    """Earlier turns of a conversation (``Loop(history=...)``): ``{"role": "user" |
-    "assistant", "content": str}`` dicts, oldest first, sent before the question."""
-    turns = []
-    for turn in history:
-        if (
-            not isinstance(turn, dict)
-            or turn.get("role") not in ("user", "assistant")
-            or not isinstance(turn.get("content"), str)
-        ):
-            raise InvalidOption(
-                "history must be a list of {'role': 'user' | 'assistant', 'content': str} dicts"
-            )
-        turns.append({"role": turn["role"], "content": turn["content"]})
-    return turns
 
 
 def run_loop(question: str, **options: Any) -> LoopResult:

@@ -1,6 +1,6 @@
 """The :class:`~django_rag.agent.loop.Loop`'s tools and result: custom tools (:class:`Tool`,
-their JSON schemas and the check of a model's arguments against them), :class:`ToolStep` and
-:class:`LoopResult`."""
+their JSON schemas and the check of a model's arguments against them), the built-in tools'
+schemas, the check of ``history``, :class:`ToolStep` and :class:`LoopResult`."""
 
 from __future__ import annotations
 
@@ -103,7 +103,8 @@ def _parameters_of(function: Callable[..., Any]) -> dict[str, Any]:
     }
 
 
-def _as_tool(spec: Any) -> Tool:
+def as_tool(spec: Any) -> Tool:
+    """A :class:`Tool` from what ``Loop(tools=[...])`` takes: a Tool, a function or a dict."""
     if isinstance(spec, Tool):
         return spec
     if isinstance(spec, dict) and "function" in spec:
@@ -117,7 +118,7 @@ def _as_tool(spec: Any) -> Tool:
     )
 
 
-def _check_arguments(arguments: dict[str, Any], schema: dict[str, Any]) -> str | None:
+def check_arguments(arguments: dict[str, Any], schema: dict[str, Any]) -> str | None:
     """Why ``arguments`` do not fit the (simple) JSON ``schema``, or None when they do."""
     properties = schema.get("properties") or {}
     problems = [
@@ -155,6 +156,85 @@ def _has_type(value: Any, expected: str | list[str]) -> bool:
     if expected == "null":
         return value is None
     return isinstance(value, checks[expected]) if expected in checks else True
+
+
+def builtin_schemas(scope: list[str] | None, limit: int, max_limit: int) -> list[dict[str, Any]]:
+    """The schemas of the built-in tools (``search``, ``answer``, ``give_up``) as the model
+    sees them; ``scope`` (None: every collection) lists the collections ``search`` may name."""
+    collection: dict[str, Any] = {
+        "type": "string",
+        "description": "Search only this collection (default: every one you may search).",
+    }
+    if scope is not None:
+        collection["enum"] = list(scope)
+    search_schema = tool_schema(
+        "search",
+        "Search the documents; returns numbered sources.",
+        {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string", "description": "What to look for."},
+                "limit": {
+                    "type": "integer",
+                    "description": f"How many results (1-{max_limit}, default {limit}).",
+                },
+                "collection": collection,
+            },
+            "required": ["query"],
+            "additionalProperties": False,
+        },
+    )
+    answer_schema = _text_tool(
+        "answer", "Give the final answer, citing sources as [n]. Ends the conversation.",
+        "text", "The answer.",
+    )  # fmt: skip
+    give_up_schema = _text_tool(
+        "give_up", "Stop without an answer when the documents do not cover the question.",
+        "reason", "Why.",
+    )  # fmt: skip
+    return [search_schema, answer_schema, give_up_schema]
+
+
+def _text_tool(name: str, description: str, argument: str, about: str) -> dict[str, Any]:
+    """The schema of a built-in tool that takes one required string argument."""
+    return tool_schema(
+        name,
+        description,
+        {
+            "type": "object",
+            "properties": {argument: {"type": "string", "description": about}},
+            "required": [argument],
+            "additionalProperties": False,
+        },
+    )
+
+
+def cap_result(text: str, limit: int) -> str:
+    """A tool's result cut at ``limit`` characters (``max_tool_result_chars``), with a note
+    saying so."""
+    if len(text) <= limit:
+        return text
+    return (
+        text[:limit] + f"\n[Truncated: the result had {len(text):,} characters; only the first "
+        f"{limit:,} are shown.]"
+    )
+
+
+def check_history(history: Any) -> list[dict[str, str]]:
+    """Earlier turns of a conversation (``Loop(history=...)``): ``{"role": "user" |
+    "assistant", "content": str}`` dicts, oldest first, sent before the question."""
+    turns = []
+    for turn in history:
+        if (
+            not isinstance(turn, dict)
+            or turn.get("role") not in ("user", "assistant")
+            or not isinstance(turn.get("content"), str)
+        ):
+            raise InvalidOption(
+                "history must be a list of {'role': 'user' | 'assistant', 'content': str} dicts"
+            )
+        turns.append({"role": turn["role"], "content": turn["content"]})
+    return turns
 
 
 # --- the result ---------------------------------------------------------------------------------

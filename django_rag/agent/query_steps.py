@@ -12,24 +12,32 @@ from ..models.databases import search_db
 from ..signals import span
 from .components import Decomposer, Expander, Gatekeeper, Rewriter, Selector, build, component_name
 from .context import Context
-from .step_base import _fallback, _llm, _usable, step
+from .step_base import fallback, step, step_llm, usable_query
 
 #: The most sub-questions ``decompose`` keeps (each is searched in every collection).
 MAX_SUB_QUESTIONS = 10
 
 
-@step("gate")
+def _decision(skip: bool) -> str:
+    return "answer without retrieval" if skip else "retrieve"
+
+
+@step(
+    "gate",
+    phase="query",
+    produces={"skip_retrieval": ("Decision", _decision), "gate_reasoning": "Reasoning"},
+)
 def gate(ctx: Context, *, gatekeeper: Any = None, prompt: Any = None, llm: Any = None) -> None:
     """Decide whether the question needs retrieval; sets ``skip_retrieval``/``gate_reasoning``.
 
     When the decision fails, retrieval goes ahead.
     """
-    component = build(gatekeeper, Gatekeeper, llm=_llm(ctx, llm), prompt=prompt)
+    component = build(gatekeeper, Gatekeeper, llm=step_llm(ctx, llm), prompt=prompt)
     with span("agent.gate", question=ctx.question, gatekeeper=component_name(component)) as s:
         try:
             decision = component(ctx.question)
         except LLMError as exc:
-            _fallback(ctx, "gate", exc, "retrieving")
+            fallback(ctx, "gate", exc, "retrieving")
             decision = True
         if isinstance(decision, dict):
             needs, reasoning = decision.get("needs_retrieval", True), decision.get("reasoning")
@@ -42,25 +50,34 @@ def gate(ctx: Context, *, gatekeeper: Any = None, prompt: Any = None, llm: Any =
         s.set(skip_retrieval=ctx.skip_retrieval)
 
 
-@step("rewrite")
+@step("rewrite", phase="query", produces={"rewritten_query": "Query"})
 def rewrite(ctx: Context, *, rewriter: Any = None, prompt: Any = None, llm: Any = None) -> None:
     """Turn a conversational question into a clean query (``rewritten_query``)."""
     if ctx.skip_retrieval:
         return
-    component = build(rewriter, Rewriter, llm=_llm(ctx, llm), prompt=prompt)
+    component = build(rewriter, Rewriter, llm=step_llm(ctx, llm), prompt=prompt)
     with span("agent.rewrite", question=ctx.question, rewriter=component_name(component)) as s:
         try:
             rewritten = component(ctx.question)
         except LLMError as exc:
-            _fallback(ctx, "rewrite", exc, "searching with the question")
+            fallback(ctx, "rewrite", exc, "searching with the question")
             rewritten = None
-        ctx.rewritten_query = _usable(
+        ctx.rewritten_query = usable_query(
             ctx, "rewrite", rewritten, "rewritten query", "searching with the question"
         )
         s.set(rewritten_query=ctx.rewritten_query)
 
 
-@step("select")
+@step(
+    "select",
+    phase="query",
+    label="Select collections",
+    produces={
+        "collections": "Chose",
+        "offered_collections": "Offered",
+        "selection_reasoning": "Reasoning",
+    },
+)
 def select(
     ctx: Context,
     *,
@@ -86,7 +103,8 @@ def select(
     else:
         names = sorted(described)
     offered = [(name, described.get(name, "")) for name in names]
-    component = build(selector, Selector, llm=_llm(ctx, llm), prompt=prompt)
+    ctx.offered_collections = names
+    component = build(selector, Selector, llm=step_llm(ctx, llm), prompt=prompt)
     with span(
         "agent.select",
         question=ctx.question,
@@ -97,7 +115,7 @@ def select(
         try:
             chosen = component(ctx.question, offered, context) if offered else []
         except LLMError as exc:
-            _fallback(ctx, "select", exc, "using every collection")
+            fallback(ctx, "select", exc, "using every collection")
             chosen = names
         if isinstance(chosen, tuple):
             chosen, reasoning = chosen
@@ -112,26 +130,26 @@ def select(
         s.set(selected_count=len(ctx.collections), selected_collections=ctx.collections)
 
 
-@step("expand")
+@step("expand", phase="query", produces={"expanded_query": "Query"})
 def expand(ctx: Context, *, expander: Any = None, prompt: Any = None, llm: Any = None) -> None:
     """Add synonyms and related terms to the query (``expanded_query``)."""
     if ctx.skip_retrieval:
         return
-    component = build(expander, Expander, llm=_llm(ctx, llm), prompt=prompt)
+    component = build(expander, Expander, llm=step_llm(ctx, llm), prompt=prompt)
     query = ctx.query
     with span("agent.expand", question=query, expander=component_name(component)) as s:
         try:
             expanded = component(query)
         except LLMError as exc:
-            _fallback(ctx, "expand", exc, "searching with the unexpanded query")
+            fallback(ctx, "expand", exc, "searching with the unexpanded query")
             expanded = None
-        ctx.expanded_query = _usable(
+        ctx.expanded_query = usable_query(
             ctx, "expand", expanded, "expanded query", "searching with the unexpanded query"
         )
         s.set(expanded_query=ctx.expanded_query)
 
 
-@step("decompose")
+@step("decompose", phase="query", produces={"sub_questions": "Sub-questions"})
 def decompose(ctx: Context, *, decomposer: Any = None, prompt: Any = None, llm: Any = None) -> None:
     """Split a compound question into sub-questions, each searched on its own.
 
@@ -139,13 +157,13 @@ def decompose(ctx: Context, *, decomposer: Any = None, prompt: Any = None, llm: 
     """
     if ctx.skip_retrieval:
         return
-    component = build(decomposer, Decomposer, llm=_llm(ctx, llm), prompt=prompt)
+    component = build(decomposer, Decomposer, llm=step_llm(ctx, llm), prompt=prompt)
     query = ctx.query
     with span("agent.decompose", question=query, decomposer=component_name(component)) as s:
         try:
             answered = component(query) or []
         except LLMError as exc:
-            _fallback(ctx, "decompose", exc, "searching with the whole question")
+            fallback(ctx, "decompose", exc, "searching with the whole question")
             answered = []
         if isinstance(answered, str):  # one sub-question, not its characters
             answered = [answered]
@@ -157,7 +175,7 @@ def decompose(ctx: Context, *, decomposer: Any = None, prompt: Any = None, llm: 
                     "the rest"
                 )
                 break
-            usable = _usable(ctx, "decompose", item, "sub-question", "left out")
+            usable = usable_query(ctx, "decompose", item, "sub-question", "left out")
             if usable and usable not in questions:
                 questions.append(usable)
         ctx.sub_questions = questions or [query]

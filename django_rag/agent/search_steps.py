@@ -15,7 +15,7 @@ from ..signals import span
 from . import prompts
 from .components import Searcher, build, component_name
 from .context import Context, Retrieval, check_search_options
-from .step_base import _fallback, _llm, _usable, step
+from .step_base import fallback, step, step_llm, usable_query
 
 
 def _search_all(ctx: Context, searcher: Any, query: str, options: dict[str, Any]) -> None:
@@ -63,12 +63,33 @@ def _dedupe_results(ctx: Context) -> None:
 
 def _judge(ctx: Context, llm: Any, prompt: Any) -> dict[str, Any]:
     """Ask whether the chunks so far answer the question (first 10 chunks shown)."""
-    return get_llm(_llm(ctx, llm), feature="The sufficiency check").complete_json(
+    return get_llm(step_llm(ctx, llm), feature="The sufficiency check").complete_json(
         (prompt or prompts.sufficiency_prompt)(ctx.question, ctx.chunks[:10])
     )
 
 
-@step("search")
+def _scope_names(scope: list[str | None]) -> str:
+    return ", ".join(name or "every collection" for name in scope)
+
+
+def _retrievals(results: list[Retrieval]) -> list[str]:
+    return [
+        f"“{r.question}” in {r.collection or 'every collection'}: {len(r.chunks)} chunk(s)"
+        for r in results
+    ]
+
+
+@step(
+    "search",
+    phase="search",
+    always=True,
+    produces={
+        "search_scope": ("Collections", _scope_names),
+        "queries_tried": "Queries",
+        "results": ("Found (each chunk once, under the first query)", _retrievals),
+        "search_iterations": "Self-correction searches",
+    },
+)
 def search(
     ctx: Context,
     *,
@@ -127,7 +148,7 @@ def search(
         if self_correct:
 
             def requery(verdict: dict[str, Any]) -> str:
-                model = get_llm(_llm(ctx, llm), feature="Search self-correction")
+                model = get_llm(step_llm(ctx, llm), feature="Search self-correction")
                 return model.complete(
                     (rewrite_prompt or prompts.requery_prompt)(
                         ctx.question, ctx.queries_tried, verdict.get("missing")
@@ -173,9 +194,9 @@ def _search_until_sufficient(
                 return
             query = next_query(verdict).strip().strip('"')
         except LLMError as exc:
-            _fallback(ctx, name, exc, "keeping the results")
+            fallback(ctx, name, exc, "keeping the results")
             return
-        query = _usable(ctx, name, query, "follow-up query", "keeping the results")
+        query = usable_query(ctx, name, query, "follow-up query", "keeping the results")
         if not query or query in ctx.queries_tried:
             return
         setattr(ctx, counter, getattr(ctx, counter) + 1)
@@ -183,7 +204,11 @@ def _search_until_sufficient(
         _dedupe_results(ctx)
 
 
-@step("reason")
+@step(
+    "reason",
+    phase="results",
+    produces={"reason_iterations": "Follow-up searches", "queries_tried": "Queries searched"},
+)
 def reason(
     ctx: Context,
     *,
@@ -218,7 +243,7 @@ def reason(
         s.set(iterations=ctx.reason_iterations, total_chunks=len(ctx.chunks))
 
 
-@step("rerank")
+@step("rerank", phase="results", produces={"chunks": "Kept", "rerank_dropped": "Dropped"})
 def rerank(
     ctx: Context,
     *,
@@ -237,7 +262,7 @@ def rerank(
         return
     chunks = ctx.chunks
     if reranker is None:
-        component: Reranker = LLMReranker(llm=_llm(ctx, llm), prompt=prompt)
+        component: Reranker = LLMReranker(llm=step_llm(ctx, llm), prompt=prompt)
         if threshold is None:
             threshold = component.threshold
     else:

@@ -10,37 +10,27 @@ Every step:
 
 Where they are: :mod:`.query_steps` (gate, rewrite, select, expand, decompose),
 :mod:`.search_steps` (search, reason, rerank), :mod:`.answer_steps` (answer, ground,
-global_answer), :mod:`.step_base` (the ``step`` decorator they share). :data:`STEPS` names them
-all, and every step is importable from here.
+global_answer), :mod:`.step_base` (the ``step`` decorator they share and the registry it
+fills). :data:`STEPS` is that registry (name -> :class:`StepSpec`: phase, options, the context
+fields the step produces); ``Agent``'s chain methods, the dashboard's Ask page and the
+evaluation's agent configurations are built from it. Every step is importable from here.
 """
 
 from __future__ import annotations
 
+# Importing the step modules registers their steps, in this order within each phase.
 from .answer_steps import answer, global_answer, ground
 from .query_steps import MAX_SUB_QUESTIONS, decompose, expand, gate, rewrite, select
 from .search_steps import reason, rerank, search
-from .step_base import step
-
-STEPS = {
-    func.step_name: func
-    for func in (
-        gate,
-        rewrite,
-        select,
-        expand,
-        decompose,
-        search,
-        reason,
-        rerank,
-        answer,
-        ground,
-        global_answer,
-    )
-}
+from .step_base import PHASES, STEPS, Output, StepRegistry, StepSpec, step
 
 __all__ = [
     "MAX_SUB_QUESTIONS",
+    "PHASES",
     "STEPS",
+    "Output",
+    "StepRegistry",
+    "StepSpec",
     "answer",
     "decompose",
     "expand",

@@ -3,6 +3,7 @@ from pathlib import Path
 from django import forms
 from django.core.validators import MaxLengthValidator
 
+from ..agent.steps import PHASES, STEPS
 from ..conf import get_setting
 from ..exceptions import InvalidInput
 from ..validation import clean_collection_name, clean_filename, upload_source_id
@@ -220,23 +221,6 @@ class SearchForm(forms.Form):
         limit_query(self.fields["q"])
 
 
-STEPS = [
-    ("gate", "Gate"),
-    ("rewrite", "Rewrite"),
-    ("select", "Select collections"),
-    ("expand", "Expand"),
-    ("decompose", "Decompose"),
-    ("reason", "Reason"),
-    ("rerank", "Rerank"),
-    ("self_correct", "Self-correct"),
-    ("ground", "Ground"),
-]
-# The pipeline's steps as the Ask page groups them (search always runs between the first two).
-STEP_GROUPS = [
-    ("Before the search", ("gate", "rewrite", "select", "expand", "decompose")),
-    ("After the search", ("reason", "rerank")),
-    ("The answer", ("self_correct", "ground")),
-]
 KINDS = [
     ("ask", "Single ask (streamed)"),
     ("pipeline", "Pipeline (the steps you tick)"),
@@ -244,11 +228,23 @@ KINDS = [
 ]
 
 
-def available_steps() -> list[tuple[str, str]]:
-    """The steps the installed agent offers: ``ground`` only where ``Agent`` has it."""
-    from ..agent import Agent
-
-    return [(name, label) for name, label in STEPS if name != "ground" or hasattr(Agent, "ground")]
+def pipeline_choices() -> list[tuple[str, list[tuple[str, str, str]]]]:
+    """The Ask page's pipeline checkboxes by phase, from the step registry: each optional step
+    of a pipeline and each flag a step offers (``answer``'s ``self_correct``), as
+    ``(name, label, description)``."""
+    groups = []
+    for phase, title in PHASES.items():
+        choices = []
+        for spec in STEPS.in_order():
+            if spec.phase != phase or not spec.pipeline:
+                continue
+            if not spec.always:
+                choices.append((spec.name, spec.label, spec.summary))
+            choices.extend((flag, label, f"An option of the {spec.name} step.")
+                           for flag, label in spec.flags)  # fmt: skip
+        if choices:
+            groups.append((title, choices))
+    return groups
 
 
 class AskForm(forms.Form):
@@ -272,11 +268,10 @@ class AskForm(forms.Form):
         help_text="Fuses the graph's chunks into every search (needs a built graph).",
     )  # fmt: skip
     steps = forms.MultipleChoiceField(
-        choices=STEPS, required=False, widget=forms.CheckboxSelectMultiple,
+        choices=(), required=False, widget=forms.CheckboxSelectMultiple,
         label="Pipeline steps",
-        help_text="Each step adds LLM calls: gate skips retrieval when not needed, rewrite and "
-        "expand reformulate, select picks collections, decompose splits, reason and rerank "
-        "filter, self-correct and ground check the answer.",
+        help_text="Each ticked step adds LLM calls; the search and the answer always run. "
+        "Point at a step for what it does.",
     )  # fmt: skip
     max_iterations = forms.IntegerField(
         min_value=1, max_value=10, initial=5, required=False, label="Loop turns",
@@ -287,7 +282,8 @@ class AskForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.fields["collection"].choices = [("", "All visible")] + [(n, n) for n in collections]
         self.fields["mode"].choices = mode_choices()
-        self.fields["steps"].choices = available_steps()
+        self.groups = pipeline_choices()
+        self.fields["steps"].choices = [c[:2] for _, choices in self.groups for c in choices]
         limit_query(self.fields["question"])
 
     def clean(self):
@@ -302,6 +298,6 @@ class AskForm(forms.Form):
         """The steps' checkboxes in their groups, for the template."""
         boxes = {box.data["value"]: box for box in self["steps"]}
         return [
-            (title, [boxes[name] for name in names if name in boxes])
-            for title, names in STEP_GROUPS
+            (title, [(boxes[name], description) for name, _, description in choices])
+            for title, choices in self.groups
         ]

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ..results import SearchResult
 from ..signals import operation_failed, operation_finished, operation_started
 
 _collector: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
@@ -119,3 +120,72 @@ def _details(metadata: dict[str, Any]) -> str:
         text = str(value)
         parts.append(f"{key}={text[:80]}")
     return "; ".join(parts)[:400]
+
+
+# --- the work of each pipeline step, from what the step declares it produces -------------------
+
+#: The most items of one output shown, and the longest text of one item (LLM text is hostile).
+MAX_ITEMS = 50
+MAX_ITEM_CHARS = 500
+
+
+def step_trace(spec: Any, ctx: Any, flags: list[str]) -> dict[str, Any]:
+    """One step's row of the Ask page's trace: its name, label, the flags it ran with and
+    each output it declares (``StepSpec.outputs``) read from the context just after it ran,
+    as ``{"label", "text", "items"}`` (a string, or a list of strings). Outputs with no value
+    are left out; ``skipped`` is True when the gate had turned retrieval off."""
+    outputs = []
+    for output in spec.outputs:
+        value = getattr(ctx, output.field, None)
+        if _empty(value):
+            continue
+        shown = output.show(value) if output.show is not None else value
+        shown = _display(shown)
+        if isinstance(shown, list):
+            outputs.append({"label": output.label, "text": None, "items": shown})
+        else:
+            outputs.append({"label": output.label, "text": shown, "items": None})
+    skipped = bool(getattr(ctx, "skip_retrieval", False)) and spec.phase in ("query", "search")
+    return {
+        "name": spec.name,
+        "label": spec.label,
+        "flags": flags,
+        "flag_labels": [label for flag, label in spec.flags if flag in flags],
+        "outputs": outputs,
+        "skipped": skipped and not outputs and spec.name != "gate",
+    }
+
+
+def _empty(value: Any) -> bool:
+    if value is None or isinstance(value, bool):
+        return value is None
+    if isinstance(value, int | float):
+        return value == 0
+    try:
+        return len(value) == 0
+    except TypeError:
+        return False
+
+
+def _display(value: Any) -> str | list[str]:
+    """A value as text: a list (or dict) item by item, a search result by its label and
+    score; every piece cut to a bounded length."""
+    if isinstance(value, dict):
+        value = [f"{k}: {v}" for k, v in list(value.items())[:MAX_ITEMS]]
+    if isinstance(value, list | tuple):
+        items = [_item(v) for v in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            items.append(f"… and {len(value) - MAX_ITEMS} more")
+        return items
+    return _item(value)
+
+
+def _item(value: Any) -> str:
+    if isinstance(value, bool):
+        text = "yes" if value else "no"
+    elif isinstance(value, SearchResult):
+        score = value.rerank_score if value.rerank_score is not None else value.score
+        text = value.label if score is None else f"{value.label} ({score:.2f})"
+    else:
+        text = str(value)
+    return text if len(text) <= MAX_ITEM_CHARS else text[:MAX_ITEM_CHARS] + "…"

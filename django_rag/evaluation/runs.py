@@ -201,7 +201,9 @@ def _step_spec(item: Any) -> tuple[str, dict[str, Any]]:
     else:
         raise InvalidOption(f"an agent step is a name or a (name, options) pair, got {item!r:.80}")
     if name not in STEPS:
-        raise InvalidOption(f"unknown agent step {name!r}; the steps are {', '.join(STEPS)}")
+        raise InvalidOption(
+            f"unknown agent step {name!r}; the steps are {', '.join(s.name for s in STEPS.in_order())}"
+        )
     return name, options
 
 

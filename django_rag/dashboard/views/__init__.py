@@ -7,7 +7,6 @@ public names the single ``views`` module had) is importable from here, as ``urls
 from ...answers import ask  # the Ask pages call it through this name (see asking._library_ask)
 from .asking import (
     NO_COLLECTION,
-    STEP_ORDER,
     TRAILER,
     ask_page,
     ask_stream,
@@ -52,7 +51,6 @@ __all__ = [
     "MAINTENANCE_JOBS",
     "NO_COLLECTION",
     "PLOT",
-    "STEP_ORDER",
     "SYNC_JOBS",
     "TRAILER",
     "VERDICTS",

@@ -12,11 +12,13 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from ...agent import Agent
+from ...agent.steps import STEPS
 from ...conf import scrub_text
 from ...exceptions import RagError
 from ...streaming import StreamingResponse
 from ..access import check_collection, dashboard_view
 from ..forms import AskForm
+from ..trace import capture_spans, step_trace, timeline
 from .common import LLM_HINT, _context, _visible_collections, grounded_segments, llm_status
 
 
@@ -60,100 +62,38 @@ def _search_options(data) -> dict:
 
 
 def _run_pipeline(request, data, visible: list[str]) -> dict:
-    """The agent with the ticked steps; returns the answer and the work of every step."""
-    scope_names = _agent_scope(request, data, visible)
-    steps = set(data["steps"])
-    agent = Agent(data["question"], limit=data["limit"], **_search_options(data))
+    """The agent with the ticked steps, in the registry's order (the search and the answer
+    always run); returns the answer and each step's outputs as it declares them."""
+    ticked = set(data["steps"])
+    agent = Agent(
+        data["question"],
+        collection=_agent_scope(request, data, visible),
+        limit=data["limit"],
+        **_search_options(data),
+    )
     ctx = agent.context
-    for name in ("gate", "rewrite"):
-        if name in steps:
-            getattr(agent, name)()
-    offered = None
-    if "select" in steps:
-        offered = scope_names if scope_names is not None else visible
-        agent.select(collections=offered)
-    for name in ("expand", "decompose"):
-        if name in steps:
-            getattr(agent, name)()
-    if "select" in steps and ctx.collections:
-        agent.search()  # the selected collections, all inside the scope offered
-    else:
-        agent.search(collections=scope_names)
-    searched = list(ctx.queries_tried)
-    retrievals = [
-        {"question": r.question, "collection": r.collection, "count": len(r.chunks)}
-        for r in ctx.results
-    ]
-    if "reason" in steps:
-        agent.reason()
-    if "rerank" in steps:
-        agent.rerank()
-    agent.answer(self_correct="self_correct" in steps)
-    # The grounding step exists only in versions of the agent that have it.
-    ground = "ground" in steps and hasattr(Agent, "ground")
-    if ground:
-        agent.ground()
+    trace = []
+    for spec in STEPS.pipeline(ticked):
+        flags = [flag for flag, _ in spec.flags if flag in ticked]
+        getattr(agent, spec.name)(**dict.fromkeys(flags, True))
+        trace.append(step_trace(spec, ctx, flags))
+        if ctx.error is not None:
+            break
     answer = agent.result
-    kept = {c.chunk_id for c in ctx.chunks}
-    chunks = _chunk_rows(ctx.chunks, kept=kept)
+    chunks = _chunk_rows(ctx.chunks, kept={c.chunk_id for c in ctx.chunks})
     chunks += _chunk_rows(ctx.rerank_dropped, kept=set())
     work = {
         "kind": "pipeline",
-        "steps": [name for name, _ in STEP_ORDER if name in steps or name in ("search", "answer")]
-        + (["ground"] if ground else []),
-        "gate": {
-            "ran": "gate" in steps,
-            "skip_retrieval": ctx.skip_retrieval,
-            "reasoning": ctx.gate_reasoning,
-        },
-        "rewritten_query": ctx.rewritten_query,
-        "expanded_query": ctx.expanded_query,
-        "sub_questions": ctx.sub_questions,
-        "select": {
-            "ran": "select" in steps,
-            "offered": offered,
-            "chosen": ctx.collections,
-            "reasoning": ctx.selection_reasoning,
-        },
-        "search": {
-            "scope": ctx.search_scope,
-            "queries": searched,
-            "retrievals": retrievals,
-            "iterations": ctx.search_iterations,
-        },
-        "reason": {
-            "ran": "reason" in steps,
-            "iterations": ctx.reason_iterations,
-            "queries": [q for q in ctx.queries_tried if q not in searched],
-        },
-        "rerank": {
-            "ran": "rerank" in steps,
-            "kept": [c for c in chunks if c["kept"] and c["result"].rerank_score is not None],
-            "dropped": _chunk_rows(ctx.rerank_dropped, kept=set()),
-        },
-        "corrections": ctx.corrections,
+        "steps": [name for row in trace for name in [row["name"], *row["flags"]]],
+        "trace": trace,
         "warnings": list(ctx.warnings),
         "error": _ask_error(ctx.error) if ctx.error is not None else None,
         "failed_step": ctx.failed_step,
         "chunks": chunks,
         "usage": ctx.usage,
-        "grounding": getattr(answer, "grounding", None) or getattr(ctx, "grounding", None),
+        "grounding": getattr(answer, "grounding", None) or ctx.grounding,
     }
     return {"answer": answer, "work": work}
-
-
-STEP_ORDER = [
-    ("gate", "Gate"),
-    ("rewrite", "Rewrite"),
-    ("select", "Select"),
-    ("expand", "Expand"),
-    ("decompose", "Decompose"),
-    ("search", "Search"),
-    ("reason", "Reason"),
-    ("rerank", "Rerank"),
-    ("answer", "Answer"),
-    ("self_correct", "Self-correct"),
-]
 
 
 def _chunk_rows(results, *, kept: set) -> list[dict]:
@@ -216,7 +156,6 @@ def _no_collection(request, visible: list[str]) -> bool:
 
 @dashboard_view
 def ask_page(request):
-    from ..trace import capture_spans, timeline
 
     visible = list(_visible_collections(request).values_list("name", flat=True))
     form = AskForm(request.POST or None, collections=visible)
@@ -249,7 +188,6 @@ def ask_page(request):
             form=form,
             answer=answer,
             work=work,
-            step_names=dict(STEP_ORDER),
             document_url=_document_url(),
             llm=llm_status(),
             llm_hint=LLM_HINT,

@@ -83,7 +83,7 @@ def evaluation(request):
             retrievers=EVALUATION_RETRIEVERS,
             grounders=EVALUATION_GROUNDERS,
             default_steps="rewrite,search,answer",
-            step_names=[name for name in STEPS if name != "global_answer"],
+            step_names=[spec.name for spec in STEPS.in_order() if spec.pipeline],
         ),
     )
 

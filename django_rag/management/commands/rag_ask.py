@@ -3,6 +3,7 @@ import json
 from django.core.management.base import CommandError
 
 from django_rag.agent import Agent, Loop, ask
+from django_rag.agent.steps import STEPS
 from django_rag.conf import scrub_text
 from django_rag.exceptions import RagError, UnknownCollection
 from django_rag.management.progress import RagCommand
@@ -11,15 +12,33 @@ from django_rag.models.databases import search_db
 from django_rag.retrieval.request import normalize_mode
 from django_rag.validation import clean_collection_names, finite_float_arg, positive_int_arg
 
-PIPELINE_FLAGS = ("gate", "rewrite", "select", "expand", "decompose", "reason", "rerank")
+# Options of a step that come from other arguments of the command. --ground takes a grounder
+# (and also grounds a plain ask), so it is declared below, not as a step flag.
+STEP_OPTIONS = {
+    "rerank": lambda options: {"threshold": options["rerank_threshold"]},
+    "ground": lambda options: {"grounder": options["ground"]},
+}
+
+
+def pipeline_flags() -> list[tuple[str, str, str]]:
+    """``(option dest, flag, help)`` for each optional pipeline step of the agent's registry
+    and each boolean option a step offers (``--self-correct``), in the order they run."""
+    flags = []
+    for spec in STEPS.in_order():
+        if not spec.pipeline:
+            continue
+        if not spec.always and spec.name != "ground":
+            flags.append((spec.name, spec.name, f"run the {spec.name} step: {spec.summary}"))
+        flags += [(flag, flag, f"{label} ({spec.name} step)") for flag, label in spec.flags]
+    return [(dest, "--" + flag.replace("_", "-"), text) for dest, flag, text in flags]
 
 
 class Command(RagCommand):
     help = (
         "Answer a question from the ingested documents with an LLM. Any pipeline flag "
-        "(--gate, --rewrite, --select, --expand, --decompose, --reason, --rerank, "
-        "--self-correct) runs the agentic pipeline instead of a single ask(); --loop lets the "
-        "model search with tools until it answers."
+        "(one per agent step: --gate, --rewrite, --select, --expand, --decompose, --reason, "
+        "--rerank, and --self-correct) runs the agentic pipeline instead of a single ask(); "
+        "--loop lets the model search with tools until it answers."
     )
 
     def add_arguments(self, parser):
@@ -36,13 +55,8 @@ class Command(RagCommand):
         parser.add_argument("--source-id", default=None)
         parser.add_argument("--stream", action="store_true", help="print the answer as it comes")
         parser.add_argument("--json", action="store_true", help="print the answer as JSON")
-        for flag in PIPELINE_FLAGS:
-            parser.add_argument(f"--{flag}", action="store_true", help=f"run the {flag} step")
-        parser.add_argument(
-            "--self-correct",
-            action="store_true",
-            help="check the answer against the sources and correct it",
-        )
+        for dest, flag, text in pipeline_flags():
+            parser.add_argument(flag, dest=dest, action="store_true", help=text)
         parser.add_argument(
             "--rerank-threshold",
             type=finite_float_arg,
@@ -77,10 +91,10 @@ class Command(RagCommand):
         try:
             self._check(options)
             if options["loop"]:
-                if options["stream"] or any(options[f] for f in PIPELINE_FLAGS):
+                if options["stream"] or self._pipeline_asked(options):
                     raise CommandError("--loop works alone: no --stream nor pipeline flags")
                 answer = self._loop(question, options)
-            elif any(options[flag] for flag in PIPELINE_FLAGS) or options["self_correct"]:
+            elif self._pipeline_asked(options):
                 if options["stream"]:
                     raise CommandError("--stream works with a plain ask, not with pipeline flags")
                 answer = self._pipeline(question, options)
@@ -104,6 +118,9 @@ class Command(RagCommand):
             return
         self.stdout.write(answer.text)
         self._sources(answer)
+
+    def _pipeline_asked(self, options) -> bool:
+        return any(options.get(dest) for dest, _, _ in pipeline_flags())
 
     def _check(self, options):
         """What can be checked without a model or an LLM call, before any: the mode and the
@@ -139,29 +156,17 @@ class Command(RagCommand):
         agent = Agent(
             question,
             llm=options["llm"],
+            collection=options["collection"],
             limit=options["limit"],
             threshold=options["threshold"],
             **search_options,
         )
-        if options["gate"]:
-            agent.gate()
-        if options["rewrite"]:
-            agent.rewrite()
-        if options["select"]:
-            agent.select(collections=options["collection"])
-        if options["expand"]:
-            agent.expand()
-        if options["decompose"]:
-            agent.decompose()
-        scope = {} if options["select"] else {"collections": options["collection"]}
-        agent.search(**scope)
-        if options["reason"]:
-            agent.reason()
-        if options["rerank"]:
-            agent.rerank(threshold=options["rerank_threshold"])
-        agent.answer(self_correct=options["self_correct"])
-        if options["ground"]:
-            agent.ground(grounder=options["ground"])
+        # The registry's steps in their order: the search and the answer always, the others
+        # when their flag is given (the collections chosen are the run's scope).
+        for spec in STEPS.pipeline({name for name in STEPS if options.get(name)}):
+            step_options = STEP_OPTIONS.get(spec.name, lambda _: {})(options)
+            step_options |= {flag: True for flag, _ in spec.flags if options.get(flag)}
+            getattr(agent, spec.name)(**step_options)
         context = agent.context
         if context.error is not None:
             raise CommandError(
