@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Unpack
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -35,6 +35,7 @@ from ..answers.grounding import (
 )
 from ..answers.service import Answer, AnswerStream, Citation, ask, parse_citations
 from ..retrieval.aliases import accepts_aliases
+from ..retrieval.options import AgentSearchOptions
 from . import steps
 from .components import (
     Answerer,
@@ -86,7 +87,7 @@ class Agent:
         limit: int = 5,
         threshold: float | None = None,
         deadline: float | None = None,
-        **search_options: Any,
+        **search_options: Unpack[AgentSearchOptions],
     ):
         self.context = Context(
             question=question,

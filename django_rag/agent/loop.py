@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 from ..answers.grounding import get_grounder
 from ..conf import deadline_setting
@@ -25,6 +25,7 @@ from ..llm import LLM, get_llm
 from ..models import Collection
 from ..results import SearchResult
 from ..retrieval.aliases import accepts_aliases
+from ..retrieval.options import AgentSearchOptions
 from ..retrieval.request import SearchRequest, build_request, request_option_names
 from ..validation import clean_query
 from .context import check_search_options
@@ -113,7 +114,7 @@ class Loop(LoopRun):
         fallback_synthesis: bool = True,
         keep_sources: str = "first",
         history: Sequence[dict[str, str]] = (),
-        **search_options: Any,
+        **search_options: Unpack[AgentSearchOptions],
     ):
         if not isinstance(question, str) or not question.strip():
             raise InvalidInput("Loop needs a non-empty question string.")

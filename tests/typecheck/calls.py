@@ -19,3 +19,13 @@ rag.search("refunds", **options)
 rag.search("refunds", limt=5)  # type: ignore[call-arg]
 rag.ask("Refunds?", strict_collections=True)  # type: ignore[call-arg]
 rag.chat("Refunds?", reranker="cross-encoder", mod="hybrid")  # type: ignore[call-arg]
+
+agent = rag.Agent("Compare plan A and plan B", collection="plans", mode="hybrid", fusion="rrf")
+rag.Agent("Refunds?", fusion="weighted", reranker=False)
+loop = rag.Loop("Refunds?", collection="handbook", max_iterations=3, mode="semantic")
+rag.Agent("Refunds?", fuson="rrf")  # type: ignore[call-arg]
+rag.Loop("Refunds?", modde="hybrid")  # type: ignore[call-arg]
+rag.ingest("Refunds take 14 days.", collection="handbook", chunk_size=200, replace=False)
+rag.ingest_file("manual.pdf", collection="handbook", on_chunk_error="abort")
+rag.ingest("Refunds take 14 days.", chunk_sise=200)  # type: ignore[call-arg]
+rag.ingest_file("manual.pdf", colection="handbook")  # type: ignore[call-arg]
