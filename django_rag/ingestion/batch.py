@@ -163,6 +163,15 @@ def without_stored(validated: list[tuple[int, Pending]], results: list, replace:
     return left
 
 
+def record_failure(errors: dict[int, Exception] | None, index: int, exc: Exception) -> None:
+    """Record ``exc`` as ``documents[index]``'s failure in ``errors``, or, when failures are
+    not recorded (``errors`` None), raise it with a note naming the document."""
+    if errors is None:
+        exc.add_note(f"in documents[{index}]")
+        raise exc
+    errors[index] = exc
+
+
 def write_batched(
     items: list[tuple[int, Pending]],
     results: list,
@@ -186,10 +195,7 @@ def write_batched(
                 item.parsed, chunker=request.chunker, embedder=embedder, title=item.document.title
             )
         except RagError as exc:
-            if errors is None:
-                exc.add_note(f"in documents[{index}]")
-                raise
-            errors[index] = exc
+            record_failure(errors, index, exc)
             continue
         pending.append((index, item))
     groups = [pending[start : start + group_size] for start in range(0, len(pending), group_size)]
@@ -242,10 +248,7 @@ def write_batched(
                             item, item.chunks, own, embedder, graph, None, request.graph_store
                         )
                     except RagError as exc:
-                        if errors is None:
-                            exc.add_note(f"in documents[{index}]")
-                            raise
-                        errors[index] = exc
+                        record_failure(errors, index, exc)
                         continue
                     finally:
                         offset += count
