@@ -462,7 +462,7 @@ class Run:
         llm = loop.answer_llm or loop.llm
         system, user = prompts.loop_answer_messages(loop.question, sources, self.findings())
         try:
-            completion = llm.complete(user, system=system)
+            completion = llm.complete(user, system=system, context=[c for _, c in sources])
         except LLMError as exc:
             self.result.error = exc
             logger.warning(
