@@ -23,7 +23,7 @@ from ..results import SearchResult
 from ..signals import span
 from ..store.search_modes import implementation
 from ..utils import call_arity
-from ..validation import check_query_vector, clean_query
+from ..validation import check_query_vector, clean_query, rejects_unknown_options
 from .aliases import accepts_aliases
 from .context import with_context
 from .diversity import diversify
@@ -329,6 +329,7 @@ def _clean_rewritten(rewritten: Any, dropped: Any = None) -> list[str]:
     return kept
 
 
+@rejects_unknown_options("rewrite_query()")
 def rewrite_query(query: str, *, rewriter: Any, llm: Any = None) -> str | list[str]:
     """``query`` rewritten by ``rewriter``, without searching: what ``search(rewriter=...)``
     would search for.
