@@ -13,8 +13,8 @@ import argparse
 import json
 import math
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from .exceptions import (
     InvalidText,
     QueryTooLong,
 )
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Characters that render as nothing: zero-width space/non-joiner/joiner, word joiner, BOM (zero
 # width no-break space), soft hyphen, Mongolian vowel separator. `str.strip()` keeps them, so a
@@ -430,7 +433,7 @@ def positive_float_arg(text: str) -> float:
     return value
 
 
-def rejects_unknown_options(owner: str):
+def rejects_unknown_options(owner: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorate a public function so that a keyword option it does not take raises
     :class:`~django_rag.exceptions.InvalidOption` naming it (with the closest name and the
     accepted ones), not Python's ``TypeError``. The signature is read once, when decorated;
@@ -439,7 +442,7 @@ def rejects_unknown_options(owner: str):
     import functools
     import inspect
 
-    def decorate(function):
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
         parameters = inspect.signature(function).parameters.values()
         if any(p.kind is p.VAR_KEYWORD for p in parameters):
             return function
@@ -448,7 +451,7 @@ def rejects_unknown_options(owner: str):
         )
 
         @functools.wraps(function)
-        def wrapped(*args, **kwargs):
+        def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
             for name in kwargs:
                 if name not in names:
                     close = difflib.get_close_matches(name, names, n=1)
