@@ -8,6 +8,7 @@ The public API is small::
     docs = rag.ingest_many([{"text": ..., "source_id": ...}, ...], collection="docs")
     report = rag.sync_folder("handbook/", collection="docs")   # the collection mirrors a folder
     hits = rag.search("how do refunds work", limit=5, collection="docs")
+    query = rag.rewrite_query("hi! how do refunds work?", rewriter="rewrite")  # no search
     answer = rag.ask("How do refunds work?", collection="docs", llm="openai/gpt-4o-mini")
     reply = rag.chat("And for opened items?", conversation=conv, user=request.user)  # memory
     ctx = rag.Agent("Compare plan A and B").gate().search().rerank().answer().context
@@ -53,6 +54,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ im
     from django_rag.results import GroundedSpan as GroundedSpan
     from django_rag.results import Grounding as Grounding
     from django_rag.retrieval.results import SearchResult as SearchResult
+    from django_rag.retrieval.service import rewrite_query as rewrite_query
     from django_rag.retrieval.service import search as search
     from django_rag.sync import indexed as indexed
     from django_rag.sync import with_objects as with_objects
@@ -72,6 +74,7 @@ _EXPORTS = {
     "indexed": "django_rag.sync",
     "with_objects": "django_rag.sync",
     "search": "django_rag.retrieval.service",
+    "rewrite_query": "django_rag.retrieval.service",
     "SearchResult": "django_rag.retrieval.results",
     "ask": "django_rag.answers.service",
     "chat": "django_rag.conversations",
@@ -105,6 +108,7 @@ __all__ = [
     "ingest_file",
     "ingest_many",
     "list_documents",
+    "rewrite_query",
     "search",
     "summarize_communities",
     "summarize_community",

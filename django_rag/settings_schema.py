@@ -435,6 +435,84 @@ SCHEMA: tuple[Setting, ...] = (
         NUMBER,
         nullable=True,
     ),
+    _s(
+        "ASK",
+        None,
+        "Defaults of ask() (and chat()'s ask engine) for the options a call leaves unset "
+        "(None); keys given are merged over these.",
+        keys=(
+            _s("LIMIT", 5, "Chunks an answer is written from.", INTEGER),
+            _s(
+                "MODE",
+                None,
+                "Search mode of ask() (None: SEARCH['MODE']).",
+                (str,),
+                choices=MODE_NAMES,
+                nullable=True,
+            ),
+            _s(
+                "THRESHOLD",
+                None,
+                "Lowest score a chunk needs to be answered from (None: no threshold).",
+                NUMBER,
+                nullable=True,
+            ),
+            _s(
+                "PROMPT",
+                None,
+                "The answer prompt: a function (question, chunks) or (question, chunks, "
+                "graph_context), or its dotted path (None: the built-in prompt).",
+            ),
+            _s(
+                "GROUND",
+                False,
+                "Whether answers are grounded: False, True (the GROUNDER setting) or a grounder "
+                "spec.",
+            ),
+        ),
+    ),
+    _s(
+        "LOOP",
+        None,
+        "Defaults of Loop (the tool-calling agent) for the options a call leaves unset (None); "
+        "keys given are merged over these.",
+        keys=(
+            _s("MAX_ITERATIONS", 10, "Most controller turns of one run.", INTEGER),
+            _s("LIMIT", 5, "Results of a search the model does not size.", INTEGER),
+            _s("MAX_LIMIT", 20, "Most results the model may ask one search for.", INTEGER),
+            _s("MAX_CHUNKS", 30, "Most sources one run holds.", INTEGER),
+            _s("MAX_TOOL_CALLS", 10, "Most tool calls run from one reply.", INTEGER),
+            _s(
+                "MAX_TOOL_RESULT_CHARS",
+                100_000,
+                "Longest tool result sent to the model, in characters.",
+                INTEGER,
+            ),
+            _s(
+                "FALLBACK_SYNTHESIS",
+                True,
+                "Write an answer from the sources found when the turns run out.",
+                (bool,),
+            ),
+            _s(
+                "KEEP_SOURCES",
+                "first",
+                "Which sources are kept once MAX_CHUNKS are held.",
+                choices=("first", "best"),
+            ),
+            _s(
+                "LLM",
+                None,
+                "The controller (same forms as LLM; None: the LLM setting).",
+            ),
+            _s(
+                "ANSWER_LLM",
+                None,
+                "A model that writes the final answer (same forms as LLM; None: the controller's "
+                "answer is kept).",
+            ),
+        ),
+    ),
     _s("RERANKER", None, "Reranker search() applies when none is given (None: no reranking)."),
     _s(
         "GROUNDER",

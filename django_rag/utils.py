@@ -44,3 +44,66 @@ def scrub_paths(text: str) -> str:
     own source or ``site-packages`` path, which tells whoever ingested a file nothing and
     describes the server."""
     return _PATH.sub("<path>", text)
+
+
+def call_arity(func: Callable[..., Any], *, most: int, what: str) -> int | None:
+    """How many positional arguments to call ``func`` with, from 1 to ``most``: its required
+    positional parameters (at least 1), ``most`` when it takes ``*args``; None when it has no
+    signature (some builtins).
+
+    Parameters with defaults, positional or keyword-only, are left to their defaults:
+    ``def f(prompt, temperature=0.0)`` is called with one argument, as before arities
+    existed, and a function that wants more makes them required. Raises
+    :class:`~django_rag.exceptions.InvalidOption` (naming ``what``) for a function that takes
+    no positional argument, needs more than ``most``, or needs a keyword-only argument.
+    Inspect once, when the function is given, not on every call.
+    """
+    import inspect
+
+    from .exceptions import InvalidOption
+
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return None
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = [p for p in positional if p.default is p.empty]
+    name = getattr(func, "__qualname__", type(func).__name__)
+    needs_keyword = [
+        p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+    ]
+    if needs_keyword:
+        raise InvalidOption(
+            f"{what} {name!r} needs the keyword argument(s) {', '.join(needs_keyword)}, which "
+            "are never given: give them defaults"
+        )
+    if len(required) > most:
+        raise InvalidOption(
+            f"{what} {name!r} needs {len(required)} positional arguments; it is called with at "
+            f"most {most}"
+        )
+    if any(p.kind is p.VAR_POSITIONAL for p in parameters):
+        return most
+    if not positional:
+        raise InvalidOption(f"{what} {name!r} takes no positional argument; it needs at least one")
+    return max(1, len(required))
+
+
+def keyword_parameters(func: Callable[..., Any], *, skip: int = 0) -> frozenset[str] | None:
+    """The names ``func`` accepts as keyword arguments after its first ``skip`` positional
+    parameters; None when it takes ``**kwargs`` (any name)."""
+    import inspect
+
+    try:
+        parameters = list(inspect.signature(func).parameters.values())
+    except (TypeError, ValueError):
+        return frozenset()
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return frozenset(
+        p.name
+        for p in parameters
+        if p.kind is p.KEYWORD_ONLY
+        or (p.kind is p.POSITIONAL_OR_KEYWORD and p not in positional[:skip])
+    )

@@ -13,8 +13,8 @@ import argparse
 import json
 import math
 import re
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from .exceptions import (
     InvalidText,
     QueryTooLong,
 )
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 # Characters that render as nothing: zero-width space/non-joiner/joiner, word joiner, BOM (zero
 # width no-break space), soft hyphen, Mongolian vowel separator. `str.strip()` keeps them, so a
@@ -440,3 +443,37 @@ def positive_float_arg(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
+
+
+def rejects_unknown_options(owner: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Decorate a public function so that a keyword option it does not take raises
+    :class:`~django_rag.exceptions.InvalidOption` naming it (with the closest name and the
+    accepted ones), not Python's ``TypeError``. The signature is read once, when decorated;
+    a function with ``**kwargs`` checks its own options and is returned as it is."""
+    import difflib
+    import functools
+    import inspect
+
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        parameters = inspect.signature(function).parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return function
+        names = sorted(
+            p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+        )
+
+        @functools.wraps(function)
+        def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+            for name in kwargs:
+                if name not in names:
+                    close = difflib.get_close_matches(name, names, n=1)
+                    hint = f"; did you mean {close[0]!r}?" if close else ""
+                    raise InvalidOption(
+                        f"{owner} got an unknown option {name!r}{hint} (options: "
+                        f"{', '.join(names)})"
+                    )
+            return function(*args, **kwargs)
+
+        return wrapped
+
+    return decorate

@@ -74,7 +74,8 @@ def _self_correct(ctx, chunks: list[SearchResult], max_corrections, judge_prompt
         with span("agent.self_correct", attempt=attempt) as s:
             try:
                 verdict = model.complete_json(
-                    (judge_prompt or prompts.groundedness_prompt)(ctx.question, chunks, ctx.answer)
+                    (judge_prompt or prompts.groundedness_prompt)(ctx.question, chunks, ctx.answer),
+                    context=chunks,
                 )
                 grounded = json_flag(verdict, "grounded")
             except LLMError as exc:
@@ -89,7 +90,7 @@ def _self_correct(ctx, chunks: list[SearchResult], max_corrections, judge_prompt
             )
             system, user = prompts.correction_messages(ctx.question, chunks, ctx.answer, feedback)
             try:
-                corrected = model.complete(user, system=system).text.strip()
+                corrected = model.complete(user, system=system, context=chunks).text.strip()
                 if not corrected:
                     raise LLMResponseError("The LLM returned an empty corrected answer.")
             except LLMError as exc:

@@ -107,7 +107,7 @@ class Answerer(Component):
             question, chunks, prompt=self.prompt, skip_retrieval=skip_retrieval
         )
         llm = get_llm(self.llm, feature="The answer step")
-        return llm.complete(user, system=system)
+        return llm.complete(user, system=system, context=chunks)
 
 
 def build(spec: Any, default: type, *, llm: Any = None, prompt: Any = None, **kwargs: Any):

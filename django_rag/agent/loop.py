@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, Unpack
 
 from ..answers.grounding import get_grounder
-from ..conf import deadline_setting
+from ..conf import call_defaults, deadline_setting
 from ..exceptions import InvalidInput, InvalidOption, UnknownCollection
 from ..llm import LLM, get_llm
 from ..models import Collection
@@ -86,6 +86,11 @@ class Loop(LoopRun):
       for :class:`~django_rag.Agent`; an option :func:`~django_rag.search` does not take
       raises :class:`~django_rag.exceptions.InvalidOption` here, not in every search.
 
+    An option left None takes its project-wide default from ``DJANGO_RAG["LOOP"]``
+    (``MAX_ITERATIONS``, ``LIMIT``, ``MAX_LIMIT``, ``MAX_CHUNKS``, ``MAX_TOOL_CALLS``,
+    ``MAX_TOOL_RESULT_CHARS``, ``FALLBACK_SYNTHESIS``, ``KEEP_SOURCES``, ``LLM``,
+    ``ANSWER_LLM``); the defaults above are that setting's.
+
     The deadline is checked before every controller turn and every tool call. Bad options
     raise at once; provider failures never raise from :meth:`run`: the result records them
     (``error``, ``stop_reason="error"``).
@@ -100,19 +105,19 @@ class Loop(LoopRun):
         llm: Any = None,
         answer_llm: Any = None,
         tools: Sequence[Any] = (),
-        max_iterations: int = 10,
-        limit: int = 5,
-        max_limit: int = 20,
-        max_chunks: int = 30,
+        max_iterations: int | None = None,
+        limit: int | None = None,
+        max_limit: int | None = None,
+        max_chunks: int | None = None,
         threshold: float | None = None,
         deadline: float | None = None,
         ground: Any = False,
-        max_tool_calls: int = 10,
-        max_tool_result_chars: int = 100_000,
+        max_tool_calls: int | None = None,
+        max_tool_result_chars: int | None = None,
         system_prompt: str | Callable[[Loop], str] | None = None,
         synthesizer: Callable[[str, list[SearchResult], list[dict[str, Any]]], str] | None = None,
-        fallback_synthesis: bool = True,
-        keep_sources: str = "first",
+        fallback_synthesis: bool | None = None,
+        keep_sources: str | None = None,
         history: Sequence[dict[str, str]] = (),
         **search_options: Unpack[AgentSearchOptions],
     ):
@@ -121,6 +126,26 @@ class Loop(LoopRun):
         self.question = clean_query(question)
         self.history = check_history(history)
         check_search_options(search_options, "Loop")
+        # The LOOP setting fills the options the call leaves unset (None).
+        d = call_defaults(
+            "LOOP",
+            max_iterations=max_iterations,
+            limit=limit,
+            max_limit=max_limit,
+            max_chunks=max_chunks,
+            max_tool_calls=max_tool_calls,
+            max_tool_result_chars=max_tool_result_chars,
+            fallback_synthesis=fallback_synthesis,
+            keep_sources=keep_sources,
+            llm=llm,
+            answer_llm=answer_llm,
+        )
+        max_iterations, limit, max_limit, max_chunks = (
+            d["max_iterations"], d["limit"], d["max_limit"], d["max_chunks"]
+        )  # fmt: skip
+        max_tool_calls, max_tool_result_chars = d["max_tool_calls"], d["max_tool_result_chars"]
+        fallback_synthesis, keep_sources = d["fallback_synthesis"], d["keep_sources"]
+        llm, answer_llm = d["llm"], d["answer_llm"]
         for name, value in (
             ("max_iterations", max_iterations),
             ("limit", limit),

@@ -459,7 +459,7 @@ class LoopRun:
             self.question, sources, self._sources.findings(self._result.tool_calls)
         )
         try:
-            completion = llm.complete(user, system=system)
+            completion = llm.complete(user, system=system, context=[c for _, c in sources])
         except LLMError as exc:
             self._result.error = exc
             logger.warning(

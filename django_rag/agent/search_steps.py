@@ -64,7 +64,8 @@ def _dedupe_results(ctx: Context) -> None:
 def _judge(ctx: Context, llm: Any, prompt: Any) -> dict[str, Any]:
     """Ask whether the chunks so far answer the question (first 10 chunks shown)."""
     return get_llm(step_llm(ctx, llm), feature="The sufficiency check").complete_json(
-        (prompt or prompts.sufficiency_prompt)(ctx.question, ctx.chunks[:10])
+        (prompt or prompts.sufficiency_prompt)(ctx.question, ctx.chunks[:10]),
+        context=ctx.chunks[:10],
     )
 
 

@@ -6,7 +6,8 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Unpack
 
-from ..exceptions import InvalidInput, InvalidOption, LLMResponseError
+from ..conf import call_defaults, import_string, section_setting
+from ..exceptions import ConfigurationError, InvalidInput, InvalidOption, LLMResponseError
 from ..graph.global_search import global_answer
 from ..graph.search import graph_context
 from ..llm import LLM, Completion, collect_usage, get_llm
@@ -16,14 +17,13 @@ from ..retrieval.options import SearchComponents, SearchOptions, split_options
 from ..retrieval.request import SearchRequest, build_request
 from ..retrieval.service import search_request
 from ..signals import span
+from ..utils import call_arity
 from ..validation import clean_query
 from . import prompts
 from .grounding import Grounder, get_grounder, ground_answer
 
-PromptFunction = Callable[[str, list[SearchResult]], "str | tuple[str, str]"]
-
-#: How many chunks ask() answers from unless ``limit`` is given (fewer than a search's).
-ASK_LIMIT = 5
+#: ``prompt(question, chunks)`` or ``prompt(question, chunks, graph_context)``.
+PromptFunction = Callable[..., "str | tuple[str, str]"]
 
 _CITATION = re.compile(r"\[(\d+(?:\s*[,;]\s*\d+)*)\]")
 
@@ -50,11 +50,16 @@ def answer_messages(
     skip_retrieval: bool = False,
     graph: dict | None = None,
 ) -> tuple[str | None, str]:
-    """(system, user) for an answer. A custom ``prompt(question, chunks)`` returns the user
-    message (no system message) or a ``(system, user)`` pair."""
+    """(system, user) for an answer. A custom ``prompt(question, chunks)`` or
+    ``prompt(question, chunks, graph_context)`` (chosen by :func:`prompt_arity`; the graph
+    context is ``{}`` when the search did not use the graph) returns the user message (no
+    system message) or a ``(system, user)`` pair."""
     if prompt is None:
         return prompts.answer_messages(question, chunks, skip_retrieval=skip_retrieval, graph=graph)
-    result = prompt(question, list(chunks))
+    if prompt_arity(prompt) == 3:
+        result = prompt(question, list(chunks), dict(graph or {}))
+    else:
+        result = prompt(question, list(chunks))
     if isinstance(result, str):
         return None, result
     if isinstance(result, tuple) and len(result) == 2:
@@ -63,6 +68,38 @@ def answer_messages(
         "a prompt function must return a string (the prompt) or a (system, user) tuple, got "
         f"{type(result).__name__}"
     )
+
+
+def _configured_prompt() -> PromptFunction | None:
+    """``ASK["PROMPT"]``: a function or its dotted path, checked; None: the built-in."""
+    spec = section_setting("ASK", "PROMPT")
+    if spec is None:
+        return None
+    prompt = import_string(spec, setting="ASK.PROMPT") if isinstance(spec, str) else spec
+    try:
+        if not callable(prompt):
+            raise InvalidOption(f"got {type(prompt).__name__}")
+        prompt_arity(prompt)
+    except InvalidOption as exc:
+        raise ConfigurationError(
+            "ASK.PROMPT",
+            spec,
+            f"{exc}; give a function (question, chunks) or (question, chunks, graph_context)",
+        ) from exc
+    return prompt
+
+
+def prompt_arity(prompt: Callable[..., Any]) -> int:
+    """2 or 3: how many arguments a custom answer prompt takes (``*args``: 3; parameters with
+    defaults are left to them). Raises :class:`~django_rag.exceptions.InvalidOption` for
+    anything else."""
+    arity = call_arity(prompt, most=3, what="The prompt function") or 2
+    if arity < 2:
+        raise InvalidOption(
+            "The prompt function takes one argument; it must take (question, chunks) or "
+            "(question, chunks, graph_context)"
+        )
+    return arity
 
 
 def make_answer(question: str, completion: Completion, chunks: list[SearchResult]) -> Answer:
@@ -137,7 +174,7 @@ def ask(
     prompt: PromptFunction | None = None,
     stream: bool = False,
     global_search: bool = False,
-    ground: Any = False,
+    ground: Any = None,
     history: Sequence[tuple[str, str]] = (),
     **search_options: Unpack[SearchOptions],
 ) -> Answer | AnswerStream:
@@ -146,11 +183,12 @@ def ask(
     Retrieval is :func:`django_rag.search` with the search options given
     (:class:`~django_rag.retrieval.options.SearchOptions`: ``mode``, ``collection``,
     ``source_id``, ``threshold``, ``reranker``, ``rewriter``, ``metadata``, ...), ``limit``
-    :data:`ASK_LIMIT` unless given; an option :func:`~django_rag.search` does not take raises
+    ``DJANGO_RAG["ASK"]["LIMIT"]`` (5) unless given; an option :func:`~django_rag.search` does not take raises
     :class:`~django_rag.exceptions.InvalidOption` naming it and the accepted ones.
     The chunks reach the LLM as numbered, delimited sources; the answer cites them as ``[n]``
     and :attr:`Answer.citations` resolves each to its chunk, document, file and pages.
-    ``prompt(question, chunks)`` replaces the default prompt. ``stream=True`` returns an
+    ``prompt(question, chunks)`` or ``prompt(question, chunks, graph_context)`` replaces the
+    default prompt (``graph_context``: what ``graph=True`` found, ``{}`` otherwise). ``stream=True`` returns an
     :class:`AnswerStream`. Raises :class:`~django_rag.exceptions.LLMNotConfigured` when no LLM
     is given or configured, before anything is searched.
 
@@ -158,6 +196,9 @@ def ask(
     relationships and community summaries to the prompt (``Answer.graph``).
     ``global_search=True`` answers a corpus-wide question from community summaries instead
     (map over the summaries, then reduce; no chunks, no citations).
+
+    The ``ASK`` setting gives project-wide defaults of ``limit``, ``mode``, ``threshold``,
+    ``prompt`` and ``ground`` for a call that leaves them unset (None).
 
     ``ground=True`` (the ``GROUNDER`` setting) or a grounder (alias, spec, function or
     :class:`~django_rag.answers.grounding.Grounder`) checks the answer against its chunks and
@@ -171,11 +212,27 @@ def ask(
         raise InvalidInput("ask() needs a non-empty question string.")
     history = _check_history(history)
     question = clean_query(question)  # bounded and valid before any LLM or search sees it
-    if prompt is not None and not callable(prompt):
-        raise InvalidOption("prompt must be a function (question, chunks) -> str")
     # A misspelled option or a bad value fails here, before any LLM call.
     request_options, components = split_options(search_options, "ask()")
-    request_options.setdefault("limit", ASK_LIMIT)
+    # The ASK setting fills what the call leaves unset (None or absent).
+    defaults = call_defaults(
+        "ASK",
+        limit=request_options.get("limit"),
+        mode=request_options.get("mode"),
+        threshold=request_options.get("threshold"),
+    )
+    request_options.update({k: v for k, v in defaults.items() if v is not None})
+    if ground is None:
+        ground = section_setting("ASK", "GROUND")
+    if prompt is None:
+        prompt = _configured_prompt()
+    elif not callable(prompt):
+        raise InvalidOption(
+            "prompt must be a function (question, chunks) or (question, chunks, graph_context) "
+            f"returning the prompt, got {type(prompt).__name__}"
+        )
+    if prompt is not None:
+        prompt_arity(prompt)  # a prompt that fits no call fails before any search
     request = build_request(question, **request_options)
     model = get_llm(llm, feature="ask()")
     grounder = None
@@ -228,11 +285,11 @@ def _ask(
         system, user = answer_messages(question, chunks, prompt=prompt, graph=graph)
         system, user = prompts.with_history(system, user, history)
         if stream:
-            text_stream = llm.stream(user, system=system)
+            text_stream = llm.stream(user, system=system, context=chunks, graph_context=graph)
             yield from text_stream
             completion = text_stream.completion
         else:
-            completion = llm.complete(user, system=system)
+            completion = llm.complete(user, system=system, context=chunks, graph_context=graph)
         answer = make_answer(question, completion, chunks)
         answer.usage = retrieval_usage + completion.usage
         answer.graph = graph

@@ -77,6 +77,16 @@ def section_setting(section: str, name: str) -> Any:
     return _checked(f"{section}.{name}", get_settings()[section][name])
 
 
+def call_defaults(section: str, **given: Any) -> dict[str, Any]:
+    """``given`` (a call's options) with each one left None replaced by its project-wide
+    default, ``DJANGO_RAG[section][NAME]`` (``ASK``, ``LOOP``): a value given in the call
+    wins, as Arcana merges its ``ask:``/``loop:`` config under the call's options."""
+    return {
+        name: section_setting(section, name.upper()) if value is None else value
+        for name, value in given.items()
+    }
+
+
 def search_setting(name: str) -> Any:
     return section_setting("SEARCH", name)
 

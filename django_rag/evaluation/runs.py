@@ -149,7 +149,7 @@ def _answer_metrics(
     if answer is None:
         try:
             system, user = answer_messages(case.question, chunks)
-            answer = llm.complete(user, system=system).text.strip()
+            answer = llm.complete(user, system=system, context=chunks).text.strip()
         except LLMError as exc:
             return {"answer": None, "answer_error": str(exc)}
     else:

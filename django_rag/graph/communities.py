@@ -17,7 +17,12 @@ from ..models import Collection, Community, Entity, Relationship
 from ..models.databases import write_db
 from ..signals import span
 from ..store.graph_stores import get_graph_store
-from ..validation import clean_collection_name, clean_number, clean_positive_int
+from ..validation import (
+    clean_collection_name,
+    clean_number,
+    clean_positive_int,
+    rejects_unknown_options,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -450,6 +455,7 @@ def summary_prompt(entities: Sequence[Entity], relationships: Sequence[Relations
     )
 
 
+@rejects_unknown_options("summarize_community()")
 def summarize_community(
     entities: Sequence[Entity],
     relationships: Sequence[Relationship],
@@ -488,6 +494,7 @@ def _summarize(component: CommunitySummarizer | None, model: Any, entities, rela
     return text
 
 
+@rejects_unknown_options("summarize_communities()")
 def summarize_communities(
     collection: str | None = None,
     *,

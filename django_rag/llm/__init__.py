@@ -42,7 +42,8 @@ def get_llm(spec: Any = None, *, feature: str = "This operation", setting: str =
 
     ``spec`` may be a litellm model string, ``{"model": ..., **options}``, a
     ``(model, options)`` pair, ``{"BACKEND": ..., "OPTIONS": ...}``, an alias, a dotted path,
-    a callable taking the prompt and returning text, or an :class:`LLM` instance.
+    a function (``prompt``, ``(prompt, context)`` or ``(prompt, context, opts)``, see
+    :class:`CallableLLM`) returning text, or an :class:`LLM` instance.
     """
     from_setting = spec is None
     if spec is None:
@@ -69,9 +70,14 @@ def get_llm(spec: Any = None, *, feature: str = "This operation", setting: str =
         spec = {"BACKEND": "litellm", "OPTIONS": dict(spec)}
     if isinstance(spec, str) and spec not in ALIASES and not _DOTTED_PATH.match(spec):
         spec = {"BACKEND": "litellm", "OPTIONS": {"model": spec}}
-    return build_component(
-        spec, setting=setting, base=LLM, aliases=ALIASES, wrap_callable=CallableLLM
-    )
+    try:
+        return build_component(
+            spec, setting=setting, base=LLM, aliases=ALIASES, wrap_callable=CallableLLM
+        )
+    except InvalidOption as exc:  # a function whose signature fits no call
+        if from_setting:
+            raise ConfigurationError(setting, redact(spec), str(exc)) from exc
+        raise
 
 
 __all__ = [

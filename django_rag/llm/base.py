@@ -6,7 +6,7 @@ import contextvars
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -323,6 +323,9 @@ class LLM:
     """
 
     model_name: str = "custom"
+    #: Whether :meth:`_complete` and :meth:`_stream` take the ``context`` (a list of chunks)
+    #: and ``graph_context`` keywords of the call (:class:`~django_rag.llm.CallableLLM` does).
+    takes_context: bool = False
 
     def complete(
         self,
@@ -330,6 +333,8 @@ class LLM:
         *,
         system: str | None = None,
         json_object: bool = False,
+        context: Sequence[Any] | None = None,
+        graph_context: dict[str, Any] | None = None,
         **options: Any,
     ) -> Completion:
         """Send ``prompt`` (the user message) with an optional ``system`` message.
@@ -337,11 +342,18 @@ class LLM:
         ``json_object=True`` says the caller wants one JSON object back: backends that can
         enforce it (see :meth:`json_options`) are asked to; the reply is still parsed
         tolerantly, so backends that cannot lose nothing.
+
+        ``context``: the chunks (:class:`~django_rag.SearchResult`) the call is about, and
+        ``graph_context`` what the graph found for ``ask()``. The prompt already holds what
+        the model must read; they reach backends that set :attr:`takes_context` (a function
+        LLM taking ``(prompt, context)`` or ``(prompt, context, opts)``), and the span's
+        ``context_count``.
         """
         messages = build_messages(prompt, system)
         if json_object:
             options = {**self.json_options(messages), **options}
-        with span("llm.complete", **self._span_metadata(messages)) as s:
+        extra = self._context_options(context, graph_context)
+        with span("llm.complete", **self._span_metadata(messages, context)) as s:
             end = _answer_deadline()
             if end is not None and time.monotonic() >= end:
                 raise LLMTimeout(
@@ -350,12 +362,28 @@ class LLM:
                     model=self.model_name,
                 )
             with deadline(at=end):
-                completion = self._complete(messages, **options)
+                completion = self._complete(messages, **extra, **options)
             self._finish(s, completion)
         return completion
 
+    def _context_options(
+        self, context: Sequence[Any] | None, graph_context: dict[str, Any] | None
+    ) -> dict[str, Any]:
+        """The ``context``/``graph_context`` keywords for :meth:`_complete`/:meth:`_stream`
+        (only a backend that sets :attr:`takes_context` gets them: the others would send
+        unknown options to their provider)."""
+        if not self.takes_context:
+            return {}
+        return {"context": list(context or ()), "graph_context": graph_context}
+
     def complete_json(
-        self, prompt: str, *, system: str | None = None, expect: type | None = dict, **options: Any
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        expect: type | None = dict,
+        context: Sequence[Any] | None = None,
+        **options: Any,
     ) -> Any:
         """:meth:`complete`, then :func:`~django_rag.llm.parse_json` of the reply: the JSON
         value of type ``expect`` (``dict``, ``list`` or None for any). An object is asked for
@@ -363,7 +391,9 @@ class LLM:
         cut before its JSON ended raises
         :class:`~django_rag.exceptions.LLMResponseError` saying so (not a parse error about a
         fragment)."""
-        completion = self.complete(prompt, system=system, json_object=expect is dict, **options)
+        completion = self.complete(
+            prompt, system=system, json_object=expect is dict, context=context, **options
+        )
         text = completion.text
         if completion.finish_reason == "length" and not _ends_json(text):
             raise LLMResponseError(
@@ -375,13 +405,22 @@ class LLM:
             )
         return parse_json(text, expect=expect)
 
-    def stream(self, prompt: str, *, system: str | None = None, **options: Any) -> TextStream:
+    def stream(
+        self,
+        prompt: str,
+        *,
+        system: str | None = None,
+        context: Sequence[Any] | None = None,
+        graph_context: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> TextStream:
         """Like :meth:`complete`, but iterate over the returned stream to get text as it arrives.
 
         After the iteration ends, ``stream.completion`` holds the whole :class:`Completion`.
         """
         messages = build_messages(prompt, system)
-        return TextStream(self, messages, options)
+        extra = self._context_options(context, graph_context)
+        return TextStream(self, messages, {**extra, **options}, context_count=len(context or ()))
 
     def chat(
         self, messages: Messages, *, tools: list[dict[str, Any]] | None = None, **options: Any
@@ -457,11 +496,14 @@ class LLM:
         yield completion.text
         yield completion.usage
 
-    def _span_metadata(self, messages: Messages) -> dict[str, Any]:
+    def _span_metadata(
+        self, messages: Messages, context: Sequence[Any] | None = None
+    ) -> dict[str, Any]:
         return {
             "model": self.model_name,
             "prompt_chars": sum(len(m.get("content") or "") for m in messages),
             "prompt": messages[-1].get("content") or "",
+            "context_count": len(context or ()),
         }
 
     def _finish(self, s, completion: Completion) -> None:
@@ -481,10 +523,13 @@ class LLM:
 class TextStream:
     """Iterate to receive text as the LLM writes it; ``completion`` is set when it ends."""
 
-    def __init__(self, llm: LLM, messages: Messages, options: dict[str, Any]):
+    def __init__(
+        self, llm: LLM, messages: Messages, options: dict[str, Any], *, context_count: int = 0
+    ):
         self._llm = llm
         self._messages = messages
         self._options = options
+        self._context_count = context_count
         self.completion: Completion | None = None
         self._started = False
 
@@ -493,7 +538,11 @@ class TextStream:
             raise RuntimeError("a TextStream can be iterated only once")
         self._started = True
         llm = self._llm
-        with span("llm.complete", stream=True, **llm._span_metadata(self._messages)) as s:
+        with span(
+            "llm.complete",
+            stream=True,
+            **{**llm._span_metadata(self._messages), "context_count": self._context_count},
+        ) as s:
             end = _answer_deadline()
             pieces: list[str] = []
             usage = Usage()

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..conf import scrub_text
 from ..exceptions import LLMError
+from ..utils import call_arity, keyword_parameters
 from .base import LLM, Completion, Messages, ToolCall, ToolCompletion, Usage
 from .errors import LLMStreamError
 
 
 class CallableLLM(LLM):
-    """Wraps ``func(prompt) -> str``.
+    """Wraps ``func(prompt) -> str``, ``func(prompt, context)`` or
+    ``func(prompt, context, opts)``, chosen once by the function's required positional
+    parameters (``*args`` counts as three; parameters with defaults are left to them).
 
-    The system message, when there is one, is put before the user message in the one prompt
+    ``context`` is the list of :class:`~django_rag.SearchResult` the call is about (empty
+    when it has none); ``opts`` a new dict of the call's options (``temperature``...), plus
+    ``graph_context`` when ``ask()``'s search used the graph. A one- or two-argument
+    function gets the options it names (all, with ``**kwargs``) as keyword arguments; the
+    others are not sent. A function that fits none of these raises
+    :class:`~django_rag.exceptions.InvalidOption` when it is given. The system
+    message, when there is one, is put before the user message in the one prompt
     string. ``func`` may also return a :class:`Completion` (to report usage) or an iterator of
     text pieces (to stream). Exceptions become :class:`~django_rag.exceptions.LLMError`.
 
@@ -24,9 +33,11 @@ class CallableLLM(LLM):
     ``(name, arguments)`` tool calls.
     """
 
+    takes_context = True
+
     def __init__(
         self,
-        func: Callable[[str], Any],
+        func: Callable[..., Any],
         *,
         model_name: str | None = None,
         chat: Callable[[Messages, list[dict[str, Any]]], Any] | None = None,
@@ -38,11 +49,37 @@ class CallableLLM(LLM):
         self.func = func
         self.chat_func = chat
         self.model_name = model_name or getattr(func, "__qualname__", None) or "function"
+        self.arity = call_arity(func, most=3, what="The LLM function") or 1
+        # Before arities, options reached a one-argument function as keyword arguments: those
+        # it names (or all, with **kwargs) still do; a three-argument one gets them in opts.
+        self.keywords = (
+            frozenset() if self.arity == 3 else keyword_parameters(func, skip=self.arity)
+        )
 
-    def _call(self, messages: Messages, options: dict[str, Any]) -> Any:
+    def _call(
+        self,
+        messages: Messages,
+        options: dict[str, Any],
+        context: Sequence[Any] | None = None,
+        graph_context: dict[str, Any] | None = None,
+    ) -> Any:
         prompt = "\n\n".join(message["content"] for message in messages)
+        args: list[Any] = [prompt]
+        if self.arity >= 2:
+            args.append(list(context or ()))
+        if self.arity == 3:
+            opts = dict(options)
+            if graph_context is not None:
+                opts["graph_context"] = graph_context
+            args.append(opts)
+        if self.arity < 3 and options:
+            keywords = {
+                k: v for k, v in options.items() if self.keywords is None or k in self.keywords
+            }
+        else:
+            keywords = {}
         try:
-            return self.func(prompt, **options) if options else self.func(prompt)
+            return self.func(*args, **keywords)
         except LLMError:
             raise
         except Exception as exc:
@@ -88,8 +125,15 @@ class CallableLLM(LLM):
             model=self.model_name,
         )
 
-    def _complete(self, messages: Messages, **options: Any) -> Completion:
-        result = self._call(messages, options)
+    def _complete(
+        self,
+        messages: Messages,
+        *,
+        context: Sequence[Any] | None = None,
+        graph_context: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Completion:
+        result = self._call(messages, options, context, graph_context)
         if isinstance(result, Completion):
             return result
         if isinstance(result, str):
@@ -106,8 +150,15 @@ class CallableLLM(LLM):
             model=self.model_name,
         )
 
-    def _stream(self, messages: Messages, **options: Any) -> Iterator[str | Usage]:
-        result = self._call(messages, options)
+    def _stream(
+        self,
+        messages: Messages,
+        *,
+        context: Sequence[Any] | None = None,
+        graph_context: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Iterator[str | Usage]:
+        result = self._call(messages, options, context, graph_context)
         if isinstance(result, Iterator):
             received: list[str] = []
             try:

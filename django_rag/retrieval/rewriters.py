@@ -118,16 +118,17 @@ REWRITERS = {
 }
 
 
-def get_rewriter(spec: Any) -> Callable[[str], str | list[str]]:
-    """A query rewriter for ``search(rewriter=...)``: an alias, a component or a function."""
+def get_rewriter(spec: Any, *, llm: Any = None) -> Callable[[str], str | list[str]]:
+    """A query rewriter for ``search(rewriter=...)``: an alias, a component or a function
+    (an alias or a component class is built with ``llm``, None: the ``LLM`` setting)."""
     if isinstance(spec, str):
         if spec not in REWRITERS:
             raise ConfigurationError(
                 "rewriter", spec, f"known rewriters are {', '.join(sorted(REWRITERS))}"
             )
-        return REWRITERS[spec]()
+        return REWRITERS[spec](llm=llm)
     if inspect.isclass(spec) and issubclass(spec, Component):
-        return spec()
+        return spec(llm=llm)
     if callable(spec):
         return spec
     raise ConfigurationError(

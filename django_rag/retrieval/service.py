@@ -7,14 +7,23 @@ from typing import Any, Unpack
 
 from ..conf import graph_number, graph_setting, scrub_text, search_setting
 from ..embeddings import active_dimensions, get_embedder
-from ..exceptions import EmbeddingFailed, InvalidInput, InvalidOption, RagError
+from ..exceptions import (
+    ConfigurationError,
+    EmbeddingFailed,
+    InvalidInput,
+    InvalidOption,
+    LLMResponseError,
+    RagError,
+)
 from ..graph.search import GraphMatch, graph_results
+from ..llm.component import Component
 from ..models.databases import search_db
 from ..rerankers import get_reranker
 from ..results import SearchResult
 from ..signals import span
 from ..store.search_modes import implementation
-from ..validation import check_query_vector, clean_query
+from ..utils import call_arity
+from ..validation import check_query_vector, clean_query, rejects_unknown_options
 from .aliases import accepts_aliases
 from .context import with_context
 from .diversity import diversify
@@ -307,21 +316,73 @@ def _rewrite(query: str, rewriter: Any, search_span: Any = None) -> list[str]:
     except Exception as exc:
         _degrade(search_span, "rewriter", exc, "searching with the original query")
         return [query]
+
+    def dropped(exc: InvalidInput) -> None:
+        _degrade(search_span, "rewriter", exc, "leaving that query out")
+
+    return _clean_rewritten(rewritten, dropped) or [query]
+
+
+def _clean_rewritten(rewritten: Any, dropped: Any = None) -> list[str]:
+    """A rewriter's answer (model output) as queries: each a valid string within
+    ``MAX_QUERY_CHARS`` (others are left out, ``dropped(error)`` told), no repeats, at most
+    :data:`MAX_REWRITTEN_QUERIES`."""
     queries = [rewritten] if isinstance(rewritten, str) else list(rewritten or [])
     kept: list[str] = []
-    for item in queries:
+    for item in queries[: MAX_REWRITTEN_QUERIES * 10]:
         if not isinstance(item, str) or not item.strip():
             continue
         try:
             cleaned = clean_query(item.strip())
         except InvalidInput as exc:
-            _degrade(search_span, "rewriter", exc, "leaving that query out")
+            if dropped is not None:
+                dropped(exc)
             continue
         if cleaned and cleaned not in kept:
             kept.append(cleaned)
             if len(kept) == MAX_REWRITTEN_QUERIES:
                 break
-    return kept or [query]
+    return kept
+
+
+@rejects_unknown_options("rewrite_query()")
+def rewrite_query(query: str, *, rewriter: Any, llm: Any = None) -> str | list[str]:
+    """``query`` rewritten by ``rewriter``, without searching: what ``search(rewriter=...)``
+    would search for.
+
+    ``rewriter`` is ``"rewrite"``, ``"expand"``, ``"keywords"``, ``"decompose"`` (these use
+    ``llm``, else ``DJANGO_RAG["LLM"]``), a rewriter component, or a function
+    ``query -> str | list[str]``. Returns a string when the rewriter gives one, else a list
+    (``"decompose"``). The answer is model output: each query must be a valid string within
+    ``MAX_QUERY_CHARS`` (others are left out), at most :data:`MAX_REWRITTEN_QUERIES` are kept,
+    and :class:`~django_rag.exceptions.LLMResponseError` is raised when none is left. A
+    missing or bad ``rewriter`` raises :class:`~django_rag.exceptions.InvalidOption`; the
+    rewriter's own failure (an :class:`~django_rag.exceptions.LLMError`) is raised, not
+    hidden as in a search.
+    """
+    if not isinstance(query, str) or not query.strip():
+        raise InvalidInput("rewrite_query() needs a non-empty query string.")
+    query = clean_query(query)
+    if rewriter is None:
+        raise InvalidOption(
+            "rewrite_query() needs rewriter=: 'rewrite', 'expand', 'keywords', 'decompose', a "
+            "rewriter component or a function query -> str | list[str]"
+        )
+    try:
+        component = get_rewriter(rewriter, llm=llm)
+    except ConfigurationError as exc:
+        raise InvalidOption(f"rewrite_query() got a bad rewriter: {exc}") from exc
+    if not isinstance(component, Component):
+        call_arity(component, most=1, what="The rewriter")
+    with span("rewrite_query", query=query) as s:
+        rewritten = component(query)
+        queries = _clean_rewritten(rewritten)
+        s.set(queries=len(queries))
+    if not queries:
+        raise LLMResponseError(
+            f"The rewriter returned no usable query (got {type(rewritten).__name__})."
+        )
+    return queries[0] if isinstance(rewritten, str) else queries
 
 
 def _rerank(ranker: Any, query: str, results: list, limit: int, search_span: Any) -> list:

@@ -12,10 +12,12 @@ from django.db import models
 from django.db.models import Q, QuerySet
 
 from ..exceptions import InvalidOption
+from ..validation import rejects_unknown_options
 from .registry import FORMATS, Getter, IndexedModel, add, remove
 from .signals import connect, disconnect
 
 
+@rejects_unknown_options("indexed()")
 def indexed(
     *,
     text: Getter,

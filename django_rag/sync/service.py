@@ -31,7 +31,7 @@ from ..models.databases import write_db
 from ..results import SearchResult
 from ..signals import span
 from ..store import delete_source, next_versions, touch_source
-from ..validation import clean_text
+from ..validation import clean_text, rejects_unknown_options
 from .registry import IndexedModel, for_source, get, registered
 
 logger = logging.getLogger("django_rag.sync")
@@ -326,6 +326,7 @@ def _delete_orphans(spec, only_collection, dry_run, report, batch_size: int = 10
 # --- search hits back to rows ----------------------------------------------------------------
 
 
+@rejects_unknown_options("with_objects()")
 def with_objects(results: Sequence[SearchResult], *, user: Any = None) -> list[SearchResult]:
     """Attach to each hit of a registered model its row (``hit.object``), loading the rows of
     each model in one query. With ``user``, hits whose row the user may not see (the

@@ -224,7 +224,9 @@ class LLMGrounder(Grounder):
         if not chunks:
             return make_grounding([], self.name, ["no sources to ground the answer in"], score=0.0)
         model = get_llm(self.llm, feature="The LLM grounder")
-        completion = model.complete(self.prompt(question, chunks, text), json_object=True)
+        completion = model.complete(
+            self.prompt(question, chunks, text), json_object=True, context=chunks
+        )
         reply = completion.text or ""
         if len(reply) > MAX_REPLY_CHARS:
             raise LLMResponseError(
