@@ -200,3 +200,14 @@ def test_a_loop_run_twice_starts_afresh(corpus):
     ]
     assert second.citations[0].chunk.source_id == "x100"
     assert "X200 warranty" not in str(second.messages)
+
+
+def test_an_unknown_step_option_raises_invalid_option_naming_it():
+    from django_rag.exceptions import InvalidOption
+
+    agent = Agent("What is X?", llm=ScriptedLLM(default="{}"))
+    with pytest.raises(
+        InvalidOption, match="rerank step got an unknown option 'treshold'.*'threshold'"
+    ):
+        agent.rerank(treshold=5)
+    assert agent.context.error is None  # nothing recorded: the call was refused

@@ -6,6 +6,7 @@ the check that an LLM's query can be searched.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import inspect
 import logging
@@ -17,7 +18,7 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import get_setting, scrub_text
-from ..exceptions import InvalidInput
+from ..exceptions import InvalidInput, InvalidOption
 from ..llm import collect_usage, deadline
 from ..llm.errors import AgentTimeout
 from ..validation import clean_query
@@ -170,8 +171,21 @@ def step(
     )
 
     def decorator(func: Callable[..., None]) -> Callable[..., Context]:
+        signature = inspect.signature(func).parameters.values()
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in signature)
+        accepted = sorted(p.name for p in signature if p.kind is p.KEYWORD_ONLY)
+
         @functools.wraps(func)
         def run(ctx: Context, **options: Any) -> Context:
+            unknown = [option for option in options if option not in accepted]
+            if unknown and not takes_any:
+                # A mistake at the call site, not a failure of the run: raised, not recorded.
+                close = difflib.get_close_matches(unknown[0], accepted, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise InvalidOption(
+                    f"the {name} step got an unknown option {unknown[0]!r}{hint} (its options: "
+                    f"{', '.join(accepted) or 'none'})"
+                )
             if ctx.error is not None:
                 return ctx
             if ctx.deadline_at is not None and time.monotonic() >= ctx.deadline_at:
