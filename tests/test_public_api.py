@@ -159,3 +159,36 @@ def test_no_component_alias_points_up_the_layers():
     assert isinstance(embeddings.build_embedder("hashing"), HashingEmbedder)
     assert isinstance(llm.get_llm("scripted"), ScriptedLLM)
     assert type(vector_stores.get_vector_store("memory")) is MemoryVectorStore
+
+
+def _public_calls():
+    """Every public function, and the classes a user calls with options (Agent, Loop)."""
+    for name in rag.__all__:
+        obj = getattr(rag, name)
+        if inspect.isclass(obj):
+            if name in ("Agent", "Loop"):
+                yield name, obj
+        elif callable(obj):
+            yield name, obj
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "name,call", list(_public_calls()), ids=lambda v: v if isinstance(v, str) else ""
+)
+def test_an_unknown_option_on_any_public_call_raises_invalid_option(name, call):
+    """Arcana's rule, issue 37: a misspelled option is an InvalidOption naming it, never
+    Python's TypeError, and it is refused before any work."""
+    from django_rag.exceptions import InvalidOption
+    from django_rag.models import Collection, Document
+
+    parameters = inspect.signature(call).parameters.values()
+    positional = [
+        "x" for p in parameters if p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty
+    ]
+    required = {
+        p.name: "x" for p in parameters if p.kind is p.KEYWORD_ONLY and p.default is p.empty
+    }
+    with pytest.raises(InvalidOption, match="bogus_option"):
+        call(*positional, **required, bogus_option=1)
+    assert not Document.objects.exists() and not Collection.objects.exists()

@@ -16,6 +16,7 @@ from ..validation import (
     clean_metadata,
     clean_pk,
     clean_source_id,
+    rejects_unknown_options,
 )
 
 #: The largest page :func:`list_documents` returns.
@@ -52,6 +53,7 @@ def _documents(
     return documents
 
 
+@rejects_unknown_options("list_documents()")
 def list_documents(
     *,
     collection: str | Sequence[str] | None = None,
@@ -80,6 +82,7 @@ def list_documents(
     return list(page) if limit else []
 
 
+@rejects_unknown_options("count_documents()")
 def count_documents(
     *,
     collection: str | Sequence[str] | None = None,
@@ -92,6 +95,7 @@ def count_documents(
     return _documents(collection, status, source_id, metadata).count()
 
 
+@rejects_unknown_options("get_document()")
 def get_document(document_id: Any) -> Document:
     """The document with this id (an int or a string of digits), its collection loaded.
     Raises :class:`~django_rag.exceptions.DocumentNotFound` when there is none, and for an id

@@ -25,7 +25,7 @@ from ..exceptions import DocumentNotFound, InvalidOption
 from ..models import Document
 from ..signals import span
 from ..store import delete_document
-from ..validation import clean_filename
+from ..validation import clean_filename, rejects_unknown_options
 from .batch import ingest_many  # noqa: F401 (re-exported: callers import it from here)
 from .collections import apply_description
 from .files import ingest_files, ingest_parsed_files  # noqa: F401 (re-exported)
@@ -186,6 +186,7 @@ def ingest_source(text: str, request: IngestRequest, *, version: int) -> Documen
     return store_prepared(pending, prepare_document(pending, request))
 
 
+@rejects_unknown_options("delete()")
 def delete(document: Document | int | str, *, graph_store: Any = None) -> None:
     """Delete a document (instance or id), its chunks and the graph entities only it
     mentioned, in ``graph_store`` (None: ``GRAPH["STORE"]``)."""
