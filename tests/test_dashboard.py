@@ -419,7 +419,6 @@ def test_orphan_clean_up_previews_then_applies(staff, corpus):
 
 def test_every_destructive_button_asks_first(staff, corpus):
     from django_rag.models import Job
-
     from django_rag.testing import ScriptedLLM
 
     for action in ("reembed", "build_graph", "detect_communities", "summarize_communities"):
