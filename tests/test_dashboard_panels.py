@@ -8,16 +8,13 @@ from django.test import Client, override_settings
 
 import django_rag as rag
 from django_rag.models import (
-    Collection,
-    Community,
     Entity,
     GraphChunk,
     Job,
-    Relationship,
     Run,
 )
 from django_rag.testing import ScriptedLLM
-from tests.helpers import url
+from tests.helpers import panel_graph, url
 
 pytestmark = pytest.mark.django_db
 
@@ -39,47 +36,9 @@ def rag_settings(**extra):
     return override_settings(DJANGO_RAG={"EMBEDDER": "hashing", **extra})
 
 
-def entity(collection, name, type="thing"):
-    return Entity.objects.create(
-        collection=collection, name=name, normalized_name=name.lower(), type=type
-    )
-
-
 @pytest.fixture
 def graph():
-    """Entities in "a" and "b", relationships of three strengths and types, two communities."""
-    rag.ingest("Jane and Acme.", collection="a")
-    rag.ingest("Hidden things.", collection="b")
-    a, b = Collection.objects.get(name="a"), Collection.objects.get(name="b")
-    jane, acme, bob = (
-        entity(a, "Jane Doe", "person"),
-        entity(a, "Acme <b>Corp</b>"),
-        entity(a, "Bob"),
-    )
-    hidden = entity(b, "Hidden Corp")
-    rels = {
-        "strong": Relationship.objects.create(
-            source=jane, target=acme, type="WORKS_FOR", strength=9, description="Since 2019.",
-            metadata={"evidence": "payroll <script>x</script>"},
-        ),
-        "medium": Relationship.objects.create(source=bob, target=acme, type="ADVISES", strength=5),
-        "weak": Relationship.objects.create(source=jane, target=bob, type="KNOWS", strength=2),
-        "hidden": Relationship.objects.create(
-            source=hidden, target=entity(b, "Other"), type="OWNS", strength=8
-        ),
-    }  # fmt: skip
-    communities = {
-        "dirty": Community.objects.create(
-            collection=a, level=0, entity_ids=[jane.pk, acme.pk], summary="Jane at Acme.", dirty=True
-        ),
-        "clean": Community.objects.create(
-            collection=a, level=1, entity_ids=[jane.pk, acme.pk, bob.pk], summary="All three.",
-            dirty=False,
-        ),
-        "hidden": Community.objects.create(collection=b, level=0, entity_ids=[hidden.pk]),
-    }  # fmt: skip
-    return {"jane": jane, "acme": acme, "bob": bob, "hidden": hidden, **{
-        f"rel_{k}": v for k, v in rels.items()}, **{f"com_{k}": v for k, v in communities.items()}}  # fmt: skip
+    return panel_graph()
 
 
 def page(client, **params):
