@@ -143,6 +143,8 @@ def test_build_graph_of_one_document_through_the_job(staff):
     assert built == {doc.pk}
     assert other.pk not in built
     assert "finished" in response.content.decode()
+    jobs = staff.get(url("jobs")).content.decode()
+    assert f'href="{url("document", doc.pk)}">document {doc.pk}</a>' in jobs
 
 
 def test_build_graph_is_refused_cleanly(staff, client):
