@@ -15,14 +15,9 @@ from django_rag.models import (
 )
 from django_rag.testing import ScriptedLLM
 from tests.helpers import panel_graph, url
+from tests.settings import LOCAL_GRAPH
 
 pytestmark = pytest.mark.django_db
-
-LOCAL_GRAPH = {
-    "EXTRACTOR": None,
-    "ENTITY_EXTRACTOR": "capitalized",
-    "RELATIONSHIP_EXTRACTOR": "cooccurrence",
-}
 
 
 def only_a(user):
@@ -370,3 +365,13 @@ def test_search_threshold_is_passed_and_validated(staff):
             assert response.status_code == 200, bad
             assert "Check the search options: threshold" in body, bad
             assert "Refunds take" not in body
+
+
+def test_info_never_shows_a_components_secret(staff):
+    secret = "sk-live-0123456789abcdefghij"
+    spec = {"BACKEND": "no.such.Reranker", "OPTIONS": {"api_key": secret}}
+    with rag_settings(RERANKER=spec):
+        body = staff.get(url("info")).content.decode()
+    reranker = body[body.index('id="info-reranker"') :].split("</section>")[0]
+    assert "cannot be built" in reranker and "no.such.Reranker" in reranker
+    assert secret not in body

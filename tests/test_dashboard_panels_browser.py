@@ -8,15 +8,10 @@ from django.test import override_settings
 import django_rag as rag
 from django_rag.models import GraphChunk, Job, Run
 from tests.helpers import panel_graph
+from tests.settings import LOCAL_GRAPH
 from tests.test_dashboard_browser import browser, shot, wait_for  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-LOCAL_GRAPH = {
-    "EXTRACTOR": None,
-    "ENTITY_EXTRACTOR": "capitalized",
-    "RELATIONSHIP_EXTRACTOR": "cooccurrence",
-}
 
 
 def choose(driver, name, value):
