@@ -6,6 +6,7 @@ Plain functions: the management commands, Celery tasks and the dashboard call th
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -15,7 +16,9 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from . import background, embeddings
-from .conf import embedding_dimensions, get_setting, get_settings, redact
+from .agent.loop import Loop
+from .answers.grounding import get_grounder
+from .conf import embedding_dimensions, get_setting, get_settings, redact, scrub_text
 from .embeddings import Embedder, configured_embedder, get_embedder
 from .exceptions import DimensionMismatch, InvalidInput, UnknownCollection
 from .ingestion.headers import chunk_headers, headers_enabled
@@ -517,9 +520,67 @@ def vector_index(*, apply: bool = False) -> dict[str, Any]:
 # --- info ----------------------------------------------------------------------------------------
 
 
-def info() -> dict[str, Any]:
-    """Configuration (secrets redacted), the active embedder, pgvector, counts per collection."""
+def embedding_config() -> dict[str, Any]:
+    """The embedding configuration: ``model`` and ``dimensions`` of the configured embedder,
+    ``column_dimensions`` (``EMBEDDING_DIMENSIONS``) and ``vector_index`` (see
+    :func:`vector_index`: the configured type, the index the database has, whether they match).
+    """
     embedder = get_embedder()
+    return {
+        "model": embedder.model_name,
+        "dimensions": embedder.dimensions,
+        "column_dimensions": get_setting("EMBEDDING_DIMENSIONS"),
+        "vector_index": schema.index_state(),
+    }
+
+
+def _describe(build: Callable[[], Any]) -> dict[str, Any]:
+    """What a configured component is: ``label`` (its class and model, secrets scrubbed), or
+    ``problem`` (why it cannot be built); ``configured`` False when the setting is None."""
+    try:
+        component = build()
+    except Exception as exc:  # a bad spec or a missing backend: say so, never raise from info
+        problem = scrub_text(f"{type(exc).__name__}: {exc}")[:500]
+        return {"configured": True, "label": None, "problem": problem}
+    if component is None:
+        return {"configured": False, "label": None, "problem": None}
+    model = getattr(component, "model_name", None) or getattr(component, "model", None)
+    label = type(component).__name__ + (f" ({model})" if isinstance(model, str) and model else "")
+    return {"configured": True, "label": scrub_text(label), "problem": None}
+
+
+#: The Loop options whose defaults :func:`components` reports.
+LOOP_OPTIONS = (
+    "max_iterations",
+    "limit",
+    "max_limit",
+    "max_chunks",
+    "max_tool_calls",
+    "max_tool_result_chars",
+    "keep_sources",
+    "fallback_synthesis",
+)
+
+
+def components() -> dict[str, Any]:
+    """The reranker (``RERANKER``), the grounder (``GROUNDER``) and the :class:`~django_rag.Loop`
+    (its defaults, read from its signature, and ``AGENT_DEADLINE``), as :func:`info` shows
+    them. Building a component loads no model (components load lazily)."""
+    defaults = inspect.signature(Loop.__init__).parameters
+    return {
+        "reranker": _describe(get_reranker),
+        "grounder": _describe(lambda: get_grounder() if get_setting("GROUNDER") else None),
+        "loop": {
+            **{name: defaults[name].default for name in LOOP_OPTIONS},
+            "deadline": get_setting("AGENT_DEADLINE"),
+        },
+    }
+
+
+def info() -> dict[str, Any]:
+    """Configuration (secrets redacted), the active embedder, pgvector, counts per collection,
+    the reranker, grounder and Loop (:func:`components`)."""
+    embedding = embedding_config()
     collections = [
         {
             "name": c.name,
@@ -530,13 +591,14 @@ def info() -> dict[str, Any]:
     ]
     return {
         "settings": redact(get_settings()),
-        "embedder": {"model": embedder.model_name, "dimensions": embedder.dimensions},
-        "embedding_dimensions": get_setting("EMBEDDING_DIMENSIONS"),
-        "vector_index": schema.index_state(),
+        "embedder": {"model": embedding["model"], "dimensions": embedding["dimensions"]},
+        "embedding_dimensions": embedding["column_dimensions"],
+        "vector_index": embedding["vector_index"],
         "pgvector": pgvector_version(),
         "collections": collections,
         "chunks_by_model": dict(_chunks_by_model()),
         "background": {**background.describe(), "stalled_jobs": background.stalled().count()},
+        **components(),
     }
 
 

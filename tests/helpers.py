@@ -16,7 +16,7 @@ from django.urls import reverse
 
 import django_rag as rag
 from django_rag.graph import normalize_name
-from django_rag.models import Collection
+from django_rag.models import Collection, Community, Entity, Relationship
 from django_rag.store import recount_statistics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -328,3 +328,49 @@ def parse_in_bounded_child(
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --- a small graph for the dashboard's Graph page (tests/test_dashboard_panels*.py) -------------
+
+
+def graph_entity(collection, name, type="thing"):
+    return Entity.objects.create(
+        collection=collection, name=name, normalized_name=name.lower(), type=type
+    )
+
+
+def panel_graph() -> dict:
+    """Entities in "a" and "b", relationships of three strengths and types, and communities
+    (dirty and clean, levels 0 and 1), for the Graph page's filters and details."""
+    rag.ingest("Jane and Acme.", collection="a")
+    rag.ingest("Hidden things.", collection="b")
+    a, b = Collection.objects.get(name="a"), Collection.objects.get(name="b")
+    jane, acme, bob = (
+        graph_entity(a, "Jane Doe", "person"),
+        graph_entity(a, "Acme <b>Corp</b>"),
+        graph_entity(a, "Bob"),
+    )
+    hidden = graph_entity(b, "Hidden Corp")
+    rels = {
+        "strong": Relationship.objects.create(
+            source=jane, target=acme, type="WORKS_FOR", strength=9, description="Since 2019.",
+            metadata={"evidence": "payroll <script>x</script>"},
+        ),
+        "medium": Relationship.objects.create(source=bob, target=acme, type="ADVISES", strength=5),
+        "weak": Relationship.objects.create(source=jane, target=bob, type="KNOWS", strength=2),
+        "hidden": Relationship.objects.create(
+            source=hidden, target=graph_entity(b, "Other"), type="OWNS", strength=8
+        ),
+    }  # fmt: skip
+    communities = {
+        "dirty": Community.objects.create(
+            collection=a, level=0, entity_ids=[jane.pk, acme.pk], summary="Jane at Acme.", dirty=True
+        ),
+        "clean": Community.objects.create(
+            collection=a, level=1, entity_ids=[jane.pk, acme.pk, bob.pk], summary="All three.",
+            dirty=False,
+        ),
+        "hidden": Community.objects.create(collection=b, level=0, entity_ids=[hidden.pk]),
+    }  # fmt: skip
+    return {"jane": jane, "acme": acme, "bob": bob, "hidden": hidden, **{
+        f"rel_{k}": v for k, v in rels.items()}, **{f"com_{k}": v for k, v in communities.items()}}  # fmt: skip

@@ -419,9 +419,11 @@ def test_orphan_clean_up_previews_then_applies(staff, corpus):
 
 def test_every_destructive_button_asks_first(staff, corpus):
     from django_rag.models import Job
+    from django_rag.testing import ScriptedLLM
 
     for action in ("reembed", "build_graph", "detect_communities", "summarize_communities"):
-        page = staff.post(url("maintenance"), {"action": action, "collection": "a"})
+        with llm_settings(ScriptedLLM("A summary.")):  # Summarise is refused without an LLM
+            page = staff.post(url("maintenance"), {"action": action, "collection": "a"})
         body = page.content.decode()
         assert page.status_code == 200 and 'id="confirm-form"' in body, action
         # The confirmation re-posts the same fields.

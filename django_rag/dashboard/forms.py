@@ -195,6 +195,11 @@ class SearchForm(forms.Form):
     )
     semantic_weight = forms.FloatField(min_value=0, required=False)
     fulltext_weight = forms.FloatField(min_value=0, required=False)
+    threshold = forms.FloatField(
+        required=False,
+        help_text="The lowest score kept, on each mode's own scale (semantic: cosine 0..1; "
+        "full-text: BM25; hybrid: the fused score). Empty: none.",
+    )
     compare = forms.BooleanField(required=False, label="Compare the three modes side by side")
 
     def __init__(self, *args, collections=(), **kwargs):
@@ -217,6 +222,7 @@ class SearchForm(forms.Form):
                 f"{search[key]} (DJANGO_RAG['SEARCH']['{key}']); with "
                 f"{search['FUSION']!r} fusion it is the starting point."
             )
+        self.fields["threshold"].widget.attrs.update({"step": "any", "placeholder": "none"})
         self.fields["compare"].help_text = "Runs semantic, full-text and hybrid on the query."
         limit_query(self.fields["q"])
 

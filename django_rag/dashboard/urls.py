@@ -9,6 +9,7 @@ urlpatterns = [
     path("documents/", views.documents, name="documents"),
     path("documents/<int:pk>/", views.document, name="document"),
     path("documents/<int:pk>/delete/", views.delete_document, name="delete_document"),
+    path("documents/<int:pk>/graph/", views.build_document_graph, name="build_document_graph"),
     path("documents/ingest/", views.ingest_text, name="ingest_text"),
     path("documents/upload/", views.upload, name="upload"),
     path("collections/", views.collections, name="collections"),

@@ -9,14 +9,14 @@ from typing import Any
 from django.db import transaction
 
 from ..conf import graph_setting
-from ..exceptions import LLMError, UnknownCollection
+from ..exceptions import DocumentNotFound, InvalidOption, LLMError, UnknownCollection
 from ..llm import map_concurrently
-from ..models import Chunk, Collection
+from ..models import Chunk, Collection, Document
 from ..models.databases import write_db
 from ..signals import span
 from ..store.graph import lock_collection_graph  # noqa: F401 (re-exported)
 from ..store.graph_stores import get_graph_store
-from ..validation import clean_collection_name
+from ..validation import clean_collection_name, clean_positive_int
 from .extractors import Extraction, GraphExtractor, bounded, get_extractor
 
 logger = logging.getLogger(__name__)
@@ -66,13 +66,19 @@ def build_graph(
     batch_size: int = 32,
     progress: Callable[[int, int], None] | None = None,
     graph_store: Any = None,
+    document: int | None = None,
 ) -> dict[str, int]:
-    """Extract the graph of a collection's chunks (or every collection's).
+    """Extract the graph of a collection's chunks (or every collection's, or one document's).
 
     Incremental by default: only chunks not processed yet. ``resume=False`` deletes the
     collection's graph first and rebuilds it. Each batch of ``batch_size`` chunks is extracted
     (``concurrency`` extractor calls at once) and then stored in one transaction, in
     ``graph_store`` (default ``GRAPH["STORE"]``).
+
+    ``document`` (a document id) extracts that document's chunks not processed yet, into its
+    collection's graph (``collection`` may be omitted; ``resume=False`` is refused, since a
+    rebuild deletes the whole collection's graph); an unknown id raises
+    :class:`~django_rag.exceptions.DocumentNotFound`.
 
     Returns ``chunks`` (processed), ``failed`` (chunks whose extraction failed), ``mentions``
     (entity mentions extracted) and ``entities`` / ``relationships``: how many the built
@@ -84,6 +90,27 @@ def build_graph(
     # Read where the graph is written: a lagging replica would offer chunks already processed
     # (or, after a rebuild's delete, hide them).
     db = write_db()
+    chunks_of = Chunk.objects.using(db)
+    if document is not None:
+        document = clean_positive_int("document", document)
+        if not resume:
+            raise InvalidOption(
+                "build_graph(document=...) adds to the graph: resume=False is for a whole collection"
+            )
+        owner = (
+            Document.objects.using(db)
+            .filter(pk=document)
+            .values_list("collection__name", flat=True)
+            .first()
+        )
+        if owner is None or (collection is not None and owner != collection):
+            raise DocumentNotFound(
+                f"No document {document}"
+                + (f" in the collection {collection!r}" if collection else "")
+                + "."
+            )
+        collection = owner
+        chunks_of = chunks_of.filter(document_id=document)
     collections = Collection.objects.using(db)
     names = [collection] if collection else list(collections.values_list("name", flat=True))
     collections = list(collections.filter(name__in=names))
@@ -98,11 +125,11 @@ def build_graph(
     store = get_graph_store(graph_store)
     concurrency = concurrency or graph_setting("CONCURRENCY")
     totals = {"chunks": 0, "entities": 0, "relationships": 0, "mentions": 0, "failed": 0}
-    with span("graph.build", collection=collection, resume=resume) as s:
+    with span("graph.build", collection=collection, resume=resume, document=document) as s:
         for target in collections:
             if not resume:
                 store.delete(target.pk)
-            chunks = store.pending_chunks(Chunk.objects.using(db).filter(collection=target))
+            chunks = store.pending_chunks(chunks_of.filter(collection=target))
             todo = list(chunks.order_by("pk").values_list("pk", "text"))
             for start in range(0, len(todo), batch_size):
                 batch = todo[start : start + batch_size]

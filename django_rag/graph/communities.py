@@ -430,6 +430,46 @@ def needs_summary(community: Community, current_fingerprint: str, threshold: int
     )
 
 
+def _summary_todo(
+    collection: str | None, store: Any, levels: Any, threshold: int | None, force: bool
+) -> tuple[int, list[tuple[Community, list, list, str]]]:
+    """The communities checked, and those to summarise with their members, relationships and
+    current fingerprint: the ``levels`` (default ``GRAPH["SUMMARY_LEVELS"]``) of ``collection``
+    (None: every collection) that :func:`needs_summary` selects (all of them with ``force``)."""
+    levels = graph_setting("SUMMARY_LEVELS") if levels is None else levels
+    if levels != "all":
+        levels = [levels] if isinstance(levels, int) else list(levels)
+        if not levels or any(not isinstance(v, int) or v < 0 for v in levels):
+            raise InvalidOption(f"levels must be non-negative integers or 'all', got {levels!r}")
+    threshold = graph_setting("SUMMARY_THRESHOLD") if threshold is None else threshold
+    todo = []
+    checked = 0
+    for target in _collections(collection):
+        communities = store.communities([target.pk], levels=None if levels == "all" else levels)
+        for community in communities:
+            checked += 1
+            entities = store.find(ids=community.entity_ids)
+            relationships = store.relationships(among=community.entity_ids)
+            current = fingerprint(entities, relationships)
+            if force or needs_summary(community, current, threshold):
+                todo.append((community, entities, relationships, current))
+    return checked, todo
+
+
+def communities_to_summarize(
+    collection: str | None = None,
+    *,
+    levels: Sequence[int] | str | None = None,
+    threshold: int | None = None,
+    graph_store: Any = None,
+) -> int:
+    """How many communities :func:`summarize_communities` with these arguments would summarise
+    now (the same levels and :func:`needs_summary`), calling no LLM and writing nothing. It
+    reads each community's members and relationships to compare fingerprints."""
+    store = get_graph_store(graph_store)
+    return len(_summary_todo(collection, store, levels, threshold, False)[1])
+
+
 def summary_prompt(entities: Sequence[Entity], relationships: Sequence[Relationship]) -> str:
     degree: dict[int, int] = defaultdict(int)
     for rel in relationships:
@@ -519,24 +559,8 @@ def summarize_communities(
     component = get_summarizer(summarizer)
     model = get_llm(llm, feature="Community summaries") if component is None else None
     store = get_graph_store(graph_store)
-    levels = graph_setting("SUMMARY_LEVELS") if levels is None else levels
-    if levels != "all":
-        levels = [levels] if isinstance(levels, int) else list(levels)
-        if not levels or any(not isinstance(v, int) or v < 0 for v in levels):
-            raise InvalidOption(f"levels must be non-negative integers or 'all', got {levels!r}")
-    threshold = graph_setting("SUMMARY_THRESHOLD") if threshold is None else threshold
     concurrency = concurrency or graph_setting("SUMMARY_CONCURRENCY")
-    todo = []
-    checked = 0
-    for target in _collections(collection):
-        communities = store.communities([target.pk], levels=None if levels == "all" else levels)
-        for community in communities:
-            checked += 1
-            entities = store.find(ids=community.entity_ids)
-            relationships = store.relationships(among=community.entity_ids)
-            current = fingerprint(entities, relationships)
-            if force or needs_summary(community, current, threshold):
-                todo.append((community, entities, relationships, current))
+    checked, todo = _summary_todo(collection, store, levels, threshold, force)
 
     def summarize(item) -> str:
         # LLM calls only: threads must not touch the database (their connections would not see

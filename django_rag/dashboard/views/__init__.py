@@ -15,6 +15,7 @@ from .collections import collections, delete_collection, save_collection
 from .common import JOB_LIMIT, VERDICTS, grounded_segments
 from .documents import (
     CHUNKS_PER_PAGE,
+    build_document_graph,
     delete_document,
     document,
     documents,
@@ -57,6 +58,7 @@ __all__ = [
     "ask",
     "ask_page",
     "ask_stream",
+    "build_document_graph",
     "collections",
     "delete_collection",
     "delete_document",

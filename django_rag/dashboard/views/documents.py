@@ -12,11 +12,12 @@ from django.views.decorators.http import require_POST
 
 from ...conf import get_setting
 from ...exceptions import RagError
+from ...graph.extractors import get_extractor
 from ...ingestion.service import delete, ingest, ingest_bytes
 from ...models import Document
 from ..access import check_collection, dashboard_view, object_id, param, scope
 from ..forms import IngestTextForm, UploadForm
-from .common import _back, _confirm, _context
+from .common import _back, _confirm, _context, _start
 
 
 @dashboard_view
@@ -160,3 +161,28 @@ def delete_document(request, pk: int):
     delete(doc)
     messages.success(request, f"Deleted “{doc}”.")
     return _back(request, "documents")
+
+
+@require_POST
+@dashboard_view
+def build_document_graph(request, pk: int):
+    """Extract the graph of one document's chunks not processed yet (``build_graph(document=)``)
+    as a background job. A graph extractor that cannot be built is refused here, with why."""
+    doc = get_object_or_404(
+        scope(Document.objects.select_related("collection"), request), pk=object_id(pk)
+    )
+    try:
+        extractor = get_extractor()
+    except Exception as exc:  # a bad GRAPH['EXTRACTOR'] or a missing backend: say so
+        messages.error(request, f"The graph cannot be built: {type(exc).__name__}: {exc}"[:600])
+        return redirect("django_rag_dashboard:document", pk=doc.pk)
+    job = _start(
+        request,
+        "build_graph",
+        label=f"Graph build of “{doc}” ({type(extractor).__name__})",
+        collection=doc.collection.name,
+        document=doc.pk,
+    )
+    if job is not None and job.status != job.Status.COMPLETED:
+        return HttpResponseRedirect(reverse("django_rag_dashboard:jobs") + f"?job={job.pk}")
+    return redirect("django_rag_dashboard:document", pk=doc.pk)

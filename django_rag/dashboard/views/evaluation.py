@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from django.contrib import messages
+from django.http import HttpResponseRedirect
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
@@ -41,6 +42,8 @@ def evaluation(request):
             case.delete()
             messages.success(request, "Test case deleted.")
             return redirect("django_rag_dashboard:evaluation")
+        if action == "delete_run":
+            return _delete_run(request)
         if collection:
             check_collection(request, collection)
         elif request.rag_collections is not None:
@@ -67,11 +70,13 @@ def evaluation(request):
             _start(request, "generate_test_cases", sample_size=size, collection=collection)
         return redirect("django_rag_dashboard:evaluation")
     jobs = _jobs(request, EVALUATION_JOBS)
+    view = request.GET.get("view") if request.GET.get("view") in ("runs", "cases") else ""
     return render(
         request,
         "django_rag/dashboard/evaluation.html",
         _context(
             request,
+            view=view,
             cases=cases.order_by("-created_at")[:50],
             case_count=cases.count(),
             runs=runs[:20],
@@ -86,6 +91,52 @@ def evaluation(request):
             step_names=[spec.name for spec in STEPS.in_order() if spec.pipeline],
         ),
     )
+
+
+def _delete_run(request):
+    """Delete one run (scoped, confirmed first); a run still running is refused: its job would
+    write it back when it ends."""
+    run_ = get_object_or_404(_visible_runs(request), pk=object_id(request.POST.get("run")))
+    if run_.status == Run.Status.RUNNING:
+        messages.error(request, f"Run {run_.pk} is still running: delete it once it has ended.")
+        return redirect("django_rag_dashboard:evaluation_run", pk=run_.pk)
+    if page := _confirm(
+        request,
+        title=f"Delete run {run_.pk}?",
+        message="The run, its metrics and every case's result are deleted; the test cases stay. "
+        "This cannot be undone.",
+        details=[
+            f"{run_.mode} search, {run_.test_case_count} cases, "
+            f"started {run_.started_at:%Y-%m-%d %H:%M}"
+        ],
+        button="Delete run",
+    ):
+        return page
+    pk = run_.pk
+    run_.delete()
+    messages.success(request, f"Run {pk} deleted.")
+    return HttpResponseRedirect(reverse("django_rag_dashboard:evaluation") + "?view=runs")
+
+
+#: A case's correctness (the judge's 0 to 10) counted as correct from this grade up.
+CORRECT_FROM = 7
+
+
+def _correctness(run_, cases) -> dict | None:
+    """The run-level correctness card: the mean correctness and faithfulness (0 to 10) the run
+    stored, how many cases were judged and how many graded correct; None when not judged."""
+    graded = [c["correctness"] for c in cases if isinstance(c.get("correctness"), int | float)]
+    faithful = [c["faithfulness"] for c in cases if isinstance(c.get("faithfulness"), int | float)]
+    if not graded and not faithful:
+        return None
+    return {
+        "correctness": run_.metrics.get("correctness"),
+        "faithfulness": run_.metrics.get("faithfulness"),
+        "graded": len(graded),
+        "correct": sum(1 for value in graded if value >= CORRECT_FROM),
+        "faithful_cases": len(faithful),
+        "from": CORRECT_FROM,
+    }
 
 
 EVALUATION_RETRIEVERS = [
@@ -272,6 +323,7 @@ def evaluation_run(request, pk: int):
             failures=sum(1 for c in cases if not c["in_top_5"]),
             errors=sum(1 for c in cases if c.get("error")),
             judged=bool(run_.config.get("evaluate_answers")),
+            correctness=_correctness(run_, cases),
             retriever=_retriever_label(run_.config.get("retriever", "search")),
             config_json=json.dumps(run_.config, indent=2, default=str),
         ),

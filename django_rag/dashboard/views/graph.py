@@ -46,6 +46,41 @@ def _neighbourhood(entity, edges) -> list[dict]:
     return placed
 
 
+#: The strength bands of the Relationships tab's filter (extractors grade strength 1 to 10).
+STRENGTHS = {
+    "strong": ("Strong (7 and up)", Q(strength__gte=7)),
+    "medium": ("Medium (4 to under 7)", Q(strength__gte=4, strength__lt=7)),
+    "weak": ("Weak (under 4)", Q(strength__lt=4)),
+}
+#: The Communities tab's status filter: dirty (to summarise again) or clean.
+STATUSES = {"dirty": "Dirty (to summarise)", "clean": "Clean"}
+#: Members and relationships listed in a community's detail.
+COMMUNITY_MEMBERS = 100
+
+
+def _level(request) -> int | None:
+    value = param(request, "level")
+    return int(value) if value.isdigit() and len(value) < 6 else None
+
+
+def _relationship_detail(request, relationships):
+    rel = get_object_or_404(relationships, pk=object_id(request.GET["relationship"]))
+    return {"relationship": rel, "metadata": sorted(rel.metadata.items())[:50]}
+
+
+def _community_detail(request, communities, entities, relationships):
+    community = get_object_or_404(communities, pk=object_id(request.GET["community"]))
+    ids = community.entity_ids[:COMMUNITY_MEMBERS]
+    members = entities.filter(pk__in=ids, collection_id=community.collection_id).order_by("name")
+    among = relationships.filter(source_id__in=ids, target_id__in=ids)
+    return {
+        "community": community,
+        "members": list(members),
+        "more_members": max(0, len(community.entity_ids) - len(ids)),
+        "relationships": list(among.order_by("-strength", "pk")[:COMMUNITY_MEMBERS]),
+    }
+
+
 @dashboard_view
 def graph(request):
     tab = (
@@ -63,6 +98,12 @@ def graph(request):
     communities = scope(Community.objects.select_related("collection"), request)
     collection = param(request, "collection")
     entity_type = param(request, "type") if tab == "entities" else ""
+    relationship_type = param(request, "rtype") if tab == "relationships" else ""
+    strength = param(request, "strength") if tab == "relationships" else ""
+    strength = strength if strength in STRENGTHS else ""
+    level = _level(request) if tab == "communities" else None
+    status = param(request, "status") if tab == "communities" else ""
+    status = status if status in STATUSES else ""
     if collection:
         check_collection(request, collection)
         entities = entities.filter(collection__name=collection)
@@ -81,11 +122,19 @@ def graph(request):
             rows = rows.filter(
                 Q(source__name__icontains=q) | Q(target__name__icontains=q) | Q(type__icontains=q)
             )
+        if relationship_type:
+            rows = rows.filter(type=relationship_type)
+        if strength:
+            rows = rows.filter(STRENGTHS[strength][1])
         rows = rows.order_by("-strength", "pk")
     else:
         rows = communities
         if q:
             rows = rows.filter(summary__icontains=q)
+        if level is not None:
+            rows = rows.filter(level=level)
+        if status:
+            rows = rows.filter(dirty=status == "dirty")
         rows = rows.order_by("level", "pk")
     page = Paginator(rows, 50).get_page(request.GET.get("page"))
     detail = None
@@ -100,18 +149,30 @@ def graph(request):
             "more": around.count() - len(edges),
             "mentions": mentions,
         }
-    types = list(
-        entities.values("type")
-        .annotate(n=Count("pk"))
-        .order_by("-n")
-        .values_list("type", flat=True)[:20]
-    )
-    if entity_type and entity_type not in types:
-        types.append(entity_type)  # the select keeps showing the filter in use
+    relationship_detail = community_detail = None
+    if request.GET.get("relationship"):
+        relationship_detail = _relationship_detail(request, relationships)
+    if request.GET.get("community"):
+        community_detail = _community_detail(request, communities, entities, relationships)
+    types = _frequent(entities, 20, entity_type)
+    relationship_types = _frequent(relationships, 100, relationship_type)
+    levels = sorted(set(communities.values_list("level", flat=True).distinct()))
     # Every link of the page (pages, entities) carries the filters, so none is forgotten.
-    kept = {"collection": collection, "q": q, "type": entity_type}
-    filters = urlencode({"tab": tab, **{k: v for k, v in kept.items() if v}})
-    entity_filters = urlencode({"tab": "entities", **{k: v for k, v in kept.items() if v}})
+    kept = {
+        "collection": collection,
+        "q": q,
+        "type": entity_type,
+        "rtype": relationship_type,
+        "strength": strength,
+        "level": "" if level is None else str(level),
+        "status": status,
+    }
+    kept = {k: v for k, v in kept.items() if v}
+    filters = urlencode({"tab": tab, **kept})
+    shared = {k: v for k, v in kept.items() if k in ("collection", "q")}
+    entity_filters = urlencode(
+        {"tab": "entities", **shared, **({"type": entity_type} if entity_type else {})}
+    )
     return render(
         request,
         "django_rag/dashboard/graph.html",
@@ -120,10 +181,20 @@ def graph(request):
             tab=tab,
             page=page,
             detail=detail,
+            relationship_detail=relationship_detail,
+            community_detail=community_detail,
             q=q,
             selected=collection,
             types=types,
             entity_type=entity_type,
+            relationship_types=relationship_types,
+            relationship_type=relationship_type,
+            strengths=[(key, label) for key, (label, _) in STRENGTHS.items()],
+            strength=strength,
+            levels=levels,
+            level=level,
+            statuses=list(STATUSES.items()),
+            status=status,
             filters=filters,
             entity_filters=entity_filters,
             graph_stats={
@@ -133,3 +204,15 @@ def graph(request):
             },
         ),
     )
+
+
+def _frequent(rows, limit: int, chosen: str) -> list[str]:
+    """The ``type`` values of ``rows``, most frequent first (``limit`` of them), plus the one
+    the filter uses, so its select keeps showing it."""
+    found = list(
+        rows.values("type").annotate(n=Count("pk")).order_by("-n", "type")
+        .values_list("type", flat=True)[:limit]
+    )  # fmt: skip
+    if chosen and chosen not in found:
+        found.append(chosen)
+    return found

@@ -11,12 +11,24 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from ... import background
-from ...conf import get_setting
+from ...conf import get_setting, graph_setting
 from ...exceptions import RagError
-from ...maintenance import find_orphans, remove_orphans
+from ...graph import communities_to_summarize
+from ...maintenance import embedding_config, find_orphans, remove_orphans
 from ...models import Chunk, Job
 from ..access import check_collection, dashboard_view, object_id, param, scope
-from .common import _confirm, _context, _decorate, _jobs, _polling, _scoped_jobs, _start
+from .common import (
+    LLM_HINT,
+    _confirm,
+    _context,
+    _decorate,
+    _jobs,
+    _polling,
+    _scoped_jobs,
+    _start,
+    _visible_collections,
+    llm_status,
+)
 
 JOB_STATUSES = [
     *(value for value in Job.Status.values if value != Job.Status.SUPERSEDED),
@@ -89,6 +101,8 @@ def maintenance(request):
         target = f"the collection “{collection}”" if collection else "every collection"
         if restricted and collection is None:
             messages.error(request, "Choose one of your collections.")
+        elif action == "summarize_communities" and (why := _no_summarizer()):
+            messages.error(request, why)
         elif action in CONFIRM_ACTIONS and (
             page := _confirm(
                 request,
@@ -112,21 +126,44 @@ def maintenance(request):
             messages.error(request, "Unknown or forbidden action.")
         return redirect("django_rag_dashboard:maintenance")
     jobs = _jobs(request, MAINTENANCE_JOBS)
-    template = (
-        "django_rag/dashboard/_jobs.html"
-        if request.headers.get("HX-Request")
-        else ("django_rag/dashboard/maintenance.html")
-    )
+    context = {
+        "jobs": jobs,
+        "polling": _polling(jobs),
+        "jobs_url": reverse("django_rag_dashboard:maintenance"),
+    }
+    if request.headers.get("HX-Request"):  # the jobs table's poll: nothing else is read
+        return render(request, "django_rag/dashboard/_jobs.html", context)
     return render(
         request,
-        template,
+        "django_rag/dashboard/maintenance.html",
         _context(
             request,
-            jobs=jobs,
-            polling=_polling(jobs),
-            jobs_url=reverse("django_rag_dashboard:maintenance"),
+            **context,
+            embedding=embedding_config(),
+            to_summarize=_to_summarize(request),
+            no_summarizer=_no_summarizer(),
         ),
     )
+
+
+def _no_summarizer() -> str:
+    """Why communities cannot be summarised (no LLM and no ``COMMUNITY_SUMMARIZER``), or ""."""
+    if graph_setting("COMMUNITY_SUMMARIZER") is not None:
+        return ""
+    problem = llm_status()["problem"]
+    return f"Summarising needs an LLM: {problem} {LLM_HINT}" if problem else ""
+
+
+def _to_summarize(request) -> int | None:
+    """How many communities “Summarise” would write now, in the user's collections (None when
+    the summary settings are unusable: the job would say why)."""
+    try:
+        if request.rag_collections is None:
+            return communities_to_summarize()
+        names = _visible_collections(request).values_list("name", flat=True)
+        return sum(communities_to_summarize(name) for name in names)
+    except RagError:
+        return None
 
 
 # Actions that replace stored data: (title, what happens, button) for the confirmation page.

@@ -28,6 +28,8 @@ def search(request):
             options["semantic_weight"] = data["semantic_weight"]
         if data["fulltext_weight"] is not None:
             options["fulltext_weight"] = data["fulltext_weight"]
+        if data["threshold"] is not None:
+            options["threshold"] = data["threshold"]
         for mode in modes:
             try:
                 columns.append({"mode": mode, "results": run(data["q"], mode=mode, **options)})
