@@ -237,7 +237,58 @@ def test_ask_stream_sends_text_then_citations(staff, corpus):
     assert len(chunks) > 2
     text, citations = "".join(chunks).split("\n\x1e")
     assert text == "Refunds take 14 days [1]."
-    assert json.loads(citations)[0]["url"].startswith(url("document", corpus[0].pk))
+    trailer = json.loads(citations)
+    assert trailer["citations"][0]["url"].startswith(url("document", corpus[0].pk))
+
+
+def test_the_streamed_ask_ends_with_usage_chunks_and_titled_sources(staff, corpus):
+    """The default (streamed) single ask shows what the other kinds show: the sources by
+    their document's title (not the file name), the chunk table and the usage."""
+    import json
+
+    from django_rag.testing import ScriptedLLM
+
+    uploaded = rag.ingest_bytes(
+        b"Refunds are paid back within 14 days.",
+        filename="refund-policy-v3.txt",
+        title="Refund policy",
+        collection="a",
+    )
+    with llm_settings(ScriptedLLM("Within 14 days [1].")):
+        response = staff.post(
+            url("ask_stream"),
+            {"question": "refunds paid back", "collection": "a", "mode": "fulltext", "limit": 1},
+        )
+        body = b"".join(response.streaming_content).decode()
+    trailer = json.loads(body.split("\n\x1e")[1])
+    (citation,) = trailer["citations"]
+    assert citation["document_id"] == uploaded.pk and citation["label"] == "Refund policy"
+    (chunk,) = trailer["chunks"]
+    assert chunk["label"] == "Refund policy" and chunk["cited"] is True
+    assert chunk["fulltext_score"] > 0 and chunk["semantic_score"] is None
+    assert trailer["usage"]["calls"] == 1
+    # The page names the same source the same way when posted without JavaScript.
+    with llm_settings(ScriptedLLM("Within 14 days [1].")):
+        page = staff.post(
+            url("ask"),
+            {"question": "refunds paid back", "collection": "a", "mode": "fulltext", "limit": 1},
+        ).content.decode()
+    assert ">Refund policy</a>" in page and ">refund-policy-v3.txt</a>" not in page
+
+
+def test_search_and_ask_start_in_the_same_mode(staff, settings):
+    """One default across the dashboard: hybrid (the best on SciFact), or the project's own
+    SEARCH["MODE"] when it sets one."""
+    import re
+
+    def initial(name):
+        page = staff.get(url(name)).content.decode()
+        select = re.search(r'<select name="mode".*?</select>', page, re.S).group(0)
+        return re.search(r'<option value="(\w+)" selected>', select).group(1)
+
+    assert initial("search") == initial("ask") == "hybrid"
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "SEARCH": {"MODE": "keyword"}}
+    assert initial("search") == initial("ask") == "fulltext"
 
 
 def test_ask_is_scoped(staff, corpus):
