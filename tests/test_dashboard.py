@@ -517,12 +517,21 @@ def test_the_admin_pages_a_documents_chunk_inline(admin_client, long_document):
     body = admin_client.get(change).content.decode()
     import re
 
-    assert len(re.findall(r'<tr class="form-row has_original', body)) == 50
+    total = doc.chunks.count()
+    assert len(re.findall(r'<tr class="form-row has_original', body)) == 20
     assert 'id="chunk-pages"' in body and "?chunks_page=2" in body
+    assert f"{total} chunks, page 1 of" in body
+    assert f"?document__id__exact={doc.pk}" in body  # the chunk list of this document
+    # The inline starts folded (Django renders a "collapse" fieldset as <details>).
+    inline = body.split('id="chunks-group"')[1].split("</fieldset>")[0]
+    assert "<details" in inline and "<details open" not in inline
+    # The text is in a box of bounded height, once (not the page's height).
+    assert body.count('class="rag-content" style="max-height: 24em') == 1
+    assert f"{len(doc.content):,} characters" in body
     last = doc.chunks.order_by("-chunk_index").first()
-    pages = -(-doc.chunks.count() // 50)
+    pages = -(-total // 20)
     body = admin_client.get(change, {"chunks_page": pages}).content.decode()
-    assert f"Chunks page {pages} of {pages}" in body and last.text[:30] in body
+    assert f"page {pages} of {pages}" in body and last.text[:30] in body
     assert admin_client.get(change, {"chunks_page": "x"}).status_code == 200
 
 
