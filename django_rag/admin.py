@@ -38,13 +38,16 @@ from .models import (
 )
 from .models.databases import write_db
 from .store import delete_documents
+from .utils import plural
 
 
 @admin.action(description="Re-embed the selected documents")
 def reembed_documents(modeladmin, request, queryset):
 
     job = reembed(list(queryset.values_list("pk", flat=True)))
-    modeladmin.message_user(request, f"Re-embedded {job.done} chunks with {job.result['model']}.")
+    modeladmin.message_user(
+        request, f"Re-embedded {plural(job.done, 'chunk')} with {job.result['model']}."
+    )
 
 
 @admin.action(description="Rebuild the graph of the selected collections")

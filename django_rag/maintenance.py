@@ -533,7 +533,8 @@ def info() -> dict[str, Any]:
         "embedder": {"model": embedder.model_name, "dimensions": embedder.dimensions},
         "embedding_dimensions": get_setting("EMBEDDING_DIMENSIONS"),
         "vector_index": schema.index_state(),
-        "pgvector": pgvector_version(),
+        # "0.8.5" as people write it (a tuple printed "(0, 8, 5)").
+        "pgvector": ".".join(map(str, pgvector_version())) or "not installed",
         "collections": collections,
         "chunks_by_model": dict(_chunks_by_model()),
         "background": {**background.describe(), "stalled_jobs": background.stalled().count()},

@@ -44,3 +44,9 @@ def scrub_paths(text: str) -> str:
     own source or ``site-packages`` path, which tells whoever ingested a file nothing and
     describes the server."""
     return _PATH.sub("<path>", text)
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``count`` with its noun in the right number: "1 chunk", "2 chunks", "0 entities"
+    (``many``: the plural when it is not the noun plus "s")."""
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"

@@ -147,7 +147,7 @@ def test_a_scoped_user_sees_and_acts_only_on_allowed_collections(staff, corpus):
     with override_settings(DJANGO_RAG=SCOPED):
         listing = staff.get(url("documents")).content.decode()
         assert "Refunds" in listing and "Salaries" not in listing
-        assert "1 documents" in listing  # the stats are scoped too
+        assert "1 document ·" in listing  # the stats are scoped too
         assert staff.get(url("document", b.pk)).status_code == 404  # forged id
         assert staff.post(url("delete_document", b.pk)).status_code == 404
         results = staff.get(url("search"), {"q": "secret salaries board"}).content.decode()
@@ -459,10 +459,10 @@ def test_orphan_clean_up_previews_then_applies(staff, corpus):
     preview = staff.post(url("maintenance"), {"action": "orphans"})
     body = preview.content.decode()
     assert preview.status_code == 200 and "Remove these orphans?" in body
-    assert "1 chunks in wrong collection" in body
+    assert "1 chunk in wrong collection" in body
     assert Chunk.objects.filter(pk=chunk.pk).exists()  # nothing removed by the preview
     page = staff.post(url("maintenance"), {"action": "orphans", "confirmed": "yes"}, follow=True)
-    assert "Orphans removed: 0 chunks without document, 1 chunks in wrong collection" in (
+    assert "Orphans removed: 0 chunks without document, 1 chunk in wrong collection" in (
         page.content.decode()
     )
     assert not Chunk.objects.filter(pk=chunk.pk).exists()
@@ -545,7 +545,7 @@ def test_search_explains_its_scores_and_shows_defaults(staff, corpus):
     blank = staff.get(url("search")).content.decode()
     assert 'placeholder="0.7"' in blank and 'placeholder="0.3"' in blank  # the weights
     assert 'name="limit" value="10"' in blank
-    assert '<option value="semantic" selected>' in blank  # SEARCH["MODE"]
+    assert '<option value="hybrid" selected>' in blank  # the dashboard's mode (dashboard_mode)
     with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "SEARCH": {"LIMIT": 7}}):
         assert 'name="limit" value="7"' in staff.get(url("search")).content.decode()
     body = staff.get(url("search"), {"q": "refunds", "compare": "on"}).content.decode()
