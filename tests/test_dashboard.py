@@ -708,3 +708,19 @@ def test_a_project_brands_the_dashboard_through_base_html_blocks(staff, tmp_path
     assert '<img src="/static/acme.svg" alt="Acme" class="logo"><strong>Acme</strong>' in body
     assert "<style>:root { --accent: #0a5; }</style>" in body
     assert '<a href="/reports/">Reports</a>' in body and ">Info</a>" in body
+
+
+def test_element_ids_are_unique_on_every_page(staff, corpus):
+    """Two forms on one page (Documents: paste and upload) once both had id="id_collection":
+    a label then focuses the wrong field."""
+    import re
+    from collections import Counter
+
+    pages = ["documents", "collections", "search", "ask", "graph", "maintenance", "evaluation"]
+    pages += ["sync", "jobs", "info"]
+    for name in pages:
+        body = staff.get(url(name)).content.decode()
+        twice = [i for i, n in Counter(re.findall(r'\sid="([^"]+)"', body)).items() if n > 1]
+        assert not twice, (name, twice)
+    documents = staff.get(url("documents")).content.decode()
+    assert 'for="text-collection"' in documents and 'for="upload-collection"' in documents

@@ -461,3 +461,33 @@ def test_pages_fit_a_400px_screen(browser):
         if overflow > 0:
             shot(driver, "narrow-" + (page.strip("/").split("/")[0] or "home"))
         assert overflow <= 0, f"{page or 'home'} is {overflow} px wider than a 400 px window"
+
+
+HEADER_ROWS = """
+const header = document.querySelector("header");
+const items = [...header.children].filter(e => e.getBoundingClientRect().width > 0);
+const links = [...header.querySelectorAll("nav a")];
+// On one line every box starts above the bottom of every other (centred boxes of different
+// heights have different tops); a wrapped one starts below another's bottom.
+const boxes = [...items, ...links].map(e => e.getBoundingClientRect());
+const lowestTop = Math.max(...boxes.map(b => b.top));
+const highestBottom = Math.min(...boxes.map(b => b.bottom));
+return {wrapped: lowestTop >= highestBottom, right: Math.max(...boxes.map(b => b.right)), inside: document.documentElement.clientWidth, height: header.getBoundingClientRect().height,
+        width: document.documentElement.scrollWidth};
+"""
+
+
+def test_the_header_fits_one_line_at_1280_px(browser):
+    """The brand, every section, the counts and the user's tools on one line in a 1280 px
+    window (they wrapped onto two), with a longer user name than most and large counts."""
+    driver = browser
+    User.objects.filter(username="e2e").update(username="maintenance-admin")
+    for i in range(12):
+        rag.ingest(f"Document {i} about pumps and valves.", collection="wide")
+    driver.set_window_size(1280, 900)
+    for page in ("documents/", "ask/", "jobs/"):
+        driver.get(driver.base + page)
+        layout = driver.execute_script(HEADER_ROWS)
+        shot(driver, "header-1280-" + page.strip("/"))
+        assert not layout["wrapped"], (page, layout)
+        assert layout["right"] <= layout["inside"] and layout["width"] <= 1280, (page, layout)

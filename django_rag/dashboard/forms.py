@@ -58,7 +58,21 @@ def default_collection(form: forms.Form) -> None:
     form.fields["collection"].initial = get_setting("DEFAULT_COLLECTION")
 
 
-class IngestTextForm(forms.Form):
+class OwnIds:
+    """Element ids prefixed with ``id_prefix``: the Documents page shows the paste and upload
+    forms together, and both have a "collection" and a "source_id" (ids must be unique for
+    their labels to work)."""
+
+    id_prefix = ""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("auto_id", f"{self.id_prefix}-%s")
+        super().__init__(*args, **kwargs)
+
+
+class IngestTextForm(OwnIds, forms.Form):
+    id_prefix = "text"
+
     collection = forms.CharField(max_length=255, help_text=COLLECTION_HELP)
     title = forms.CharField(
         max_length=500,
@@ -81,7 +95,9 @@ class IngestTextForm(forms.Form):
         default_collection(self)
 
 
-class UploadForm(forms.Form):
+class UploadForm(OwnIds, forms.Form):
+    id_prefix = "upload"
+
     collection = forms.CharField(max_length=255, help_text=COLLECTION_HELP)
     file = forms.FileField()
     source_id = forms.CharField(
