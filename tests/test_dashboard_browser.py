@@ -150,7 +150,16 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
         answer = driver.find_element(By.ID, "answer").text
         assert answer == "Press the red button to start it [1]."
         link = driver.find_element(By.CSS_SELECTOR, "#citations li a")
-        assert "manual.pdf" in link.text and "#chunk-" in link.get_attribute("href")
+        # The source by its document's title (the PDF's own), not the file name.
+        assert link.text.startswith("Generated Test PDF") and "#chunk-" in link.get_attribute(
+            "href"
+        )
+        # As the other ways show it: "[1]" links to the chunk, the chunks given and the usage.
+        marker = driver.find_element(By.CSS_SELECTOR, "#answer a")
+        assert marker.text == "[1]" and marker.get_attribute("href") == link.get_attribute("href")
+        rows = driver.find_elements(By.CSS_SELECTOR, "#stream-chunk-rows tr")
+        assert rows and rows[0].text.startswith("cited Generated Test PDF")
+        assert driver.find_element(By.ID, "stream-usage").text.startswith("1 LLM call, ")
         assert stub_llm_server.chat_requests[-1]["body"]["stream"] is True
         shot(driver, "ask")
 
