@@ -160,6 +160,10 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
         rows = driver.find_elements(By.CSS_SELECTOR, "#stream-chunk-rows tr")
         assert rows and rows[0].text.startswith("cited Generated Test PDF")
         assert driver.find_element(By.ID, "stream-usage").text.startswith("1 LLM call, ")
+        # A long unbroken title wraps in its cell: the page stays as wide as the window.
+        assert driver.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth"
+        )
         assert stub_llm_server.chat_requests[-1]["body"]["stream"] is True
         shot(driver, "ask")
 
