@@ -13,6 +13,7 @@ from django.db.models import Count
 from django.forms.models import BaseInlineFormSet
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from . import sync
@@ -37,13 +38,16 @@ from .models import (
 )
 from .models.databases import write_db
 from .store import delete_documents
+from .utils import plural
 
 
 @admin.action(description="Re-embed the selected documents")
 def reembed_documents(modeladmin, request, queryset):
 
     job = reembed(list(queryset.values_list("pk", flat=True)))
-    modeladmin.message_user(request, f"Re-embedded {job.done} chunks with {job.result['model']}.")
+    modeladmin.message_user(
+        request, f"Re-embedded {plural(job.done, 'chunk')} with {job.result['model']}."
+    )
 
 
 @admin.action(description="Rebuild the graph of the selected collections")
@@ -108,7 +112,10 @@ class ChunkInline(admin.TabularInline):
     show_change_link = True
     ordering = ["chunk_index"]
     formset = PagedInlineFormSet
-    per_page = 50
+    # A long document's page stays short: the chunks start folded, 20 a page, with their
+    # count and a link to the chunk list filtered to this document.
+    per_page = 20
+    classes = ["collapse"]
     template = "admin/django_rag/paged_tabular.html"
 
     def has_add_permission(self, request, obj=None):
@@ -199,10 +206,28 @@ class DocumentAdmin(admin.ModelAdmin):
         return [
             *self.readonly_fields,
             "collection",
-            "content",
+            "content_view",
             "content_type",
             "original_filename",
         ]
+
+    def get_fields(self, request, obj=None):
+        fields = super().get_fields(request, obj)
+        if obj is None:
+            return fields
+        # The stored text in a box of bounded height (one of 200,000 characters made the page
+        # 22,000 px tall); the add form keeps its editable "content".
+        return ["content_view" if f == "content" else f for f in fields if f != "content_view"]
+
+    @admin.display(description="content")
+    def content_view(self, obj):
+        return format_html(
+            '<div class="rag-content" style="max-height: 24em; overflow: auto; '
+            'white-space: pre-wrap; max-width: 60em">{}</div>'
+            '<p class="help">{} characters; the chunks below hold it piece by piece.</p>',
+            obj.content,
+            f"{len(obj.content):,}",
+        )
 
     def get_inlines(self, request, obj):
         return self.inlines if obj is not None else []

@@ -594,7 +594,8 @@ def info() -> dict[str, Any]:
         "embedder": {"model": embedding["model"], "dimensions": embedding["dimensions"]},
         "embedding_dimensions": embedding["column_dimensions"],
         "vector_index": embedding["vector_index"],
-        "pgvector": pgvector_version(),
+        # "0.8.5" as people write it (a tuple printed "(0, 8, 5)").
+        "pgvector": ".".join(map(str, pgvector_version())) or "not installed",
         "collections": collections,
         "chunks_by_model": dict(_chunks_by_model()),
         "background": {**background.describe(), "stalled_jobs": background.stalled().count()},

@@ -107,3 +107,9 @@ def keyword_parameters(func: Callable[..., Any], *, skip: int = 0) -> frozenset[
         if p.kind is p.KEYWORD_ONLY
         or (p.kind is p.POSITIONAL_OR_KEYWORD and p not in positional[:skip])
     )
+
+
+def plural(count: int, noun: str, many: str | None = None) -> str:
+    """``count`` with its noun in the right number: "1 chunk", "2 chunks", "0 entities"
+    (``many``: the plural when it is not the noun plus "s")."""
+    return f"{count} {noun if count == 1 else (many or noun + 's')}"

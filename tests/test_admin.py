@@ -102,7 +102,7 @@ def test_admin_actions_reembed_documents_and_rebuild_graph(admin_client):
         {"action": "reembed_documents", "_selected_action": [doc.pk]},
         follow=True,
     )
-    assert "Re-embedded 1 chunks with hashing-bow" in response.content.decode()
+    assert "Re-embedded 1 chunk with hashing-bow" in response.content.decode()
     assert doc.chunks.get().embedding_model == "hashing-bow"
     collection = Collection.objects.get(name="adm")
     with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "LLM": ScriptedLLM(default=respond)}):

@@ -510,3 +510,42 @@ def test_without_a_hook_only_the_session_is_described_and_anonymous_use_shows(cl
         {"token": []},
         {"session": []},
     ]
+
+
+@pytest.mark.django_db
+def test_the_documented_api_key_hook_works_as_written(settings, monkeypatch):
+    """docs/api.md's ready-made key hook, run from the page: a listed key acts as its user
+    (no CSRF token needed), an unknown or missing key is anonymous (401)."""
+    import re
+    import types
+    from pathlib import Path
+
+    page = (Path(__file__).parent.parent / "docs" / "api.md").read_text()
+    block = re.search(
+        r"<!-- tests/test_api.py runs this block -->\n```python\n(.*?)```", page, re.S
+    ).group(1)
+    module = types.ModuleType("rag_keys")
+    exec(compile(block, "docs/api.md", "exec"), module.__dict__)
+    User.objects.create_user("alice", password="pw", is_staff=True)
+    rag.ingest("Refunds take 14 days.", collection="help")
+    monkeypatch.setenv("RAG_API_KEYS", "k-other:nobody, k-alice-123:alice")
+    settings.DJANGO_RAG = {
+        "EMBEDDER": "hashing",
+        "API": {"READ_ALL": "staff", "AUTHENTICATE": module.api_key_user},
+    }
+    client = Client(enforce_csrf_checks=True)  # a key needs no CSRF token
+
+    def search(key):
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return client.post(
+            "/rag/api/search",
+            {"query": "refunds", "mode": "fulltext"},
+            content_type="application/json",
+            headers=headers,
+        )
+
+    found = search("k-alice-123")
+    assert found.status_code == 200, found.content
+    assert "Refunds take 14 days." in found.content.decode()
+    for key in ("k-alice-12", "k-other", None):  # a prefix, a key of no user, none
+        assert search(key).status_code == 401

@@ -237,6 +237,44 @@ def test_a_killed_workers_job_is_stalled_and_a_retry_completes_it(tmp_path, staf
     assert f"Job {job.pk} (ingest): running." in second.log.read_text()
 
 
+def test_a_job_whose_process_died_on_this_machine_is_stalled_within_seconds(tmp_path, staff_client):
+    """With the default STALLED_AFTER_SECONDS (120), a job whose worker was killed on this
+    machine is stalled as soon as its heartbeat is late (1.5 x HEARTBEAT_SECONDS here 2 s: 3 s),
+    not two minutes later; while the worker lives, it is not."""
+    gate = tmp_path / "open"
+    config = {"EMBEDDER": "hashing", "BACKGROUND": "worker", "JOBS": {"HEARTBEAT_SECONDS": 2}}
+    with override_settings(DJANGO_RAG=config):
+        document = rag.ingest(TEXT, collection="manuals", source_id="pump", background=True)
+        job = document.job
+        worker = WorkerProcess(
+            tmp_path, DJANGO_RAG_TEST_GATE_FILE=str(gate), DJANGO_RAG_TEST_HEARTBEAT="0.2"
+        )
+        try:
+            wait_for(
+                lambda: status(job.pk) == "running", "the worker to claim the job", log=worker.log
+            )
+            time.sleep(3.5)  # longer than the late heartbeat limit: a live worker keeps beating
+            live = Job.objects.get(pk=job.pk)
+            assert not background.is_stalled(live) and not background.stalled().exists()
+            html = staff_client.get(reverse("django_rag_dashboard:jobs")).content.decode()
+            assert 'data-status="running"' in html and "heartbeat " in html
+            assert "after 120 s without a heartbeat, or after 3.0 s when the process" in html
+            worker.process.send_signal(signal.SIGKILL)
+            worker.process.wait(10)
+            killed = time.monotonic()
+        finally:
+            worker.stop()
+        wait_for(lambda: background.stalled().filter(pk=job.pk).exists(), "the job to stall")
+        assert time.monotonic() - killed < 60  # noticed long before STALLED_AFTER_SECONDS
+        dead = Job.objects.get(pk=job.pk)
+        assert dead.status == "running" and not dead.is_stalled(120)  # only the pid says so
+        assert background.is_stalled(dead) and background.retryable(dead)
+        html = staff_client.get(reverse("django_rag_dashboard:jobs")).content.decode()
+        assert 'data-status="stalled"' in html
+        background.retry(dead)
+        assert status(job.pk) == "pending"
+
+
 def test_rag_worker_requeues_stalled_jobs(tmp_path):
     with override_settings(
         DJANGO_RAG={

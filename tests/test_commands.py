@@ -318,3 +318,41 @@ def test_every_option_with_choices_shows_them_in_help():
                     name,
                     action.dest,
                 )
+
+
+def test_first_day_output_reads_right():
+    """One chunk is "1 chunk"; pgvector prints as a version; --limit and --threshold say what
+    they do; progress on stderr is not styled as an error."""
+    import re
+
+    from django.core.management import load_command_class
+    from django.core.management.base import OutputWrapper
+
+    import django_rag as rag
+    from django_rag.management.progress import ProgressBar, note
+
+    rag.ingest("A single short paragraph.", collection="one")
+    out = StringIO()
+    call_command("rag_info", stdout=out)
+    text = out.getvalue()
+    assert "  one: 1 document, 1 chunk\n" in text
+    assert re.search(r"^pgvector: \d+\.\d+\.\d+$", text, re.M), text[:500]
+
+    for command in ("rag_search", "rag_ask"):
+        parser = load_command_class("django_rag", command).create_parser("manage.py", command)
+        helps = {a.dest: a.help for a in parser._actions}
+        assert helps["limit"] and "most" in helps["limit"]
+        assert "cosine" in helps["threshold"] and "BM25" in helps["threshold"]
+
+    class Terminal(StringIO):
+        def isatty(self):
+            return True
+
+    stderr = OutputWrapper(Terminal())
+    stderr.style_func = lambda text: f"\x1b[31;1m{text}\x1b[0m"  # Django's ERROR on stderr
+    bar = ProgressBar(2, stderr)
+    bar.advance("first")
+    bar.close()
+    note(stderr, "loading model x ...")
+    assert "[###############---------------] 1/2 first" in stderr._out.getvalue()
+    assert "\x1b[" not in stderr._out.getvalue()

@@ -147,7 +147,7 @@ def test_a_scoped_user_sees_and_acts_only_on_allowed_collections(staff, corpus):
     with override_settings(DJANGO_RAG=SCOPED):
         listing = staff.get(url("documents")).content.decode()
         assert "Refunds" in listing and "Salaries" not in listing
-        assert "1 documents" in listing  # the stats are scoped too
+        assert "1 document ·" in listing  # the stats are scoped too
         assert staff.get(url("document", b.pk)).status_code == 404  # forged id
         assert staff.post(url("delete_document", b.pk)).status_code == 404
         results = staff.get(url("search"), {"q": "secret salaries board"}).content.decode()
@@ -237,7 +237,58 @@ def test_ask_stream_sends_text_then_citations(staff, corpus):
     assert len(chunks) > 2
     text, citations = "".join(chunks).split("\n\x1e")
     assert text == "Refunds take 14 days [1]."
-    assert json.loads(citations)[0]["url"].startswith(url("document", corpus[0].pk))
+    trailer = json.loads(citations)
+    assert trailer["citations"][0]["url"].startswith(url("document", corpus[0].pk))
+
+
+def test_the_streamed_ask_ends_with_usage_chunks_and_titled_sources(staff, corpus):
+    """The default (streamed) single ask shows what the other kinds show: the sources by
+    their document's title (not the file name), the chunk table and the usage."""
+    import json
+
+    from django_rag.testing import ScriptedLLM
+
+    uploaded = rag.ingest_bytes(
+        b"Refunds are paid back within 14 days.",
+        filename="refund-policy-v3.txt",
+        title="Refund policy",
+        collection="a",
+    )
+    with llm_settings(ScriptedLLM("Within 14 days [1].")):
+        response = staff.post(
+            url("ask_stream"),
+            {"question": "refunds paid back", "collection": "a", "mode": "fulltext", "limit": 1},
+        )
+        body = b"".join(response.streaming_content).decode()
+    trailer = json.loads(body.split("\n\x1e")[1])
+    (citation,) = trailer["citations"]
+    assert citation["document_id"] == uploaded.pk and citation["label"] == "Refund policy"
+    (chunk,) = trailer["chunks"]
+    assert chunk["label"] == "Refund policy" and chunk["cited"] is True
+    assert chunk["fulltext_score"] > 0 and chunk["semantic_score"] is None
+    assert trailer["usage"]["calls"] == 1
+    # The page names the same source the same way when posted without JavaScript.
+    with llm_settings(ScriptedLLM("Within 14 days [1].")):
+        page = staff.post(
+            url("ask"),
+            {"question": "refunds paid back", "collection": "a", "mode": "fulltext", "limit": 1},
+        ).content.decode()
+    assert ">Refund policy</a>" in page and ">refund-policy-v3.txt</a>" not in page
+
+
+def test_search_and_ask_start_in_the_same_mode(staff, settings):
+    """One default across the dashboard: hybrid (the best on SciFact), or the project's own
+    SEARCH["MODE"] when it sets one."""
+    import re
+
+    def initial(name):
+        page = staff.get(url(name)).content.decode()
+        select = re.search(r'<select name="mode".*?</select>', page, re.S).group(0)
+        return re.search(r'<option value="(\w+)" selected>', select).group(1)
+
+    assert initial("search") == initial("ask") == "hybrid"
+    settings.DJANGO_RAG = {**settings.DJANGO_RAG, "SEARCH": {"MODE": "keyword"}}
+    assert initial("search") == initial("ask") == "fulltext"
 
 
 def test_ask_is_scoped(staff, corpus):
@@ -408,10 +459,10 @@ def test_orphan_clean_up_previews_then_applies(staff, corpus):
     preview = staff.post(url("maintenance"), {"action": "orphans"})
     body = preview.content.decode()
     assert preview.status_code == 200 and "Remove these orphans?" in body
-    assert "1 chunks in wrong collection" in body
+    assert "1 chunk in wrong collection" in body
     assert Chunk.objects.filter(pk=chunk.pk).exists()  # nothing removed by the preview
     page = staff.post(url("maintenance"), {"action": "orphans", "confirmed": "yes"}, follow=True)
-    assert "Orphans removed: 0 chunks without document, 1 chunks in wrong collection" in (
+    assert "Orphans removed: 0 chunks without document, 1 chunk in wrong collection" in (
         page.content.decode()
     )
     assert not Chunk.objects.filter(pk=chunk.pk).exists()
@@ -468,12 +519,21 @@ def test_the_admin_pages_a_documents_chunk_inline(admin_client, long_document):
     body = admin_client.get(change).content.decode()
     import re
 
-    assert len(re.findall(r'<tr class="form-row has_original', body)) == 50
+    total = doc.chunks.count()
+    assert len(re.findall(r'<tr class="form-row has_original', body)) == 20
     assert 'id="chunk-pages"' in body and "?chunks_page=2" in body
+    assert f"{total} chunks, page 1 of" in body
+    assert f"?document__id__exact={doc.pk}" in body  # the chunk list of this document
+    # The inline starts folded (Django renders a "collapse" fieldset as <details>).
+    inline = body.split('id="chunks-group"')[1].split("</fieldset>")[0]
+    assert "<details" in inline and "<details open" not in inline
+    # The text is in a box of bounded height, once (not the page's height).
+    assert body.count('class="rag-content" style="max-height: 24em') == 1
+    assert f"{len(doc.content):,} characters" in body
     last = doc.chunks.order_by("-chunk_index").first()
-    pages = -(-doc.chunks.count() // 50)
+    pages = -(-total // 20)
     body = admin_client.get(change, {"chunks_page": pages}).content.decode()
-    assert f"Chunks page {pages} of {pages}" in body and last.text[:30] in body
+    assert f"page {pages} of {pages}" in body and last.text[:30] in body
     assert admin_client.get(change, {"chunks_page": "x"}).status_code == 200
 
 
@@ -487,7 +547,7 @@ def test_search_explains_its_scores_and_shows_defaults(staff, corpus):
     blank = staff.get(url("search")).content.decode()
     assert 'placeholder="0.7"' in blank and 'placeholder="0.3"' in blank  # the weights
     assert 'name="limit" value="10"' in blank
-    assert '<option value="semantic" selected>' in blank  # SEARCH["MODE"]
+    assert '<option value="hybrid" selected>' in blank  # the dashboard's mode (dashboard_mode)
     with override_settings(DJANGO_RAG={"EMBEDDER": "hashing", "SEARCH": {"LIMIT": 7}}):
         assert 'name="limit" value="7"' in staff.get(url("search")).content.decode()
     body = staff.get(url("search"), {"q": "refunds", "compare": "on"}).content.decode()
@@ -650,3 +710,19 @@ def test_a_project_brands_the_dashboard_through_base_html_blocks(staff, tmp_path
     assert '<img src="/static/acme.svg" alt="Acme" class="logo"><strong>Acme</strong>' in body
     assert "<style>:root { --accent: #0a5; }</style>" in body
     assert '<a href="/reports/">Reports</a>' in body and ">Info</a>" in body
+
+
+def test_element_ids_are_unique_on_every_page(staff, corpus):
+    """Two forms on one page (Documents: paste and upload) once both had id="id_collection":
+    a label then focuses the wrong field."""
+    import re
+    from collections import Counter
+
+    pages = ["documents", "collections", "search", "ask", "graph", "maintenance", "evaluation"]
+    pages += ["sync", "jobs", "info"]
+    for name in pages:
+        body = staff.get(url(name)).content.decode()
+        twice = [i for i, n in Counter(re.findall(r'\sid="([^"]+)"', body)).items() if n > 1]
+        assert not twice, (name, twice)
+    documents = staff.get(url("documents")).content.decode()
+    assert 'for="text-collection"' in documents and 'for="upload-collection"' in documents

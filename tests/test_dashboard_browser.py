@@ -150,7 +150,20 @@ def test_upload_search_ask_evaluate_and_reembed(browser, stub_llm_server, tmp_pa
         answer = driver.find_element(By.ID, "answer").text
         assert answer == "Press the red button to start it [1]."
         link = driver.find_element(By.CSS_SELECTOR, "#citations li a")
-        assert "manual.pdf" in link.text and "#chunk-" in link.get_attribute("href")
+        # The source by its document's title (the PDF's own), not the file name.
+        assert link.text.startswith("Generated Test PDF") and "#chunk-" in link.get_attribute(
+            "href"
+        )
+        # As the other ways show it: "[1]" links to the chunk, the chunks given and the usage.
+        marker = driver.find_element(By.CSS_SELECTOR, "#answer a")
+        assert marker.text == "[1]" and marker.get_attribute("href") == link.get_attribute("href")
+        rows = driver.find_elements(By.CSS_SELECTOR, "#stream-chunk-rows tr")
+        assert rows and rows[0].text.startswith("cited Generated Test PDF")
+        assert driver.find_element(By.ID, "stream-usage").text.startswith("1 LLM call, ")
+        # A long unbroken title wraps in its cell: the page stays as wide as the window.
+        assert driver.execute_script(
+            "return document.documentElement.scrollWidth <= window.innerWidth"
+        )
         assert stub_llm_server.chat_requests[-1]["body"]["stream"] is True
         shot(driver, "ask")
 
@@ -461,3 +474,43 @@ def test_pages_fit_a_400px_screen(browser):
         if overflow > 0:
             shot(driver, "narrow-" + (page.strip("/").split("/")[0] or "home"))
         assert overflow <= 0, f"{page or 'home'} is {overflow} px wider than a 400 px window"
+
+
+HEADER_ROWS = """
+const done = arguments[arguments.length - 1];
+document.fonts.ready.then(() => requestAnimationFrame(() => done(measure())));
+function measure() {
+const header = document.querySelector("header");
+const items = [...header.children].filter(e => e.getBoundingClientRect().width > 0);
+const links = [...header.querySelectorAll("nav a")];
+// On one line every box starts above the bottom of every other (centred boxes of different
+// heights have different tops); a wrapped one starts below another's bottom.
+const boxes = [...items, ...links].map(e => e.getBoundingClientRect());
+const lowestTop = Math.max(...boxes.map(b => b.top));
+const highestBottom = Math.min(...boxes.map(b => b.bottom));
+// The room left between the sections and the counts (pushed right by margin-left: auto).
+const slack = header.querySelector(".stats").getBoundingClientRect().left
+  - header.querySelector("nav").getBoundingClientRect().right;
+return {wrapped: lowestTop >= highestBottom, slack: Math.round(slack),
+        right: Math.max(...boxes.map(b => b.right)), inside: document.documentElement.clientWidth,
+        height: header.getBoundingClientRect().height, width: document.documentElement.scrollWidth};
+}
+"""
+
+
+def test_the_header_fits_one_line_at_1280_px(browser):
+    """The brand, every section, the counts and the user's tools on one line in a 1280 px
+    window (they wrapped onto two), with a longer user name than most and large counts."""
+    driver = browser
+    User.objects.filter(username="e2e").update(username="maintenance-admin")
+    for i in range(12):
+        rag.ingest(f"Document {i} about pumps and valves.", collection="wide")
+    driver.set_window_size(1280, 900)
+    for page in ("documents/", "ask/", "jobs/"):
+        driver.get(driver.base + page)
+        layout = driver.execute_async_script(HEADER_ROWS)
+        shot(driver, "header-1280-" + page.strip("/"))
+        assert not layout["wrapped"], (page, layout)
+        assert layout["right"] <= layout["inside"] and layout["width"] <= 1280, (page, layout)
+        # With room to spare: fonts differ a little between machines.
+        assert layout["slack"] >= 40, (page, layout)

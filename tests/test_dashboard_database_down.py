@@ -90,3 +90,108 @@ def test_an_error_after_connecting_is_not_taken_for_a_database_that_is_down():
         raise OperationalError("canceling statement due to statement timeout")
     except OperationalError as exc:
         assert _connecting(exc) is None
+
+
+# --- the rest of the site, with a real embedded server stopped --------------------------------
+
+MIDDLEWARE = "django_rag.dashboard.middleware.EmbeddedDatabaseMiddleware"
+
+
+def host_page(request):
+    """A host project's own page that reads the database."""
+    from django.contrib.auth.models import User
+    from django.http import HttpResponse
+
+    return HttpResponse(f"{User.objects.count()} users")
+
+
+urlpatterns = None  # set by the fixture below (this module is the URLconf of its tests)
+
+
+@pytest.fixture(scope="module")
+def stopped_server():
+    """The settings of a real embedded server, started in a throwaway data directory and then
+    stopped (pg_ctl): nothing listens on its socket any more."""
+    import shutil
+    import tempfile
+
+    from django_rag import embedded
+
+    root = Path(tempfile.mkdtemp(prefix="rag_down_"))
+    try:
+        settings = embedded.embedded_database(root / "pgdata")
+        assert embedded.stop_data_directory(root / "pgdata")
+        yield settings
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def site_down(stopped_server, client, django_db_blocker, monkeypatch):
+    """The default database is the stopped embedded server; the client has a session cookie."""
+    from django.contrib import admin
+    from django.db import connections
+    from django.urls import path
+
+    global urlpatterns
+    urlpatterns = [path("admin/", admin.site.urls), path("host/", host_page)]
+    wrapper = connections["default"]  # the wrapper itself: monkeypatch cannot undo on a proxy
+    dead = {
+        **wrapper.settings_dict,
+        **{key: stopped_server[key] for key in ("HOST", "PORT", "NAME", "USER", "PASSWORD")},
+    }
+    with django_db_blocker.unblock():
+        connection.close()
+        monkeypatch.setattr(wrapper, "settings_dict", dead)
+        client.cookies["sessionid"] = "a" * 32
+        try:
+            yield client
+        finally:
+            monkeypatch.undo()
+            connection.close()
+
+
+def test_with_the_middleware_the_admin_and_host_pages_explain_the_stopped_server(
+    site_down, settings
+):
+    settings.ROOT_URLCONF = __name__
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
+    for path in ("/admin/login/", "/admin/", "/host/"):
+        response = site_down.get(path)
+        body = response.content.decode()
+        assert response.status_code == 503, (path, body[:300])
+        assert "The database cannot be reached" in body and "python manage.py check" in body
+        assert response["Retry-After"] == "30"
+
+
+def test_without_the_middleware_it_is_django_s_own_error(site_down, settings):
+    """What the middleware changes: without it the same request raises OperationalError."""
+    from django.db import OperationalError
+
+    settings.ROOT_URLCONF = __name__
+    with pytest.raises(OperationalError):
+        site_down.get("/host/")
+
+
+def test_another_database_down_is_left_to_django(site_down, settings, monkeypatch):
+    """A server embedded_database() did not start (production): the error goes on to Django's
+    own handling and error reporting, not a 503 page that would hide it."""
+    from django.db import OperationalError
+
+    monkeypatch.setattr(embedded_server, "_STARTED", {})
+    settings.ROOT_URLCONF = __name__
+    settings.MIDDLEWARE = [*settings.MIDDLEWARE, MIDDLEWARE]
+    with pytest.raises(OperationalError):
+        site_down.get("/host/")
+
+
+def test_an_error_after_connecting_passes_through_the_middleware(rf):
+    from django.db import OperationalError
+
+    from django_rag.dashboard.middleware import EmbeddedDatabaseMiddleware
+
+    middleware = EmbeddedDatabaseMiddleware(lambda request: None)
+    try:
+        raise OperationalError("canceling statement due to statement timeout")
+    except OperationalError as exc:
+        assert middleware.process_exception(rf.get("/"), exc) is None

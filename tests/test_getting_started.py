@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "getting-started.md"
+LOCAL_MODEL = "# shell, with a local model server running"
 
 
 def python_blocks() -> list[str]:
@@ -29,6 +30,8 @@ def blocks_for(target: str) -> list[str]:
     out = []
     for block in python_blocks():
         first = block.splitlines()[0].strip()
+        if first == LOCAL_MODEL:
+            continue  # needs a model server: test_answers_from_a_local_server_as_written
         named = first in ("# settings.py", "# urls.py")
         if (target == "shell" and not named) or first == f"# {target}":
             out.append(block)
@@ -94,3 +97,32 @@ def test_the_install_line_covers_the_next_steps():
     extras = set(line.group(1).split(","))
     assert {"embedded", "dashboard", "local"} <= extras
     assert ".pgdata/" in text and "python -m django_rag.embedded stop .pgdata" in text
+
+
+@pytest.mark.django_db
+def test_answers_from_a_local_server_as_written(stub_llm_server):
+    """ "Answers without an API key": the block as written, its api_base pointed at the tests'
+    OpenAI-compatible server on 127.0.0.1 (what llama.cpp, Ollama or LM Studio would be)."""
+    import django_rag as rag
+
+    (block,) = [b for b in python_blocks() if b.splitlines()[0].strip() == LOCAL_MODEL]
+    assert '"api_base": "http://127.0.0.1:8080/v1"' in block
+    block = block.replace("http://127.0.0.1:8080/v1", stub_llm_server.base_url)
+    rag.ingest(
+        "Refunds go back to the original payment method within five business days.",
+        collection="handbook",
+        source_id="refund-policy",
+    )
+    stub_llm_server.chat = ["Within five business days [1]."]
+    namespace: dict = {}
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(block, str(DOC), "exec"), namespace)
+    printed = out.getvalue().splitlines()
+    assert printed[0] == "Within five business days [1]."
+    assert printed[1].startswith("1 ") and "refund-policy" in printed[1]
+    assert printed[2].startswith("1 call,")
+    assert namespace["answer"].usage.cost is None  # no price for a local model
+    (request,) = stub_llm_server.chat_requests
+    assert request["body"]["model"] == "local"  # litellm strips "openai/"
+    assert request["authorization"] == "Bearer local"

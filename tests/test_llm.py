@@ -309,3 +309,35 @@ def test_litellm_timeout_is_an_llm_error():
     )
     with pytest.raises(LLMError, match="after 2 attempt"):
         llm.complete("x")
+
+
+def test_litellm_reads_its_bundled_prices_unless_told_otherwise(tmp_path):
+    """Imported through django_rag, litellm does not fetch its price list (which waits, then
+    warns, on a machine without network); an explicit setting is kept."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os; from django_rag.llm.litellm import import_litellm; "
+        "litellm = import_litellm('x'); print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'], "
+        "'gpt-4o-mini' in litellm.model_cost)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "LITELLM_LOCAL_MODEL_COST_MAP"}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["True", "True"]
+    assert "cost map" not in result.stderr.lower() and "model_prices" not in result.stderr
+    # A value the environment gives is left as it is (no import needed to see that).
+    code = "from django_rag.llm.litellm import import_litellm; import os; import_litellm('x'); "
+    code += "print(os.environ['LITELLM_LOCAL_MODEL_COST_MAP'])"
+    kept = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "LITELLM_LOCAL_MODEL_COST_MAP": "true"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert kept.stdout.strip() == "true", kept.stderr[-2000:]

@@ -155,7 +155,7 @@ def test_rag_reembed_command(corpus):
     assert out.getvalue() == ""
     rag.ingest("legacy two", collection="a", embedder=old)
     call_command("rag_reembed", "--concurrency", "2", stdout=out, stderr=StringIO())
-    assert "Re-embedded 1 chunks with hashing-bow" in out.getvalue()
+    assert "Re-embedded 1 chunk with hashing-bow" in out.getvalue()
 
 
 def test_orphans_dry_run_and_apply(corpus):

@@ -27,7 +27,7 @@ from .claiming import running_here, take, taken
 from .modes import CELERY, DESCRIPTIONS, INLINE, THREAD, WORKER, describe, mode, use_celery
 from .registry import KIND_FOR_TASK, TASK_FOR_KIND, on_abandoned, register, task_for, worker_name
 from .runners import enqueue, enqueue_reembed, heartbeat, start
-from .stalled import retry, retryable, stalled, why_not_retryable
+from .stalled import is_stalled, retry, retryable, runner_gone, stalled, why_not_retryable
 from .transient import BACKOFF_MAX_SECONDS, MAX_RETRIES, TRANSIENT, backoff
 from .worker import claim, recover_orphaned, run, work
 
@@ -48,6 +48,7 @@ __all__ = [
     "enqueue",
     "enqueue_reembed",
     "heartbeat",
+    "is_stalled",
     "mode",
     "on_abandoned",
     "recover_orphaned",
@@ -55,6 +56,7 @@ __all__ = [
     "retry",
     "retryable",
     "run",
+    "runner_gone",
     "running_here",
     "stalled",
     "start",

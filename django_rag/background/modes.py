@@ -64,4 +64,7 @@ def describe() -> dict[str, Any]:
         "mode": active,
         "description": DESCRIPTIONS[active].format(threads=threads, s="" if threads == 1 else "s"),
         "stalled_after_seconds": jobs_setting("STALLED_AFTER_SECONDS"),
+        # A job whose process on this machine has exited is stalled once its heartbeat is
+        # this late (django_rag.background.stalled.runner_gone).
+        "gone_after_seconds": round(1.5 * jobs_setting("HEARTBEAT_SECONDS"), 1),
     }

@@ -96,3 +96,27 @@ def worker_name() -> str:
 
 def _process_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists on this machine (one of another user counts). On
+    Windows it is taken as alive: ``os.kill`` there ends a process instead of probing it."""
+    if os.name == "nt":
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def process_on_this_host(worker: str) -> int | None:
+    """The process id in a job's ``worker`` name (``host:pid[:thread]``) when that process ran
+    on this machine, else None."""
+    host, _, rest = worker.partition(":")
+    pid = rest.split(":", 1)[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return None
+    return int(pid)

@@ -5,6 +5,8 @@ stalled jobs by hand (the dashboard, ``rag_jobs``).
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from datetime import timedelta
 
 from django.db import router
@@ -14,18 +16,60 @@ from django.utils import timezone
 from ..conf import jobs_setting
 from ..exceptions import JobNotRetryable
 from ..models import Document, Job
-from .modes import mode
-from .registry import task_for
+from .modes import describe, mode
+from .registry import process_alive, process_on_this_host, task_for
 from .runners import enqueue
 
 logger = logging.getLogger("django_rag.background")
 
 
-def _stalled_q() -> Q:
-    cutoff = timezone.now() - timedelta(seconds=jobs_setting("STALLED_AFTER_SECONDS"))
-    return Q(status__in=[Job.Status.PENDING, Job.Status.RUNNING]) & (
+def _stalled_q(*, after: float | None = None) -> Q:
+    after = jobs_setting("STALLED_AFTER_SECONDS") if after is None else after
+    cutoff = timezone.now() - timedelta(seconds=after)
+    silent = Q(status__in=[Job.Status.PENDING, Job.Status.RUNNING]) & (
         Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, created_at__lt=cutoff)
     )
+    gone = _gone_here()
+    return silent | Q(pk__in=gone) if gone else silent
+
+
+def _late(job: Job) -> bool:
+    """Whether ``job``'s heartbeat is late: older than one ``HEARTBEAT_SECONDS`` and a half. A
+    live runner beats more often than that wherever it runs (a machine of another container
+    may share this one's host name, never its processes)."""
+    last = job.heartbeat_at or job.started_at or job.created_at
+    return (timezone.now() - last).total_seconds() > describe()["gone_after_seconds"]
+
+
+def runner_gone(job: Job) -> bool:
+    """Whether ``job`` is running in a process of this machine that has exited (killed,
+    crashed) and its heartbeat is late: stalled at once, without waiting
+    ``STALLED_AFTER_SECONDS``. False wherever that cannot be known (another machine)."""
+    if job.status != Job.Status.RUNNING:
+        return False
+    pid = process_on_this_host(job.worker)
+    return pid is not None and pid != os.getpid() and _late(job) and not process_alive(pid)
+
+
+def _gone_here() -> list[int]:
+    """The running jobs :func:`runner_gone` finds (one query over the running jobs of this
+    machine: a handful)."""
+    host = socket.gethostname()
+    running = Job.objects.filter(status=Job.Status.RUNNING, worker__startswith=f"{host}:")
+    return [
+        job.pk
+        for job in running.only(
+            "pk", "status", "worker", "heartbeat_at", "started_at", "created_at"
+        )
+        if runner_gone(job)
+    ]
+
+
+def is_stalled(job: Job, *, stalled_after: float | None = None) -> bool:
+    """Whether ``job`` is stalled: no heartbeat for ``JOBS["STALLED_AFTER_SECONDS"]`` (or
+    ``stalled_after``), or its process on this machine is gone (:func:`runner_gone`)."""
+    after = jobs_setting("STALLED_AFTER_SECONDS") if stalled_after is None else stalled_after
+    return job.is_stalled(after) or runner_gone(job)
 
 
 def _cannot_run_again(job: Job) -> str:
@@ -47,17 +91,17 @@ def why_not_retryable(job: Job) -> str:
 
 def retryable(job: Job, *, stalled_after: float | None = None) -> bool:
     """Whether :func:`retry` would queue ``job`` again (what the dashboard offers)."""
-    after = jobs_setting("STALLED_AFTER_SECONDS") if stalled_after is None else stalled_after
     return (
-        (job.status == Job.Status.FAILED or job.is_stalled(after))
+        (job.status == Job.Status.FAILED or is_stalled(job, stalled_after=stalled_after))
         and task_for(job) is not None
         and not _cannot_run_again(job)
     )
 
 
 def stalled(queryset: QuerySet[Job] | None = None) -> QuerySet[Job]:
-    """Jobs pending or running with no heartbeat for ``JOBS["STALLED_AFTER_SECONDS"]``: their
-    worker died (or nothing picked them up)."""
+    """Jobs pending or running with no heartbeat for ``JOBS["STALLED_AFTER_SECONDS"]`` (their
+    worker died, or nothing picked them up), and running jobs whose process on this machine is
+    gone (:func:`runner_gone`)."""
     return (Job.objects.all() if queryset is None else queryset).filter(_stalled_q())
 
 

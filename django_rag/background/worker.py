@@ -27,7 +27,7 @@ from ..exceptions import JobNotRetryable
 from ..models import Job
 from .claiming import _claimed, _hold, _release, running_here
 from .modes import WORKER
-from .registry import _TASKS, _abandon, task_for, worker_name
+from .registry import _TASKS, _abandon, process_alive, task_for, worker_name
 from .transient import TRANSIENT, _queue_again_later
 
 logger = logging.getLogger("django_rag.background")
@@ -53,7 +53,7 @@ def recover_orphaned(*, this_process_only: bool = False) -> list[int]:
             if running_here(job.pk) or _claimed.get() == job.pk:
                 continue
             why = "its run in this process ended without recording how (the database was lost)"
-        elif this_process_only or _alive(int(pid)):
+        elif this_process_only or process_alive(int(pid)):
             continue
         else:
             why = f"its worker process ({job.worker}) is gone"
@@ -69,16 +69,6 @@ def recover_orphaned(*, this_process_only: bool = False) -> list[int]:
         logger.warning("Job %s: %s; recovered", job.pk, why)
         recovered.append(job.pk)
     return recovered
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def claim(worker: str | None = None) -> Job | None:

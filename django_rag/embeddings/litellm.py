@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..exceptions import MissingDependency
-from ..llm.litellm import call_with_retries
+from ..llm.litellm import call_with_retries, import_litellm
 from .base import Embedder
 
 
@@ -44,10 +43,7 @@ class LiteLLMEmbedder(Embedder):
         self.extra = dict(extra or {})
 
     def _embed(self, texts: list[str]) -> Sequence[Sequence[float]]:
-        try:
-            import litellm
-        except ImportError as exc:
-            raise MissingDependency("litellm", "llm", "The litellm embedder") from exc
+        litellm = import_litellm("The litellm embedder")
 
         kwargs = dict(self.extra)
         if self._api_key:

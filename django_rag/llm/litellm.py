@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import random
 import re
 import time
@@ -50,10 +51,22 @@ _MISSING_KEY = re.compile(
 
 
 def _litellm():
+    return import_litellm("The litellm LLM backend")
+
+
+def import_litellm(feature: str):
+    """litellm, imported for ``feature`` (named in the :class:`MissingDependency` raised when
+    it is not installed).
+
+    Unless the environment says otherwise, litellm reads its bundled price list instead of
+    fetching the newest one as it is imported (on a machine without network that fetch waits,
+    then prints warnings). ``LITELLM_LOCAL_MODEL_COST_MAP=False`` asks for the fetch.
+    """
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     try:
         import litellm
     except ImportError as exc:
-        raise MissingDependency("litellm", "llm", "The litellm LLM backend") from exc
+        raise MissingDependency("litellm", "llm", feature) from exc
     # litellm prints a "give feedback" banner on every error; our errors say what to do.
     litellm.suppress_debug_info = True
     return litellm

@@ -7,9 +7,29 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, OutputWrapper
 
 from django_rag.signals import operation_started
+
+#: --threshold of rag_search and rag_ask: what a score means in each mode (docs/search.md).
+THRESHOLD_HELP = (
+    "drop results scoring below this (default: none): cosine similarity 0-1 in semantic mode, "
+    "BM25 (unbounded) in fulltext mode, the fused score 0-1 in hybrid mode"
+)
+
+
+def note(stream, text: str, *, ending: str | None = None) -> None:
+    """Write progress or a status line to ``stream`` (a command's ``self.stderr``) in plain
+    text: Django styles everything written to ``stderr`` as an error (bold red on a
+    terminal), and this is no error. On stderr all the same, so stdout stays the output."""
+    if isinstance(stream, OutputWrapper):
+        stream.write(text, style_func=_plain, ending=ending)
+    else:
+        stream.write(text + ("\n" if ending is None else ending))
+
+
+def _plain(text: str) -> str:
+    return text
 
 
 class ProgressBar:
@@ -37,12 +57,12 @@ class ProgressBar:
             return
         filled = int(self.width * self.done / self.total)
         bar = "#" * filled + "-" * (self.width - filled)
-        self.stream.write(f"\r[{bar}] {self.done}/{self.total} {label[:40]:<40}", ending="")
+        note(self.stream, f"\r[{bar}] {self.done}/{self.total} {label[:40]:<40}", ending="")
         self.stream.flush()
 
     def close(self) -> None:
         if self.enabled:
-            self.stream.write("")
+            note(self.stream, "")
 
 
 @contextmanager
@@ -60,7 +80,7 @@ def announce_model_loads(stream: Callable[[], Any], *, enabled: bool = True) -> 
     def receiver(sender, *, event, metadata, **kwargs):
         if event == "model.load":
             out = stream()
-            out.write(f"loading model {metadata.get('model') or '?'} ...\n")
+            note(out, f"loading model {metadata.get('model') or '?'} ...")
             out.flush()
 
     operation_started.connect(receiver, weak=False)

@@ -40,6 +40,8 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # The embedded server stopped: every page says how to start it (a 503), not a traceback.
+    "django_rag.dashboard.middleware.EmbeddedDatabaseMiddleware",
 ]
 ROOT_URLCONF = "example.urls"
 TEMPLATES = [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 
 from django.contrib import messages
 from django.shortcuts import render
@@ -97,7 +98,57 @@ def _run_pipeline(request, data, visible: list[str]) -> dict:
 
 
 def _chunk_rows(results, *, kept: set) -> list[dict]:
-    return [{"result": r, "kept": r.chunk_id in kept} for r in results]
+    return [{"result": r, "kept": r.chunk_id in kept, "source": source_name(r)} for r in results]
+
+
+def source_name(result) -> str:
+    """How a source is named on the Ask page: its document's title when it has one (with the
+    pages), else its label (file name, source id...)."""
+    return replace(result, filename="").label if result.title else result.label
+
+
+def _chunk_url(result) -> str:
+    return reverse("django_rag_dashboard:document", args=[int(result.document_id)]) + (
+        f"#chunk-{int(result.chunk_id)}"
+    )
+
+
+def _score(value) -> float | None:
+    return None if value is None else round(float(value), 4)
+
+
+def stream_trailer(answer) -> dict:
+    """The streamed single ask's trailer: what the other kinds show once the answer is
+    complete, as data the page's script turns into DOM text (ids and numbers checked there)."""
+    used = {c.chunk_id for c in answer.citations}
+    return {
+        "citations": [
+            {
+                "number": int(c.number),
+                "label": source_name(c.chunk),
+                "document_id": int(c.document_id),
+                "chunk_id": int(c.chunk_id),
+                "url": _chunk_url(c.chunk),
+            }
+            for c in answer.citations
+        ],
+        "chunks": [
+            {
+                "label": source_name(r),
+                "document_id": int(r.document_id),
+                "chunk_id": int(r.chunk_id),
+                "collection": r.collection,
+                "text": r.text[:160],
+                "cited": r.chunk_id in used,
+                "score": _score(r.score),
+                "semantic_score": _score(r.semantic_score),
+                "fulltext_score": _score(r.fulltext_score),
+                "graph_score": _score(r.graph_score),
+            }
+            for r in answer.chunks
+        ],
+        "usage": answer.usage.to_dict(),
+    }
 
 
 def _run_loop(request, data, visible: list[str]) -> dict:
@@ -177,6 +228,10 @@ def ask_page(request):
         work["graph"] = _graph_context(work["chunks"], spans, getattr(answer, "graph", None))
         if work.get("error"):
             messages.error(request, work["error"])
+        work["citations"] = [
+            {"citation": c, "source": source_name(c.chunk)}
+            for c in (getattr(answer, "citations", None) or [])
+        ]
         work["answer_segments"] = grounded_segments(
             answer.text if answer is not None else "", work.get("grounding")
         )
@@ -236,10 +291,10 @@ def ask_stream(request):
     """A single ask(), streamed: the answer text as it arrives, then the trailer.
 
     The trailer is the one record separator (``\\x1e``) of the body, after a newline, then
-    JSON: the list of citations (``number``, ``label``, integer ``document_id`` and
-    ``chunk_id``, ``url``) when the answer is complete, or ``{"error": "..."}`` when it failed
-    part way. The answer text never contains ``\\x1e`` (it is removed from every piece), so
-    an LLM cannot forge the trailer; a body without a trailer was cut off.
+    JSON: when the answer is complete, :func:`stream_trailer` (``citations``, ``chunks`` and
+    ``usage``); ``{"error": "..."}`` when it failed part way. The answer text never contains
+    ``\\x1e`` (it is removed from every piece), so an LLM cannot forge the trailer; a body
+    without a trailer was cut off.
     """
     from django.http import HttpResponseBadRequest
 
@@ -270,18 +325,7 @@ def ask_stream(request):
         except Exception as exc:  # a cut stream, a deadline, an outage: an error, not an answer
             yield "\n" + TRAILER + json.dumps({"error": _ask_error(exc)})
             return
-        citations = [
-            {
-                "number": int(c.number),
-                "label": c.chunk.label,
-                "document_id": int(c.document_id),
-                "chunk_id": int(c.chunk_id),
-                "url": reverse("django_rag_dashboard:document", args=[int(c.document_id)])
-                + f"#chunk-{int(c.chunk_id)}",
-            }
-            for c in stream.answer.citations
-        ]
-        yield "\n" + TRAILER + json.dumps(citations)
+        yield "\n" + TRAILER + json.dumps(stream_trailer(stream.answer))
 
     response = StreamingResponse(body(), content_type="text/plain; charset=utf-8")
     response["X-Accel-Buffering"] = "no"

@@ -8,6 +8,7 @@ from django.db.models import Q
 from django.http import HttpResponseRedirect
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 
 from ... import background
 from ...background import start
@@ -139,7 +140,12 @@ def _decorate(jobs):
     """What the jobs table shows beyond the row: stalled, retryable, the result as rows."""
     after = background.describe().get("stalled_after_seconds") or 0
     for job in jobs:
-        job.stalled = bool(after) and job.is_stalled(after)
+        job.stalled = bool(after) and background.is_stalled(job, stalled_after=after)
+        job.heartbeat_age = (
+            int((timezone.now() - job.heartbeat_at).total_seconds())
+            if job.status == Job.Status.RUNNING and job.heartbeat_at
+            else None
+        )
         job.retryable = background.retryable(job, stalled_after=after)
         # Why a failed job offers no Retry (a superseded one says why in its own message).
         job.no_retry = (

@@ -15,6 +15,7 @@ from ...exceptions import RagError
 from ...graph.extractors import get_extractor
 from ...ingestion.service import delete, ingest, ingest_bytes
 from ...models import Document
+from ...utils import plural
 from ..access import check_collection, dashboard_view, object_id, param, scope
 from ..forms import IngestTextForm, UploadForm
 from .common import _back, _confirm, _context, _start
@@ -104,7 +105,9 @@ def ingest_text(request):
     except RagError as exc:
         messages.error(request, str(exc))
         return _back(request, "documents")
-    messages.success(request, f"Ingested “{doc.title or doc.pk}”: {doc.chunk_count} chunks.")
+    messages.success(
+        request, f"Ingested “{doc.title or doc.pk}”: {plural(doc.chunk_count, 'chunk')}."
+    )
     return redirect("django_rag_dashboard:document", pk=doc.pk)
 
 
@@ -139,7 +142,8 @@ def upload(request):
         messages.info(request, f"{upload.name}: queued as job {job.pk}.")
         return HttpResponseRedirect(reverse("django_rag_dashboard:jobs") + f"?job={job.pk}")
     messages.success(
-        request, f"{upload.name}: {doc.get_status_display().lower()}, {doc.chunk_count} chunks."
+        request,
+        f"{upload.name}: {doc.get_status_display().lower()}, {plural(doc.chunk_count, 'chunk')}.",
     )
     return redirect("django_rag_dashboard:document", pk=doc.pk)
 
@@ -154,7 +158,7 @@ def delete_document(request, pk: int):
         title=f"Delete “{doc}”?",
         message="The document and its chunks are deleted; searches stop finding them. "
         "This cannot be undone.",
-        details=[f"{doc.chunk_count} chunks", f"collection {doc.collection.name}"],
+        details=[plural(doc.chunk_count, "chunk"), f"collection {doc.collection.name}"],
         button="Delete document",
     ):
         return page

@@ -16,6 +16,7 @@ from ...exceptions import RagError
 from ...graph import communities_to_summarize
 from ...maintenance import embedding_config, find_orphans, remove_orphans
 from ...models import Chunk, Job
+from ...utils import plural
 from ..access import check_collection, dashboard_view, object_id, param, scope
 from .common import (
     LLM_HINT,
@@ -206,17 +207,32 @@ def _scope_figures(request, action: str, collection: str | None) -> list[str]:
 
         model = get_embedder().model_name
         stale = chunks.exclude(embedding_model=model).count()
-        return [f"{stale} of {chunks.count()} chunks were embedded by another model than {model}"]
+        return [
+            f"{stale} of {plural(chunks.count(), 'chunk')} were embedded by another model than {model}"
+        ]
     if action == "build_graph":
-        return [f"{chunks.count()} chunks in scope"]
+        return [f"{plural(chunks.count(), 'chunk')} in scope"]
     return []
+
+
+#: The orphans' kinds (django_rag.maintenance.find_orphans) as nouns, one and many.
+ORPHAN_NOUNS = {
+    "chunks_without_document": ("chunk without document", "chunks without document"),
+    "chunks_in_wrong_collection": ("chunk in wrong collection", "chunks in wrong collection"),
+    "stale_shadow_column": ("stale shadow column", "stale shadow columns"),
+}
+
+
+def _orphans(name: str, count: int) -> str:
+    one, many = ORPHAN_NOUNS.get(name, (name.replace("_", " "),) * 2)
+    return plural(count, one, many)
 
 
 def _clean_orphans(request):
     """Preview what the clean-up would remove; remove it once confirmed (like
     ``rag_maintenance orphans --apply``)."""
     found = find_orphans()
-    labels = [f"{count} {name.replace('_', ' ')}" for name, count in found.items() if count]
+    labels = [_orphans(name, count) for name, count in found.items() if count]
     if not labels:
         messages.success(request, "No orphans: nothing to clean.")
         return redirect("django_rag_dashboard:maintenance")
@@ -232,7 +248,6 @@ def _clean_orphans(request):
     removed = remove_orphans()
     messages.success(
         request,
-        "Orphans removed: "
-        + ", ".join(f"{count} {name.replace('_', ' ')}" for name, count in removed.items()),
+        "Orphans removed: " + ", ".join(_orphans(name, count) for name, count in removed.items()),
     )
     return redirect("django_rag_dashboard:maintenance")

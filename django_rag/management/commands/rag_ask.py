@@ -6,7 +6,7 @@ from django_rag.agent import Agent, Loop, ask
 from django_rag.agent.steps import STEPS
 from django_rag.conf import scrub_text
 from django_rag.exceptions import RagError, UnknownCollection
-from django_rag.management.progress import RagCommand
+from django_rag.management.progress import THRESHOLD_HELP, RagCommand, note
 from django_rag.models import Collection
 from django_rag.models.databases import search_db
 from django_rag.retrieval.request import normalize_mode
@@ -48,9 +48,12 @@ class Command(RagCommand):
         )
         parser.add_argument("--mode", default=None, help="semantic, fulltext or hybrid")
         parser.add_argument(
-            "--limit", type=positive_int_arg, default=5, help="chunks to answer from"
+            "--limit",
+            type=positive_int_arg,
+            default=5,
+            help="most chunks given to the LLM to answer from (default: 5)",
         )
-        parser.add_argument("--threshold", type=finite_float_arg, default=None)
+        parser.add_argument("--threshold", type=finite_float_arg, default=None, help=THRESHOLD_HELP)
         parser.add_argument("--collection", action="append", default=None, help="repeatable")
         parser.add_argument("--source-id", default=None)
         parser.add_argument("--stream", action="store_true", help="print the answer as it comes")
@@ -174,7 +177,7 @@ class Command(RagCommand):
             )
         if options["verbosity"] > 1:
             for warning in context.warnings:
-                self.stderr.write(f"warning: {scrub_text(warning)}")
+                self.stderr.write(f"warning: {scrub_text(warning)}", style_func=self.style.WARNING)
         return agent.result
 
     def _loop(self, question, options):
@@ -205,18 +208,19 @@ class Command(RagCommand):
                         else "ok"
                     )
                 )
-                self.stderr.write(
+                note(
+                    self.stderr,
                     f"turn {step.iteration}: {step.name}({scrub_text(arguments)}) -> "
-                    f"{scrub_text(outcome)}"
+                    f"{scrub_text(outcome)}",
                 )
-            self.stderr.write(f"stopped: {result.stop_reason} after {result.iterations} turn(s)")
+            note(self.stderr, f"stopped: {result.stop_reason} after {result.iterations} turn(s)")
         if result.error is not None and not result.text:
             raise CommandError(
                 f"The loop stopped ({result.stop_reason}) after {result.iterations} turn(s): "
                 f"{scrub_text(result.error)}"
             )
         if result.stop_reason == "give_up" and not options["json"]:
-            self.stderr.write("The model gave up: the documents do not seem to answer this.")
+            note(self.stderr, "The model gave up: the documents do not seem to answer this.")
         return result
 
     def _sources(self, answer):

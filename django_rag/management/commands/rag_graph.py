@@ -3,6 +3,7 @@ from django.core.management.base import CommandError
 from django_rag.exceptions import RagError
 from django_rag.graph import builder, communities
 from django_rag.management.progress import ProgressBar, RagCommand
+from django_rag.utils import plural
 from django_rag.validation import positive_float_arg, positive_int_arg
 
 
@@ -60,7 +61,7 @@ class Command(RagCommand):
                     progress=bar,
                 )
                 message = (
-                    f"Processed {result['chunks']} chunks ({result['failed']} skipped after "
+                    f"Processed {plural(result['chunks'], 'chunk')} ({result['failed']} skipped after "
                     f"extraction errors); the graph now holds {result['entities']} entities and "
                     f"{result['relationships']} relationships."
                 )

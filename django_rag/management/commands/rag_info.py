@@ -3,6 +3,7 @@ import json
 from django_rag import maintenance
 from django_rag.conf import redact
 from django_rag.management.progress import RagCommand
+from django_rag.utils import plural
 
 
 class Command(RagCommand):
@@ -45,6 +46,8 @@ class Command(RagCommand):
             self.stdout.write(f"  {model}: {count}")
         self.stdout.write("Collections:")
         for c in data["collections"]:
-            self.stdout.write(f"  {c['name']}: {c['documents']} documents, {c['chunks']} chunks")
+            self.stdout.write(
+                f"  {c['name']}: {plural(c['documents'], 'document')}, {plural(c['chunks'], 'chunk')}"
+            )
         self.stdout.write("Settings:")
         self.stdout.write(json.dumps(data["settings"], indent=2, default=str))

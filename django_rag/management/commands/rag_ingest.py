@@ -18,6 +18,7 @@ from django_rag.ingestion.folders import (
 from django_rag.ingestion.parsers import parser_registry
 from django_rag.ingestion.service import ingest_files
 from django_rag.management.progress import ProgressBar, RagCommand
+from django_rag.utils import plural
 from django_rag.validation import clean_metadata
 
 
@@ -299,7 +300,7 @@ class Command(RagCommand):
                 created += 1
                 chunks += outcome.chunk_count
                 lines[path] = (
-                    f"ingested {path}: {outcome.chunk_count} chunks (document {outcome.pk})"
+                    f"ingested {path}: {plural(outcome.chunk_count, 'chunk')} (document {outcome.pk})"
                 )
         if not quiet:
             for path, _ in files:
@@ -310,7 +311,7 @@ class Command(RagCommand):
                 for path in unsupported:
                     self.stdout.write(f"skipped {path}: no parser for this file type")
         summary = (
-            f"{len(files)} file(s): {created} ingested ({chunks} chunks), {unchanged} unchanged, "
+            f"{len(files)} file(s): {created} ingested ({plural(chunks, 'chunk')}), {unchanged} unchanged, "
             f"{len(failures)} failed"
         )
         if irregular:
@@ -437,7 +438,7 @@ class Command(RagCommand):
                     ("skipped", "skipped"),
                 )
             )
-            + (f" ({result.chunks} chunks)" if not dry_run else "")
+            + (f" ({plural(result.chunks, 'chunk')})" if not dry_run else "")
         )
         self.raise_failures(
             [(source, f"{type(e).__name__}: {e}") for source, e in sorted(result.failed.items())],

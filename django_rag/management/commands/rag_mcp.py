@@ -1,7 +1,7 @@
 from django.core.management.base import CommandError
 
 from django_rag.exceptions import RagError
-from django_rag.management.progress import RagCommand
+from django_rag.management.progress import RagCommand, note
 from django_rag.mcp.server import build_server, is_loopback, serve_http, serve_stdio
 from django_rag.mcp.tools import McpConfig
 
@@ -60,5 +60,5 @@ class Command(RagCommand):
                 "--allow-remote once a proxy in front of it authenticates clients."
             )
         guard = "a bearer token from MCP.TOKENS required" if config.tokens else "no token asked for"
-        self.stderr.write(f"MCP server on http://{host}:{port}{path} ({guard}; Ctrl+C to stop)")
+        note(self.stderr, f"MCP server on http://{host}:{port}{path} ({guard}; Ctrl+C to stop)")
         serve_http(server, host=host, port=port, path=path, tokens=config.tokens)

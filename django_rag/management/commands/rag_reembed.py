@@ -3,6 +3,7 @@ from django.core.management.base import CommandError
 from django_rag import background, maintenance
 from django_rag.exceptions import RagError
 from django_rag.management.progress import ProgressBar, RagCommand
+from django_rag.utils import plural
 from django_rag.validation import positive_int_arg
 
 
@@ -49,6 +50,6 @@ class Command(RagCommand):
             raise CommandError(str(exc)) from exc
         if not options["quiet"]:
             self.stdout.write(
-                f"Re-embedded {job.result.get('reembedded', job.done)} chunks with "
+                f"Re-embedded {plural(job.result.get('reembedded', job.done), 'chunk')} with "
                 f"{job.result.get('model')} (job {job.pk})."
             )

@@ -4,7 +4,7 @@ from django.core.management.base import CommandError
 
 from django_rag.conf import search_setting
 from django_rag.exceptions import RagError
-from django_rag.management.progress import RagCommand
+from django_rag.management.progress import THRESHOLD_HELP, RagCommand
 from django_rag.retrieval.service import search
 from django_rag.store.search_modes import score_legend as mode_legend
 from django_rag.validation import finite_float_arg, positive_int_arg
@@ -21,8 +21,13 @@ class Command(RagCommand):
         parser.add_argument(
             "--fusion", default=None, help="hybrid fusion: adaptive, weighted or rrf"
         )
-        parser.add_argument("--limit", type=positive_int_arg, default=None)
-        parser.add_argument("--threshold", type=finite_float_arg, default=None)
+        parser.add_argument(
+            "--limit",
+            type=positive_int_arg,
+            default=None,
+            help="most results to print (default: SEARCH['LIMIT'], 10)",
+        )
+        parser.add_argument("--threshold", type=finite_float_arg, default=None, help=THRESHOLD_HELP)
         parser.add_argument(
             "--collection", action="append", default=None, help="repeat for several"
         )

@@ -2,7 +2,7 @@ import signal
 import threading
 
 from django_rag import background
-from django_rag.management.progress import RagCommand
+from django_rag.management.progress import RagCommand, note
 
 
 class Command(RagCommand):
@@ -35,14 +35,15 @@ class Command(RagCommand):
                 return
         info = background.describe()
         if info["mode"] != background.WORKER:
-            self.stderr.write(
+            note(
+                self.stderr,
                 f"Note: BACKGROUND is {info['setting']!r} ({info['mode']}): new jobs are not "
-                "queued for rag_worker; this worker runs the ones already queued for it."
+                "queued for rag_worker; this worker runs the ones already queued for it.",
             )
         stop = threading.Event()
 
         def stop_after_job(signum, frame):
-            self.stderr.write("Stopping after the current job.")
+            note(self.stderr, "Stopping after the current job.")
             stop.set()
 
         for sig in (signal.SIGTERM, signal.SIGINT):
