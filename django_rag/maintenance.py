@@ -6,7 +6,6 @@ Plain functions: the management commands, Celery tasks and the dashboard call th
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -16,9 +15,8 @@ from django.db import models, transaction
 from django.utils import timezone
 
 from . import background, embeddings
-from .agent.loop import Loop
 from .answers.grounding import get_grounder
-from .conf import embedding_dimensions, get_setting, get_settings, redact, scrub_text
+from .conf import call_defaults, embedding_dimensions, get_setting, get_settings, redact, scrub_text
 from .embeddings import Embedder, configured_embedder, get_embedder
 from .exceptions import DimensionMismatch, InvalidInput, UnknownCollection
 from .ingestion.headers import chunk_headers, headers_enabled
@@ -564,14 +562,13 @@ LOOP_OPTIONS = (
 
 def components() -> dict[str, Any]:
     """The reranker (``RERANKER``), the grounder (``GROUNDER``) and the :class:`~django_rag.Loop`
-    (its defaults, read from its signature, and ``AGENT_DEADLINE``), as :func:`info` shows
+    (its defaults: the ``LOOP`` setting, and ``AGENT_DEADLINE``), as :func:`info` shows
     them. Building a component loads no model (components load lazily)."""
-    defaults = inspect.signature(Loop.__init__).parameters
     return {
         "reranker": _describe(get_reranker),
         "grounder": _describe(lambda: get_grounder() if get_setting("GROUNDER") else None),
         "loop": {
-            **{name: defaults[name].default for name in LOOP_OPTIONS},
+            **call_defaults("LOOP", **dict.fromkeys(LOOP_OPTIONS)),
             "deadline": get_setting("AGENT_DEADLINE"),
         },
     }

@@ -437,7 +437,7 @@ def test_without_a_login_page_anonymous_users_go_to_the_admin_login(client):
 
 def test_header_shows_the_user_a_logout_form_and_the_admin(staff):
     body = staff.get(url("documents")).content.decode()
-    assert '<span class="user" title="Logged in as">staff</span>' in body
+    assert '<span class="user" title="Logged in as staff">staff</span>' in body
     assert '<a href="/admin/">Admin</a>' in body
     assert '<form method="post" action="/admin/logout/"' in body  # POST: Django 5 refuses GET
     assert f'name="next" value="{url("home")}"' in body  # back to the dashboard, then login
