@@ -325,8 +325,7 @@ def _swap(embedder: Embedder, dimensions: int, batch_size: int, job: Job) -> Non
         Job.objects.filter(kind=SWITCH, params__model=embedder.model_name).exclude(
             status=Job.Status.COMPLETED
         ).update(status=Job.Status.COMPLETED, finished_at=timezone.now())
-    for key in [key for key in embeddings._switched if key[0] == embedder.model_name]:
-        embeddings._switched.pop(key, None)  # every database's cached answer
+    embeddings.forget_switch(embedder.model_name)  # every database's cached answer
     embed_entities(embedder, batch_size=batch_size)
     # Every chunk has a new vector: hand them to a store that keeps its own copy.
     sync_all_vectors()

@@ -164,7 +164,7 @@ def test_every_job_kind_names_its_task_in_one_table(db):
     import django_rag.tasks  # noqa: F401  (registers the tasks)
 
     assert set(background.TASK_FOR_KIND) == set(Job.Kind)
-    assert set(background.TASK_FOR_KIND.values()) == set(background_registry._TASKS)
+    assert set(background.TASK_FOR_KIND.values()) == set(background_registry.TASKS)
     for kind in Job.Kind:
         job = Job(kind=kind, runner=background.THREAD)
         assert background.task_for(job) == background.TASK_FOR_KIND[kind]

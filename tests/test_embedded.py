@@ -92,7 +92,7 @@ def test_an_older_data_directory_is_refused_before_starting(fake_data_dir):
     assert f"embedded server is now PostgreSQL {server}" in message
     assert f"mv {path} {path}.pg{server - 2}" in message
     assert "pg_dump" in message
-    can_upgrade = server - 2 in binaries._binaries(embedded.server_package())
+    can_upgrade = server - 2 in binaries.installed_binaries(embedded.server_package())
     assert (f"python -m django_rag.embedded upgrade {path}" in message) == can_upgrade
     assert (path / "PG_VERSION").read_text() == f"{server - 2}\n"  # untouched
     with pytest.raises(EmbeddedDataVersionMismatch):
@@ -110,7 +110,7 @@ def test_a_newer_data_directory_is_refused(fake_data_dir):
 
 def test_a_failed_upgrade_leaves_the_directory_as_it_was(fake_data_dir):
     server = embedded.embedded_server_version()
-    if server - 2 not in binaries._binaries(embedded.server_package()):
+    if server - 2 not in binaries.installed_binaries(embedded.server_package()):
         pytest.skip(f"this package cannot upgrade from PostgreSQL {server - 2}")
     path = fake_data_dir(server - 2)  # no cluster behind the PG_VERSION file
     with pytest.raises(EmbeddedServerError, match="pg_controldata failed"):
@@ -478,7 +478,7 @@ def test_an_unfinished_initdb_is_recognised_and_data_never_touched(data_dir):
         (unfinished / "notes.txt").write_text("mine")
         assert not recovery._unfinished_initdb(unfinished)
         before = sorted(p.name for p in unfinished.iterdir())
-        recovery._recover_unfinished_initdb(unfinished)
+        recovery.recover_unfinished_initdb(unfinished)
         assert sorted(p.name for p in unfinished.iterdir()) == before  # untouched
         (unfinished / "notes.txt").unlink()
         _assert_unfinished(unfinished)

@@ -232,7 +232,7 @@ def test_versions_with_transient_failures_retried_in_random_order(hashing):
         rng.shuffle(order)
         for job_id in order:
             try:  # the task body itself: a failure stays on the job (no automatic requeue)
-                background_registry._TASKS["ingest_document"](job_id=job_id)
+                background_registry.TASKS["ingest_document"](job_id=job_id)
             except Exception:
                 pass
         assert Job.objects.get(pk=jobs[-1].pk).status == "failed"  # the newest, for now

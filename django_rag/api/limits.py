@@ -30,7 +30,7 @@ def api_setting(name: str):
     return get_setting("API")[name]
 
 
-def _hook():
+def authenticate_hook():
     hook = api_setting("AUTHENTICATE")
     if isinstance(hook, str):
         hook = import_string(hook, setting="API.AUTHENTICATE")
@@ -53,7 +53,7 @@ def authenticate(request, *, anonymous: bool):
     The ``API["AUTHENTICATE"]`` hook is tried first (token or API-key auth: no CSRF, as no
     browser sends those credentials by itself); then the Django session, with CSRF checked on
     every method that changes something."""
-    hook = _hook()
+    hook = authenticate_hook()
     if hook is not None:
         user = hook(request)
         if user is not None and getattr(user, "is_authenticated", False):

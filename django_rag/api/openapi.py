@@ -17,7 +17,7 @@ from django.conf import settings
 from ninja import NinjaAPI
 from ninja.openapi.schema import OpenAPISchema
 
-from .limits import SAFE_METHODS, api_setting
+from .limits import SAFE_METHODS, api_setting, authenticate_hook
 
 SESSION = "session"
 CSRF = "csrf"
@@ -29,12 +29,6 @@ def _csrf_header() -> str:
     meta = settings.CSRF_HEADER_NAME
     name = meta[5:] if meta.startswith("HTTP_") else meta
     return "-".join(part.capitalize() for part in name.split("_")).replace("Csrftoken", "CSRFToken")
-
-
-def _hook():
-    from .limits import _hook as configured_hook
-
-    return configured_hook()
 
 
 def security_schemes(hook=None) -> dict[str, dict[str, Any]]:
@@ -88,7 +82,7 @@ def operation_security(caller, methods, *, hook, anonymous: bool) -> list[dict[s
 class RagOpenAPISchema(OpenAPISchema):
     def __init__(self, api, path_prefix: str) -> None:
         # Read once per description, before ninja's __init__ walks the operations.
-        self.rag_hook = _hook()
+        self.rag_hook = authenticate_hook()
         self.rag_anonymous = bool(api_setting("ANONYMOUS"))
         super().__init__(api, path_prefix)
         self["components"].setdefault("securitySchemes", {})

@@ -18,10 +18,10 @@ from django.utils import timezone
 from ..conf import jobs_setting
 from ..models import Job
 from ..models.databases import on_live_connection
-from .registry import _process_name, worker_name
+from .registry import process_name, worker_name
 
 # The job a rag_worker claimed and is running in this context.
-_claimed: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+claimed_job: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "django_rag_claimed_job", default=None
 )
 
@@ -40,14 +40,14 @@ _running_lock = threading.Lock()
 def taken(job_id: int) -> Iterator[bool]:
     """Take the job (:func:`take`) and count it as running in this process until the block
     ends; yields whether it was taken (a task body runs only then)."""
-    busy = _hold(job_id)
+    busy = hold_job(job_id)
     try:
         yield take(job_id, busy_here=busy)
     finally:
-        _release(job_id)
+        release_job(job_id)
 
 
-def _hold(job_id: int) -> bool:
+def hold_job(job_id: int) -> bool:
     """Count ``job_id`` as running in this process; returns whether it already was."""
     with _running_lock:
         busy = _running_here[job_id] > 0
@@ -55,7 +55,7 @@ def _hold(job_id: int) -> bool:
     return busy
 
 
-def _release(job_id: int) -> None:
+def release_job(job_id: int) -> None:
     with _running_lock:
         _running_here[job_id] -= 1
         if _running_here[job_id] <= 0:
@@ -77,12 +77,12 @@ def take(job_id: int, *, busy_here: bool = False) -> bool:
     is not: a job queued twice here (a retry of a job still waiting for a pool thread) runs
     once at a time. Neither is a completed or superseded job. The caller leaves a job it
     could not take alone."""
-    if _claimed.get() == job_id:
+    if claimed_job.get() == job_id:
         return True
     running = Q(status=Job.Status.RUNNING)
     if busy_here:
         cutoff = timezone.now() - timedelta(seconds=jobs_setting("STALLED_AFTER_SECONDS"))
-        here = _process_name()
+        here = process_name()
         in_this_process = Q(worker=here) | Q(worker__startswith=f"{here}:")
         running &= Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True) | ~in_this_process
     takeable = Q(status__in=[Job.Status.PENDING, Job.Status.FAILED]) | running

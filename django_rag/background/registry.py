@@ -16,7 +16,7 @@ from ..models import Job
 # Task name -> task (a Celery task, or the plain function without Celery). Filled by
 # django_rag.tasks as it is imported (the app config imports it when Django starts), so this
 # module, which every layer may use to queue work, never imports the tasks themselves.
-_TASKS: dict[str, Callable[..., Any]] = {}
+TASKS: dict[str, Callable[..., Any]] = {}
 
 
 #: The task (its name in django_rag.tasks) that runs each kind of job: the one place a kind
@@ -48,7 +48,7 @@ def register(name: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: make ``task`` runnable by ``enqueue(name, job)``."""
 
     def decorate(task: Callable[..., Any]) -> Callable[..., Any]:
-        _TASKS[name] = task
+        TASKS[name] = task
         return task
 
     return decorate
@@ -71,7 +71,7 @@ def on_abandoned(kind: str) -> Callable[[Callable[[Job, str], Any]], Callable[[J
     return decorate
 
 
-def _abandon(job: Job, exc: BaseException) -> None:
+def abandon(job: Job, exc: BaseException) -> None:
     """Fail ``job`` for a task that can no longer record it (its process died), and what the
     task was doing (an ingest job's document) with it."""
     job.fail(exc)
@@ -85,16 +85,16 @@ def task_for(job: Job) -> str | None:
     if job.kind in (Job.Kind.REEMBED, Job.Kind.SWITCH) and not job.runner:
         return None
     name = TASK_FOR_KIND.get(job.kind)
-    return name if name in _TASKS else None
+    return name if name in TASKS else None
 
 
 def worker_name() -> str:
     thread = threading.current_thread()
     suffix = "" if thread is threading.main_thread() else f":{thread.name}"
-    return f"{_process_name()}{suffix}"
+    return f"{process_name()}{suffix}"
 
 
-def _process_name() -> str:
+def process_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 

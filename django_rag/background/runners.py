@@ -17,8 +17,8 @@ from ..conf import jobs_setting, on_reset, scrub_text
 from ..exceptions import BackgroundUnavailable
 from ..models import Job
 from .modes import CELERY, THREAD, WORKER, mode
-from .registry import _TASKS, KIND_FOR_TASK, worker_name
-from .transient import TRANSIENT, _queue_again_later
+from .registry import KIND_FOR_TASK, TASKS, worker_name
+from .transient import TRANSIENT, queue_again_later
 
 logger = logging.getLogger("django_rag.background")
 
@@ -37,7 +37,7 @@ def enqueue(
     the job is marked failed, ``on_failure`` runs (to remove what was waiting for the task) and
     :class:`BackgroundUnavailable` is raised.
     """
-    task = _TASKS[task_name]
+    task = TASKS[task_name]
     runner = runner or mode()
     Job.objects.filter(pk=job.pk).update(runner=runner)
     job.runner = runner
@@ -136,10 +136,10 @@ def _resize_pool() -> None:
 def _run_in_thread(task_name: str, job_id: int) -> None:
     try:
         Job.objects.filter(pk=job_id).update(worker=worker_name())
-        _TASKS[task_name](job_id=job_id)
+        TASKS[task_name](job_id=job_id)
     except TRANSIENT as exc:
         try:
-            delay = _queue_again_later(job_id, exc, THREAD)
+            delay = queue_again_later(job_id, exc, THREAD)
         except (OperationalError, InterfaceError):
             # The database is still away: the job shows as stalled, and a retry runs it.
             logger.warning("Job %s could not be queued again", job_id, exc_info=True)

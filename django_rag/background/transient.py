@@ -34,7 +34,7 @@ def backoff(attempt: int) -> float:
     return float(min(2 ** max(attempt - 1, 0), BACKOFF_MAX_SECONDS))
 
 
-def _queue_again_later(job_id: int, exc: BaseException, runner: str) -> float | None:
+def queue_again_later(job_id: int, exc: BaseException, runner: str) -> float | None:
     """After a transient failure (recorded on the job by the task), queue the job again with
     backoff while attempts are left: back to pending, not before ``backoff(attempts)`` seconds.
     Returns the delay, or None when the job stays failed."""

@@ -25,10 +25,10 @@ from django.utils import timezone
 from ..conf import jobs_setting
 from ..exceptions import JobNotRetryable
 from ..models import Job
-from .claiming import _claimed, _hold, _release, running_here
+from .claiming import claimed_job, hold_job, release_job, running_here
 from .modes import WORKER
-from .registry import _TASKS, _abandon, process_alive, task_for, worker_name
-from .transient import TRANSIENT, _queue_again_later
+from .registry import TASKS, abandon, process_alive, task_for, worker_name
+from .transient import TRANSIENT, queue_again_later
 
 logger = logging.getLogger("django_rag.background")
 
@@ -50,14 +50,14 @@ def recover_orphaned(*, this_process_only: bool = False) -> list[int]:
         if not pid.isdigit():
             continue
         if int(pid) == os.getpid():
-            if running_here(job.pk) or _claimed.get() == job.pk:
+            if running_here(job.pk) or claimed_job.get() == job.pk:
                 continue
             why = "its run in this process ended without recording how (the database was lost)"
         elif this_process_only or process_alive(int(pid)):
             continue
         else:
             why = f"its worker process ({job.worker}) is gone"
-        _abandon(job, RuntimeError(why))
+        abandon(job, RuntimeError(why))
         if job.runner == WORKER:
             Job.objects.filter(pk=job.pk, status=Job.Status.FAILED).update(
                 status=Job.Status.PENDING,
@@ -93,11 +93,11 @@ def claim(worker: str | None = None) -> Job | None:
         )
         # Running here from the moment another thread could see it running (recover_orphaned
         # must not take it for an orphan before run() starts it); run() lets go.
-        _hold(job.pk)
+        hold_job(job.pk)
         try:
             job.save(update_fields=["status", "worker", "heartbeat_at"])
         except BaseException:
-            _release(job.pk)
+            release_job(job.pk)
             raise
     return job
 
@@ -123,7 +123,7 @@ def run(job: Job) -> None:
     try:
         _run_claimed(job)
     finally:
-        _release(job.pk)  # held by claim()
+        release_job(job.pk)  # held by claim()
 
 
 def _run_claimed(job: Job) -> None:
@@ -131,12 +131,12 @@ def _run_claimed(job: Job) -> None:
     if task_name is None:
         job.fail(JobNotRetryable(f"No task runs jobs of kind {job.kind!r}."))
         return
-    token = _claimed.set(job.pk)  # claim() took it: the task must not take it again
+    token = claimed_job.set(job.pk)  # claim() took it: the task must not take it again
     try:
-        _TASKS[task_name](job_id=job.pk)
+        TASKS[task_name](job_id=job.pk)
     except TRANSIENT as exc:
         try:
-            _queue_again_later(job.pk, exc, WORKER)  # a worker claims it after the backoff
+            queue_again_later(job.pk, exc, WORKER)  # a worker claims it after the backoff
         except (OperationalError, InterfaceError):
             # The database is still away: the job stays marked running by this process, and
             # recover_orphaned() (when this worker next finds no work) queues it again.
@@ -144,7 +144,7 @@ def _run_claimed(job: Job) -> None:
     except Exception:
         logger.exception("Job %s (%s) failed", job.pk, task_name)
     finally:
-        _claimed.reset(token)
+        claimed_job.reset(token)
 
 
 def work(

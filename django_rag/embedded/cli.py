@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from ..exceptions import EmbeddedServerError, MissingDependency
-from .binaries import PACKAGES, _server_major, data_directory_version, server_package
+from .binaries import PACKAGES, data_directory_version, server_major, server_package
 from .server import stop_data_directory
 from .upgrade import upgrade_data_directory
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"Stopped the server of {path}." if stopped else f"No server runs on {path}.")
             return 0
         module = server_package()
-        server, data = _server_major(module), data_directory_version(path)
+        server, data = server_major(module), data_directory_version(path)
         if args.action == "version":
             print(
                 f"data directory: PostgreSQL {data or '(none)'}; embedded server: PostgreSQL "

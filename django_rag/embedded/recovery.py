@@ -37,7 +37,7 @@ def _made_by_initdb(name: str) -> bool:
     return name in _CLUSTER_NAMES or name.startswith(("pg_", ".s.PGSQL."))
 
 
-def _check_is_directory(path: Path) -> None:
+def check_is_directory(path: Path) -> None:
     if path.exists() and not path.is_dir():
         raise EmbeddedDataDirectoryError(
             f"The embedded PostgreSQL data directory {path} is a file, not a directory. Give "
@@ -48,7 +48,7 @@ def _check_is_directory(path: Path) -> None:
         )
 
 
-def _check_contents(path: Path) -> None:
+def check_contents(path: Path) -> None:
     """Typed errors for a directory the server package would fail on with a bare exception."""
     if not path.is_dir():
         return
@@ -64,10 +64,10 @@ def _check_contents(path: Path) -> None:
             path=path,
             problem="not_a_data_directory",
         )
-    _handle_pids(path)
+    read_handle_pids(path)
 
 
-def _handle_pids(path: Path) -> list[int]:
+def read_handle_pids(path: Path) -> list[int]:
     """The processes ``.handle_pids.json`` lists as using the server (the packages keep it)."""
     handles = path / ".handle_pids.json"
     if not handles.exists():
@@ -208,7 +208,7 @@ def _drop_stale_pid_file(pgdata: Path, lines: list[str], pid: int | None) -> Non
     (pgdata / "postmaster.pid").unlink(missing_ok=True)
 
 
-def _settle(pgdata: Path) -> tuple[str, int | None]:
+def settle_pid_file(pgdata: Path) -> tuple[str, int | None]:
     """:func:`_server_of`, after removing a stale pid file when nothing holds the old
     server's memory any more (``"held"`` while something does)."""
     lines = _read_pid_file(pgdata)
@@ -267,7 +267,7 @@ def _initdb_running_on(path: Path):
     return None
 
 
-def _recover_unfinished_initdb(path: Path) -> None:
+def recover_unfinished_initdb(path: Path) -> None:
     """Empty a data directory whose first start was killed during initdb, so the server
     package creates it again (it would otherwise refuse it on every start). Waits, up to
     :data:`START_TIMEOUT`, while an initdb still works on it. Called under the package lock."""
@@ -303,6 +303,6 @@ def _recover_unfinished_initdb(path: Path) -> None:
         time.sleep(0.25)
 
 
-def _pid_file_status(pgdata: Path) -> str:
+def pid_file_status(pgdata: Path) -> str:
     lines = _read_pid_file(pgdata) or []
     return lines[7].strip() if len(lines) > 7 else ""

@@ -15,21 +15,21 @@ from urllib.parse import parse_qs, unquote, urlparse
 
 from ..exceptions import EmbeddedDataDirectoryError, EmbeddedServerError, EmbeddedServerNotReady
 from .binaries import (
-    _binaries,
-    _run,
-    _server_major,
     check_data_directory,
     data_directory_version,
+    installed_binaries,
+    run_command,
+    server_major,
     server_package,
 )
 from .recovery import (
     START_TIMEOUT,
-    _check_contents,
-    _check_is_directory,
-    _handle_pids,
-    _pid_file_status,
-    _recover_unfinished_initdb,
-    _settle,
+    check_contents,
+    check_is_directory,
+    pid_file_status,
+    read_handle_pids,
+    recover_unfinished_initdb,
+    settle_pid_file,
 )
 from .upgrade import upgrade_data_directory
 
@@ -56,13 +56,13 @@ def embedded_database(
     """
     module = server_package()
     path = Path(path).resolve()
-    _check_is_directory(path)
+    check_is_directory(path)
     with _package_lock(module):
-        _recover_unfinished_initdb(path)
+        recover_unfinished_initdb(path)
     if upgrade:
         upgrade_data_directory(path)
     check_data_directory(path)
-    _check_contents(path)
+    check_contents(path)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -144,8 +144,8 @@ def _running_server(module: ModuleType, path: Path, *, cleanup_mode):
     while True:
         server = None
         with _package_lock(module):
-            state, pid = _settle(path)
-            status = _pid_file_status(path)
+            state, pid = settle_pid_file(path)
+            status = pid_file_status(path)
             if state == "ours" and (pid < 0 or status != "ready"):
                 # A single-user backend (initdb, or a recovery by hand), or a postmaster that
                 # is still starting or already stopping: wait for it.
@@ -194,15 +194,21 @@ def stop_embedded_server(path: str | Path) -> bool:
     pgdata = Path(path).resolve()
     server = module.PostgresServer._instances.get(pgdata)
     handles = pgdata / ".handle_pids.json"
-    if server is None or not pgdata.is_dir() or _settle(pgdata)[0] not in ("ours", "unknown"):
+    if (
+        server is None
+        or not pgdata.is_dir()
+        or settle_pid_file(pgdata)[0] not in ("ours", "unknown")
+    ):
         return False
-    pids = _handle_pids(pgdata)
+    pids = read_handle_pids(pgdata)
     others = [pid for pid in pids if pid != os.getpid() and psutil.pid_exists(pid)]
     handles.write_text(json.dumps(others))
     if others:
         return False
-    bin_path = _binaries(module)[data_directory_version(pgdata) or _server_major(module)]
-    _run([bin_path / "pg_ctl", "-w", "-D", pgdata, "-m", "fast", "stop"], user=server.system_user)
+    bin_path = installed_binaries(module)[data_directory_version(pgdata) or server_major(module)]
+    run_command(
+        [bin_path / "pg_ctl", "-w", "-D", pgdata, "-m", "fast", "stop"], user=server.system_user
+    )
     return True
 
 
@@ -215,10 +221,10 @@ def stop_data_directory(path: str | Path) -> bool:
     its pid now belongs to another program) is removed, and that process left alone: pg_ctl
     would signal whatever process holds the pid."""
     pgdata = Path(path).resolve()
-    _check_is_directory(pgdata)
+    check_is_directory(pgdata)
     if not pgdata.is_dir():
         return False
-    state, pid = _settle(pgdata)
+    state, pid = settle_pid_file(pgdata)
     if state not in ("ours", "unknown"):
         return False
     if pid is not None and pid < 0:
@@ -230,14 +236,14 @@ def stop_data_directory(path: str | Path) -> bool:
             path=str(pgdata),
         )
     module = server_package()
-    bin_path = _binaries(module)[data_directory_version(pgdata) or _server_major(module)]
+    bin_path = installed_binaries(module)[data_directory_version(pgdata) or server_major(module)]
     user = None
     if os.geteuid() == 0:  # run as root, the packages run postgres as the data's owner
         import pwd
 
         owner = pwd.getpwuid(pgdata.stat().st_uid).pw_name
         user = None if owner == "root" else owner
-    _run([bin_path / "pg_ctl", "-w", "-D", pgdata, "-m", "fast", "stop"], user=user)
+    run_command([bin_path / "pg_ctl", "-w", "-D", pgdata, "-m", "fast", "stop"], user=user)
     handles = pgdata / ".handle_pids.json"
     if handles.exists():
         handles.write_text("[]")

@@ -12,22 +12,22 @@ import tempfile
 from pathlib import Path
 
 from .binaries import (
-    _binaries,
-    _chown,
-    _mismatch,
-    _run,
-    _server_major,
+    chown_to_user,
     data_directory_version,
+    installed_binaries,
+    run_command,
+    server_major,
     server_package,
+    version_mismatch,
 )
-from .recovery import _settle
+from .recovery import settle_pid_file
 
 
 @contextlib.contextmanager
 def _temporary_server(bin_path: Path, pgdata: Path, user: str | None, socket_dir: Path):
     """A server on ``pgdata`` listening only on a socket in ``socket_dir``, stopped after."""
     log = socket_dir / "server.log"
-    _run(
+    run_command(
         [
             bin_path / "pg_ctl",
             "-w",
@@ -44,23 +44,23 @@ def _temporary_server(bin_path: Path, pgdata: Path, user: str | None, socket_dir
     try:
         yield f"postgresql://postgres@/postgres?host={socket_dir}"
     finally:
-        _run([bin_path / "pg_ctl", "-w", "-D", pgdata, "-m", "fast", "stop"], user=user)
+        run_command([bin_path / "pg_ctl", "-w", "-D", pgdata, "-m", "fast", "stop"], user=user)
 
 
 def _shut_down_cleanly(bin_path: Path, pgdata: Path, user: str | None, workdir: Path) -> bool:
     """Stop a server still running on ``pgdata``; recover one that was killed (pg_upgrade
     needs a cleanly shut down cluster). Returns whether data checksums are on."""
-    _settle(pgdata)  # a pid file naming a zombie or another program: pg_ctl would signal it
+    settle_pid_file(pgdata)  # a pid file naming a zombie or another program: pg_ctl would signal it
     status = subprocess.run(
         [str(bin_path / "pg_ctl"), "-D", str(pgdata), "status"], capture_output=True, user=user
     )
     if status.returncode == 0:  # running (the old package leaves its server running)
-        _run([bin_path / "pg_ctl", "-w", "-D", pgdata, "-m", "fast", "stop"], user=user)
-    control = _run([bin_path / "pg_controldata", "-D", pgdata], user=user)
+        run_command([bin_path / "pg_ctl", "-w", "-D", pgdata, "-m", "fast", "stop"], user=user)
+    control = run_command([bin_path / "pg_controldata", "-D", pgdata], user=user)
     if not re.search(r"Database cluster state:\s*shut down\s*$", control, re.M):
         with _temporary_server(bin_path, pgdata, user, workdir):
             pass
-        control = _run([bin_path / "pg_controldata", "-D", pgdata], user=user)
+        control = run_command([bin_path / "pg_controldata", "-D", pgdata], user=user)
     checksums = re.search(r"Data page checksum version:\s*(\d+)", control)
     return bool(checksums and int(checksums.group(1)))
 
@@ -87,12 +87,12 @@ def upgrade_data_directory(path: str | Path) -> Path | None:
     """
     module = server_package()
     path = Path(path).resolve()
-    data, server = data_directory_version(path), _server_major(module)
+    data, server = data_directory_version(path), server_major(module)
     if data is None or data == server:
         return None
-    binaries = _binaries(module)
+    binaries = installed_binaries(module)
     if data > server or data not in binaries or server not in binaries:
-        raise _mismatch(path, data, server, module)
+        raise version_mismatch(path, data, server, module)
     old_bin, new_bin = binaries[data], binaries[server]
     # The package's own handle on the old cluster, not started: run as root, preparing it lets
     # the server's system user reach both PostgreSQL installs (initdb is skipped: it exists).
@@ -112,17 +112,17 @@ def _pg_upgrade(path: Path, old_bin: Path, new_bin: Path, user, data: int, serve
     # A short path: the servers pg_upgrade starts put their sockets in its working directory.
     workdir = Path(tempfile.mkdtemp(prefix="rag-pgup-"))
     new_dir = Path(tempfile.mkdtemp(prefix=f".{path.name}-pg{server}-", dir=path.parent))
-    _chown(workdir, user)
-    _chown(new_dir, user)
+    chown_to_user(workdir, user)
+    chown_to_user(new_dir, user)
     try:
         checksums = _shut_down_cleanly(old_bin, path, user, workdir)
-        _run(
+        run_command(
             [new_bin / "initdb", "--auth=trust", "--auth-local=trust", "--encoding=utf8"]
             + ["-U", "postgres", "-D", new_dir]
             + ([] if checksums else ["--no-data-checksums"]),
             user=user,
         )
-        _run(
+        run_command(
             [new_bin / "pg_upgrade", "-b", old_bin, "-B", new_bin, "-d", path, "-D", new_dir]
             + ["-U", "postgres", "-s", workdir],
             user=user,
@@ -135,7 +135,7 @@ def _pg_upgrade(path: Path, old_bin: Path, new_bin: Path, user, data: int, serve
         if script.exists():
             with _temporary_server(new_bin, path, user, workdir) as uri:
                 psql = [new_bin / "psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-d", uri]
-                _run([*psql, "-f", script], user=user, cwd=workdir)
+                run_command([*psql, "-f", script], user=user, cwd=workdir)
     finally:
         shutil.rmtree(new_dir, ignore_errors=True)  # gone already unless something failed
         shutil.rmtree(workdir, ignore_errors=True)

@@ -58,6 +58,13 @@ def switch_completed(model_name: str, *, using: str | None = None) -> bool:
     return cached[1]
 
 
+def forget_switch(model_name: str) -> None:
+    """Drop every database's cached answer of :func:`switch_completed` for ``model_name``
+    (the model switch calls it once it has swapped the column)."""
+    for key in [key for key in _switched if key[0] == model_name]:
+        _switched.pop(key, None)
+
+
 def get_embedder(spec: Any = None, *, using: str | None = None) -> Embedder:
     """Return the embedder for ``spec``, or the active one when it is None.
 

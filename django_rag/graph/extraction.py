@@ -163,7 +163,7 @@ class CallableEntityExtractor(EntityExtractor):
         self.func = func
 
     def extract(self, text):
-        return [_entity(item) for item in self.func(text) or []]
+        return [parse_entity(item) for item in self.func(text) or []]
 
 
 class CallableRelationshipExtractor(RelationshipExtractor):
@@ -171,7 +171,7 @@ class CallableRelationshipExtractor(RelationshipExtractor):
         self.func = func
 
     def extract(self, text, entities):
-        return [_relationship(item) for item in self.func(text, entities) or []]
+        return [parse_relationship(item) for item in self.func(text, entities) or []]
 
 
 class CallableGraphExtractor(GraphExtractor):
@@ -184,11 +184,12 @@ class CallableGraphExtractor(GraphExtractor):
             return result
         entities, relationships = result
         return Extraction(
-            [_entity(e) for e in entities or []], [_relationship(r) for r in relationships or []]
+            [parse_entity(e) for e in entities or []],
+            [parse_relationship(r) for r in relationships or []],
         )
 
 
-def _entity(item: Any) -> ExtractedEntity:
+def parse_entity(item: Any) -> ExtractedEntity:
     if isinstance(item, ExtractedEntity):
         item.metadata = entity_metadata(item.metadata)
         return item
@@ -217,7 +218,7 @@ def entity_metadata(value: Any) -> dict[str, Any]:
         return {}
 
 
-def _relationship(item: Any) -> ExtractedRelationship:
+def parse_relationship(item: Any) -> ExtractedRelationship:
     if isinstance(item, ExtractedRelationship):
         item.metadata = entity_metadata(item.metadata)
         return item

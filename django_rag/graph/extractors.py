@@ -34,14 +34,14 @@ from .extraction import (  # noqa: F401 (re-exported: the extractors' types are 
     Extraction,
     GraphExtractor,
     RelationshipExtractor,
-    _entity,
-    _relationship,
     bounded,
     clean_relationship_type,
     clean_strength,
     clean_type,
     dedupe_entities,
     entity_metadata,
+    parse_entity,
+    parse_relationship,
     valid_relationships,
 )
 from .local_extractors import (  # noqa: F401 (re-exported, as above)
@@ -131,10 +131,16 @@ def _graph_of(data: dict) -> Extraction:
     """One passage's graph from the model's JSON object (untrusted: only well-formed items)."""
     if not isinstance(data.get("entities"), list):
         raise LLMResponseError("The graph JSON had no 'entities' list.")
-    entities = dedupe_entities([_entity(e) for e in data["entities"] if isinstance(e, dict | str)])
+    entities = dedupe_entities(
+        [parse_entity(e) for e in data["entities"] if isinstance(e, dict | str)]
+    )
     raw = data.get("relationships")
     relationships = valid_relationships(
-        [_relationship(r) for r in (raw if isinstance(raw, list) else []) if isinstance(r, dict)],
+        [
+            parse_relationship(r)
+            for r in (raw if isinstance(raw, list) else [])
+            if isinstance(r, dict)
+        ],
         entities,
     )
     return Extraction(entities, relationships)
@@ -222,7 +228,7 @@ class LLMEntityExtractor(_LLMComponent, EntityExtractor):
     def extract(self, text: str) -> list[ExtractedEntity]:
         with span("graph.entity_extraction", text=text) as s:
             data = self._ask((self.prompt or entity_prompt)(text), list)
-            entities = dedupe_entities([_entity(e) for e in data if isinstance(e, dict | str)])
+            entities = dedupe_entities([parse_entity(e) for e in data if isinstance(e, dict | str)])
             s.set(entity_count=len(entities))
             return entities
 
@@ -235,7 +241,7 @@ class LLMRelationshipExtractor(_LLMComponent, RelationshipExtractor):
             prompt = (self.prompt or relationship_prompt)(text, entities)
             data = self._ask(prompt, list)
             relationships = valid_relationships(
-                [_relationship(r) for r in data if isinstance(r, dict)], entities
+                [parse_relationship(r) for r in data if isinstance(r, dict)], entities
             )
             s.set(relationship_count=len(relationships))
             return relationships

@@ -53,7 +53,8 @@ from django.core.signals import setting_changed
 
 from ..exceptions import CorruptFile, DocumentTooLarge, InvalidOption, RagError
 from . import budget as memory
-from .parsers import Page, ParsedDocument, _limit, get_parser, parse_bytes, parse_file
+from .parsers import Page, ParsedDocument, get_parser, parse_bytes, parse_file
+from .parsers.base import budget_setting
 
 # Seconds the caller waits past PARSE_TIMEOUT before it stops the worker.
 GRACE_SECONDS = 10
@@ -82,7 +83,7 @@ def can_isolate() -> bool:
 def _budget() -> int | None:
     """``MAX_PARSE_MEMORY`` when parses go to a worker; None to parse here (the opt-out, no
     fork on this platform, or this process is a worker already)."""
-    budget = _limit("MAX_PARSE_MEMORY")
+    budget = budget_setting("MAX_PARSE_MEMORY")
     if budget is None or memory.in_worker() or not can_isolate():
         return None
     return budget
@@ -341,7 +342,7 @@ def _checkin(worker: _Worker, grown: int) -> None:
 def _run(header: dict, payload: bytes, label: str, budget: int) -> dict:
     """Send one request to a worker; its reply as a dict, or the typed error for a worker that
     ran out of memory or time or crashed (the worker is then replaced)."""
-    timeout = _limit("PARSE_TIMEOUT", integer=False)
+    timeout = budget_setting("PARSE_TIMEOUT", integer=False)
     header = {**header, "timeout": timeout}
     deadline = None if timeout is None else time.monotonic() + timeout + GRACE_SECONDS
     for attempt in range(2):

@@ -18,7 +18,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..embeddings import Embedder, active_dimensions
 from ..exceptions import DocumentSuperseded, InvalidOption
@@ -41,18 +41,9 @@ from .headers import embedding_inputs
 from .parsers import ParsedDocument
 from .parsers.base import TEXT_CONTENT_TYPES
 from .prepare import PreparedChunk, attach_vectors, chunk_text, embed_texts
-
-if TYPE_CHECKING:
-    from .request import IngestRequest
+from .request import FORMATS, IngestRequest
 
 logger = logging.getLogger(__name__)
-
-
-# "html" is read into Markdown first (rich-text fields, CMS pages): see parsers.html.
-FORMATS = ("text", "markdown", "html")
-
-
-ON_CHUNK_ERROR = ("raise", "skip")
 
 
 def content_hash(text: str) -> str:

@@ -25,8 +25,10 @@ from ..validation import clean_metadata, clean_title
 from .chunkers import Chunker, chunk_options, get_chunker
 from .collections import resolve_ingest_collection, strict_setting
 from .graphs import refuse_background_extractors, use_graph
-from .pipeline import FORMATS, ON_CHUNK_ERROR
 
+# "html" is read into Markdown first (rich-text fields, CMS pages): see parsers.html.
+FORMATS = ("text", "markdown", "html")
+ON_CHUNK_ERROR = ("raise", "skip")
 # Arcana spells the all-or-nothing mode "abort"; ours was "raise" first. Both are accepted.
 ON_CHUNK_ERROR_ALIASES = {"abort": "raise"}
 ON_ERROR = ("raise", "skip")

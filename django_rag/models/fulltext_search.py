@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import TYPE_CHECKING
+from typing import Self
 
 from django.db.models import BooleanField, F, FloatField, Value
 from django.db.models.expressions import RawSQL
@@ -13,10 +13,6 @@ from django.db.models.expressions import RawSQL
 from .bm25 import bm25_sql, limit_terms, term_weights, threshold_query
 from .fulltext_query import parse_query, quote_terms
 from .textsearch import fulltext_backend, score_sql
-
-if TYPE_CHECKING:
-    from .managers import ChunkQuerySet
-
 
 # Postings (chunks per term, summed) the first full-text round may read; see fulltext().
 FULLTEXT_CANDIDATE_BUDGET = 2000
@@ -28,7 +24,7 @@ INDEX_SCAN_MAX_WIDENING = 16
 class FulltextSearch:
     """The full-text search methods of :class:`~django_rag.models.managers.ChunkQuerySet`."""
 
-    def matching(self, tsquery: str) -> ChunkQuerySet:
+    def matching(self, tsquery: str) -> Self:
         """Chunks whose search vector matches ``tsquery`` (found through the GIN index)."""
         return self.filter(
             RawSQL(
@@ -38,7 +34,7 @@ class FulltextSearch:
             )
         )
 
-    def without_excluded(self, parsed) -> ChunkQuerySet:
+    def without_excluded(self, parsed) -> Self:
         if not parsed.exclude:
             return self
         return self.filter(
@@ -49,7 +45,7 @@ class FulltextSearch:
             )
         )
 
-    def with_bm25(self, weights, boosts=()) -> ChunkQuerySet:
+    def with_bm25(self, weights, boosts=()) -> Self:
         """Annotate ``fulltext_score``: BM25 of each chunk for the weighted terms (0 if none),
         plus the phrase ``boosts`` it matches."""
         sql, params = bm25_sql(weights, boosts)
@@ -193,7 +189,7 @@ class FulltextSearch:
                 wider = min(wider, needed)
             n = wider
 
-    def with_index_bm25(self, parsed) -> ChunkQuerySet:
+    def with_index_bm25(self, parsed) -> Self:
         """Annotate ``bm25_distance``: the pg_textsearch index's negated BM25 of each chunk for
         ``parsed`` (lower is better; 0 for a chunk holding none of its words)."""
         sql, params = score_sql(parsed.words)

@@ -20,7 +20,7 @@ from .fulltext_search import (  # noqa: F401 (the two constants are re-exported)
     INDEX_SCAN_MAX_WIDENING,
     FulltextSearch,
 )
-from .result_rows import _result, _with_result_columns
+from .result_rows import result_from_row, with_result_columns
 from .semantic_search import SemanticSearch, pgvector_version  # noqa: F401 (re-exported)
 from .textsearch import fulltext_backend, score_sql
 
@@ -81,7 +81,7 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
         if not items:
             return []
         ranked = "SELECT * FROM unnest(%s::bigint[], %s::int[])"
-        sql = _with_result_columns(self.model, ranked)
+        sql = with_result_columns(self.model, ranked)
         with connections[self.db].cursor() as cursor:
             cursor.execute(sql, [[item.pk for item in items], list(range(len(items)))])
             rows = {row[0]: row for row in cursor.fetchall()}
@@ -91,7 +91,7 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
             if row is None:
                 continue
             results.append(
-                _result(
+                result_from_row(
                     row,
                     score=item.score,
                     semantic_score=item.semantic_score,

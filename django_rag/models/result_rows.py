@@ -12,7 +12,7 @@ def _json(value):
     return json.loads(value) if isinstance(value, str | bytes) else (value or {})
 
 
-def _with_result_columns(model, ranked_sql: str) -> str:
+def with_result_columns(model, ranked_sql: str) -> str:
     """``ranked_sql`` (rows ``pk, distance``) joined to the chunk, document and collection
     columns a search result needs, in the same order."""
     chunk = model._meta
@@ -49,8 +49,8 @@ def _with_result_columns(model, ranked_sql: str) -> str:
     )
 
 
-def _result(row, **scores) -> SearchResult:
-    """A :class:`SearchResult` from a row of :func:`_with_result_columns` (its second column,
+def result_from_row(row, **scores) -> SearchResult:
+    """A :class:`SearchResult` from a row of :func:`with_result_columns` (its second column,
     the ranking's own value, is not used) and the scores to give it."""
     (pk, _, text, document_id, chunk_index, collection, source_id, title, filename,
      page_start, page_end, start_char, end_char, document_metadata,

@@ -13,7 +13,7 @@ from django.db.models import F, Value
 from pgvector.django import CosineDistance
 
 from ..conf import search_setting, vector_index_type
-from .result_rows import _result, _with_result_columns
+from .result_rows import result_from_row, with_result_columns
 from .vector_index import ranking_distance, require_supported
 
 try:
@@ -87,7 +87,7 @@ class SemanticSearch:
         for row in self._nearest(vector, limit, columns=True):
             score = 1.0 - float(row[1])  # row[1]: the cosine distance
             if threshold is None or score >= threshold:
-                results.append(_result(row, score=score, semantic_score=score))
+                results.append(result_from_row(row, score=score, semantic_score=score))
         return results
 
     def _nearest(self, vector: Sequence[float], limit: int, *, columns: bool = False) -> list:
@@ -173,7 +173,7 @@ class SemanticSearch:
         except EmptyResultSet:  # a filter that can match nothing (an empty IN list)
             return []
         if columns:
-            sql = _with_result_columns(self.model, sql)
+            sql = with_result_columns(self.model, sql)
         prelude = "SELECT set_config(%s, %s, true); " * len(settings)
         prelude_params = [value for pair in settings for value in pair]
         if not settings:

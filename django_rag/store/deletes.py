@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from ..models import Chunk, Collection, Document, Job
 from ..models.databases import write_db
-from .fences import _older_versions, _raise_fences, lock_identity, next_versions
+from .fences import lock_identity, next_versions, older_versions, raise_fences
 from .graph_stores import get_graph_store
-from .transactions import _compact_on_commit, retry_transient
+from .transactions import compact_on_commit, retry_transient
 from .vector_stores import sync_deleted
 
 
@@ -78,7 +78,7 @@ def delete_documents(ids: Sequence[int] | models.QuerySet, *, graph_store: Any =
         # Entities no chunk mentions any more, in this collection only.
         graph.sweep(collection_id)
     sync_deleted(chunk_ids)
-    _compact_on_commit(db)
+    compact_on_commit(db)
     return len(pks)
 
 
@@ -124,7 +124,7 @@ def delete_source(collection: str, source_id: str, *, version: int | None = None
         with transaction.atomic(using=write_db()):
             lock_identity(collection, source_id, "")
             versions = {source_id: version}
-            _raise_fences(collection_row, versions, deleted=True)
-            return delete_documents(_older_versions(collection_row, versions, set()))
+            raise_fences(collection_row, versions, deleted=True)
+            return delete_documents(older_versions(collection_row, versions, set()))
 
     return retry_transient(write, what="delete_source")

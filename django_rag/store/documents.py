@@ -48,32 +48,31 @@ from .deletes import (  # noqa: F401 (delete_document, delete_source are re-expo
     delete_source,
 )
 from .fences import (  # noqa: F401 (next_versions, touch_source... are re-exported)
-    _ensure_versions,
-    _fences,
-    _older_versions,
-    _raise_fences,
-    _Superseded,
+    SupersededWrite,
+    ensure_versions,
     identity_key,
     lock_identities,
     lock_identity,
     next_versions,
+    older_versions,
+    raise_fences,
+    source_fences,
     touch_source,
 )
 from .graph_stores import store_of
 from .rows import (  # noqa: F401 (COPY_ROWS, copy_chunks, insert_chunks are re-exported)
     COPY_ROWS,
     ChunkRow,
-    _chunk,
     copy_chunks,
     insert_chunks,
+    inserted_chunk,
 )
 from .transactions import (  # noqa: F401 (ATTEMPTS, compact_on_commit are re-exported)
     ATTEMPTS,
-    _compact_on_commit,
     compact_on_commit,
     retry_transient,
 )
-from .vector_stores import _receiving_store, sync_stored
+from .vector_stores import receiving_store, sync_stored
 
 
 def find_duplicate(collection: str, source_id: str, content_hash: str) -> Document | None:
@@ -168,7 +167,7 @@ def write_document(
     """
 
     new = document.pk is None
-    _ensure_versions([document])
+    ensure_versions([document])
 
     def write() -> Document:
         if new:  # a retry after a rollback: the first attempt's primary key is void
@@ -186,12 +185,12 @@ def write_document(
             return _write(document, chunks, collection, model_name, replace, extractions)
 
     result = retry_transient(write, what="write_document")
-    if isinstance(result, _Superseded):
+    if isinstance(result, SupersededWrite):
         raise result.error()
     return result
 
 
-def _write(document, chunks, name, model_name, replace, extractions) -> Document | _Superseded:
+def _write(document, chunks, name, model_name, replace, extractions) -> Document | SupersededWrite:
     db = write_db()
     lock_identity(name, document.source_id, document.content_hash)
     collection = get_collection(name)
@@ -200,25 +199,25 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
         # or by hand), or completed by an earlier delivery of the same task.
         current = Document.objects.using(db).select_for_update().filter(pk=document.pk).first()
         if current is None:
-            newer = _fences(collection, [document.source_id]).get(document.source_id, 0)
-            return _Superseded(name, document.source_id, document.version, newer)
+            newer = source_fences(collection, [document.source_id]).get(document.source_id, 0)
+            return SupersededWrite(name, document.source_id, document.version, newer)
         if current.status == Document.Status.COMPLETED:
             return current
-    newer = _fences(collection, [document.source_id]).get(document.source_id)
+    newer = source_fences(collection, [document.source_id]).get(document.source_id)
     if newer is not None and newer > document.version:
         if document.pk is not None:
             delete_documents([document.pk])
-        return _Superseded(name, document.source_id, document.version, newer)
+        return SupersededWrite(name, document.source_id, document.version, newer)
     duplicate = find_duplicate(name, document.source_id, document.content_hash)
     if replace:
         versions = {document.source_id: document.version}
-        _raise_fences(collection, versions, deleted=False)
+        raise_fences(collection, versions, deleted=False)
         # A pending document is written even when a stored one has its content (it replaces
         # it); a new one is not stored again.
         keep = {document.pk} if document.pk is not None else {duplicate and duplicate.pk}
         # The older versions' graph is in the store this version's goes to.
         graph_store = getattr(extractions, "store", None)
-        delete_documents(_older_versions(collection, versions, keep), graph_store=graph_store)
+        delete_documents(older_versions(collection, versions, keep), graph_store=graph_store)
     if duplicate is not None and document.pk is None:
         duplicate.deduplicated = True
         return duplicate
@@ -240,7 +239,7 @@ def _write(document, chunks, name, model_name, replace, extractions) -> Document
         # The graph goes in with the chunks: a failure leaves neither.
         store_of(extractions).persist(collection.pk, [chunk.pk for chunk in stored], extractions)
     sync_stored(stored, document=document)
-    _compact_on_commit(db)
+    compact_on_commit(db)
     document.deduplicated = False
     return document
 
@@ -307,7 +306,7 @@ def write_documents(
     for write in writes:
         if write.document.pk is not None:
             raise ValueError("write_documents stores new documents; use write_document")
-    _ensure_versions([write.document for write in writes])
+    ensure_versions([write.document for write in writes])
     for write in writes:
         key = identity_key(collection, write.document.source_id, write.document.content_hash)
         if key in seen:
@@ -323,7 +322,7 @@ def write_documents(
 def _write_run(
     run: list[DocumentWrite], name: str, model_name: str, compact: bool
 ) -> list[Document | DocumentSuperseded]:
-    def write() -> list[Document | _Superseded]:
+    def write() -> list[Document | SupersededWrite]:
         for item in run:  # a retry after a rollback: the first attempt's keys are void
             item.document.pk = None
             item.document._state.adding = True
@@ -340,17 +339,17 @@ def _write_run(
             return _write_many(run, name, model_name, compact)
 
     written = retry_transient(write, what="write_documents")
-    return [item.error() if isinstance(item, _Superseded) else item for item in written]
+    return [item.error() if isinstance(item, SupersededWrite) else item for item in written]
 
 
 def _write_many(
     run: list[DocumentWrite], name: str, model_name: str, compact: bool
-) -> list[Document | _Superseded]:
+) -> list[Document | SupersededWrite]:
     db = write_db()
     identities = [(item.document.source_id, item.document.content_hash) for item in run]
     lock_identities(name, identities)
     collection = get_collection(name)
-    fences = _fences(collection, [source for source, _ in identities])
+    fences = source_fences(collection, [source for source, _ in identities])
     late = {
         index: fences[item.document.source_id]
         for index, item in enumerate(run)
@@ -363,20 +362,20 @@ def _write_many(
         if item.replace and index not in late
     }
     if replaced:
-        _raise_fences(collection, replaced, deleted=False)
+        raise_fences(collection, replaced, deleted=False)
         keep = {document.pk for document in duplicates.values()}
         # One call's batch: its documents' graph goes to one store, the older versions' too.
         graph_store = next(
             (getattr(i.extractions, "store", None) for i in run if i.extractions is not None),
             None,
         )
-        delete_documents(_older_versions(collection, replaced, keep), graph_store=graph_store)
-    results: list[Document | _Superseded] = []
+        delete_documents(older_versions(collection, replaced, keep), graph_store=graph_store)
+    results: list[Document | SupersededWrite] = []
     new: list[DocumentWrite] = []
     for index, (item, identity) in enumerate(zip(run, identities, strict=True)):
         if index in late:
             document = item.document
-            results.append(_Superseded(name, document.source_id, document.version, late[index]))
+            results.append(SupersededWrite(name, document.source_id, document.version, late[index]))
             continue
         duplicate = duplicates.get(identity)
         if duplicate is not None:
@@ -393,7 +392,7 @@ def _write_many(
     if not new:
         return results
     Document.objects.using(db).bulk_create([item.document for item in new], batch_size=1000)
-    needs_rows = _receiving_store() is not None or any(item.extractions is not None for item in new)
+    needs_rows = receiving_store() is not None or any(item.extractions is not None for item in new)
     ids = rows.copy_chunks(
         [(item.document.pk, row) for item in new for row in item.chunks],
         collection_id=collection.pk,
@@ -406,12 +405,12 @@ def _write_many(
         if not needs_rows:
             continue
         stored = [
-            _chunk(item.document, collection, row, model_name, pk)
+            inserted_chunk(item.document, collection, row, model_name, pk)
             for row, pk in zip(item.chunks, own, strict=True)
         ]
         if item.extractions is not None:
             store_of(item.extractions).persist(collection.pk, own, item.extractions)
         sync_stored(stored, document=item.document)
     if compact:
-        _compact_on_commit(db)
+        compact_on_commit(db)
     return results

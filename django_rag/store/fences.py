@@ -50,13 +50,13 @@ def _has_version(document: Document) -> bool:
     return isinstance(document.version, int)
 
 
-def _ensure_versions(documents: Sequence[Document]) -> None:
+def ensure_versions(documents: Sequence[Document]) -> None:
     missing = [document for document in documents if not _has_version(document)]
     for document, version in zip(missing, next_versions(len(missing)), strict=True):
         document.version = version
 
 
-def _fences(collection: Collection, source_ids: Sequence[str]) -> dict[str, int]:
+def source_fences(collection: Collection, source_ids: Sequence[str]) -> dict[str, int]:
     """The identities' :class:`SourceVersion` (the newest replace or delete written)."""
     wanted = sorted({source for source in source_ids if source})
     if not wanted:
@@ -68,7 +68,7 @@ def _fences(collection: Collection, source_ids: Sequence[str]) -> dict[str, int]
     )
 
 
-def _raise_fences(collection: Collection, versions: dict[str, int], *, deleted: bool) -> None:
+def raise_fences(collection: Collection, versions: dict[str, int], *, deleted: bool) -> None:
     """Record that ``versions`` (source_id -> version) replaced (or deleted) their identities;
     a fence only ever moves forward."""
     if not versions:
@@ -88,7 +88,7 @@ def _raise_fences(collection: Collection, versions: dict[str, int], *, deleted: 
         )
 
 
-def _older_versions(collection: Collection, versions: dict[str, int], keep: set[int]) -> list[int]:
+def older_versions(collection: Collection, versions: dict[str, int], keep: set[int]) -> list[int]:
     """Ids of the documents of each identity older than its version in ``versions``."""
     if not versions:
         return []
@@ -103,7 +103,7 @@ def _older_versions(collection: Collection, versions: dict[str, int], keep: set[
 
 
 @dataclass
-class _Superseded:
+class SupersededWrite:
     """What a write returns from inside its transaction when it came too late (raised as
     :class:`DocumentSuperseded` once the transaction has committed the pending row's removal)."""
 
@@ -152,9 +152,9 @@ def touch_source(
         with transaction.atomic(using=db):
             lock_identity(collection, source_id, "")
             row = Collection.objects.using(db).filter(name=collection).first()
-            if row is None or _fences(row, [source_id]).get(source_id, 0) > version:
+            if row is None or source_fences(row, [source_id]).get(source_id, 0) > version:
                 return None
-            _raise_fences(row, {source_id: version}, deleted=False)
+            raise_fences(row, {source_id: version}, deleted=False)
             document = (
                 Document.objects.using(db)
                 .filter(collection=row, source_id=source_id, status=Document.Status.COMPLETED)

@@ -37,7 +37,7 @@ class ChunkRow:
     metadata: dict[str, Any] = field(default_factory=dict)
 
 
-def _chunk(document, collection, row: ChunkRow, model_name: str, pk: int) -> Chunk:
+def inserted_chunk(document, collection, row: ChunkRow, model_name: str, pk: int) -> Chunk:
     """The in-memory Chunk of a row just inserted (for the graph and a receiving store)."""
     return Chunk(
         pk=pk,
@@ -202,6 +202,6 @@ def insert_chunks(
         model_name=model_name,
     )
     return [
-        _chunk(document, collection, chunk, model_name, pk)
+        inserted_chunk(document, collection, chunk, model_name, pk)
         for chunk, pk in zip(chunks, ids, strict=True)
     ]

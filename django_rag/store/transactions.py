@@ -48,9 +48,5 @@ def retry_transient(write: Callable[[], T], *, what: str) -> T:
 def compact_on_commit(db: str | None = None) -> None:
     """Fold the statistics deltas on ``db`` (default: the write database) once the current
     transaction commits, or now when none is open."""
-    _compact_on_commit(db or write_db())
-
-
-def _compact_on_commit(db: str) -> None:
-    """Fold the statistics deltas on ``db`` once the writing transaction commits."""
+    db = db or write_db()
     transaction.on_commit(functools.partial(compact_statistics, using=db), using=db)

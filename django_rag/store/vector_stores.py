@@ -399,14 +399,14 @@ on_reset(_default.clear)
 # --- handing writes over ------------------------------------------------------------------------
 
 
-def _receiving_store() -> VectorStore | None:
+def receiving_store() -> VectorStore | None:
     store = get_vector_store()
     return store if store.receives_writes else None
 
 
 def sync_stored(chunks: Sequence[Chunk], *, document) -> None:
     """Hand newly stored chunks of ``document`` to the configured store."""
-    store = _receiving_store()
+    store = receiving_store()
     if store is None or not chunks:
         return
     for chunk in chunks:  # already in memory: no query for what from_chunk reads
@@ -419,7 +419,7 @@ def sync_stored(chunks: Sequence[Chunk], *, document) -> None:
 
 def sync_vectors(chunk_ids: Sequence[int], vectors: Sequence[Sequence[float]]) -> None:
     """Hand re-embedded chunks to the configured store."""
-    store = _receiving_store()
+    store = receiving_store()
     if store is None or not chunk_ids:
         return
     rows = (
@@ -436,7 +436,7 @@ def sync_vectors(chunk_ids: Sequence[int], vectors: Sequence[Sequence[float]]) -
 
 def sync_all_vectors(batch_size: int = 1000) -> None:
     """Hand every chunk's vector to the configured store (after a model switch)."""
-    if _receiving_store() is None:
+    if receiving_store() is None:
         return
     last = 0
     while rows := list(
@@ -451,6 +451,6 @@ def sync_all_vectors(batch_size: int = 1000) -> None:
 
 def sync_deleted(chunk_ids: Sequence[int]) -> None:
     """Tell the configured store these chunks are gone."""
-    store = _receiving_store()
+    store = receiving_store()
     if store is not None and chunk_ids:
         store.delete(list(chunk_ids))

@@ -47,7 +47,7 @@ def split_sentences(text: str) -> list[tuple[int, int]]:
     return sentences
 
 
-def _claim_text(text: str) -> str:
+def claim_text(text: str) -> str:
     """A sentence without its [n] citation markers (what a model should judge)."""
     return _CITES.sub("", text).strip()
 

@@ -116,7 +116,7 @@ class Claim(NamedTuple):
     chunks: tuple[int, ...]
 
 
-def _claim_text(item: dict[str, Any]) -> Any:
+def claim_text(item: dict[str, Any]) -> Any:
     for key in ("text", "claim", "quote"):
         if key in item:
             return item[key]
@@ -142,7 +142,7 @@ def parse_claims(data: Any, chunk_count: int) -> tuple[list[Claim], list[str]]:
         warnings.append(f"the judge returned {len(data)} claims; the first {MAX_CLAIMS} were read")
     claims, skipped, unclear = [], 0, 0
     for item in data[:MAX_CLAIMS]:
-        text = _claim_text(item) if isinstance(item, dict) else None
+        text = claim_text(item) if isinstance(item, dict) else None
         if not isinstance(text, str) or not text.strip():
             skipped += 1
             continue

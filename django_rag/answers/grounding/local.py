@@ -12,7 +12,7 @@ from typing import Any
 from ...exceptions import ConfigurationError
 from ...rerankers.cross_encoder import load_cross_encoder
 from ...results import GroundedSpan, Grounding, SearchResult
-from .base import Grounder, _claim_text, make_grounding, split_sentences
+from .base import Grounder, claim_text, make_grounding, split_sentences
 
 
 def _softmax(row: Sequence[float]) -> list[float]:
@@ -142,7 +142,7 @@ class CrossEncoderGrounder(Grounder):
             spans = [GroundedSpan(a, b, text[a:b], "unsupported", []) for a, b in offsets]
             return make_grounding(spans, self.name, ["no sources to ground the answer in"])
         model = self.model
-        pairs = [(chunk.text, _claim_text(text[a:b])) for a, b in offsets for chunk in chunks]
+        pairs = [(chunk.text, claim_text(text[a:b])) for a, b in offsets for chunk in chunks]
         raw = model.predict(pairs, batch_size=self.batch_size, show_progress_bar=False)
         rows = [list(map(float, row)) if hasattr(row, "__len__") else [float(row)] for row in raw]
         width = len(rows[0])
@@ -198,7 +198,7 @@ class EmbeddingGrounder(Grounder):
             spans = [GroundedSpan(a, b, text[a:b], "unsupported", []) for a, b in offsets]
             return make_grounding(spans, self.name, ["no sources to ground the answer in"])
         embedder = get_embedder(self.embedder)
-        sentence_vectors = embedder.embed_documents([_claim_text(text[a:b]) for a, b in offsets])
+        sentence_vectors = embedder.embed_documents([claim_text(text[a:b]) for a, b in offsets])
         chunk_vectors = embedder.embed_documents([chunk.text for chunk in chunks])
 
         def cosine(x, y):

@@ -15,14 +15,12 @@ from .base import (
     Page,
     ParsedDocument,
     Parser,
-    _limit,
-    _too_many_chars,
     check_input_size,
     check_parsed,
     decode_text,
 )
 from .pdf import PdfParser
-from .pdfcost import MAX_CHARS_PER_CODE, _PageCost, longest_cmap_string
+from .pdfcost import MAX_CHARS_PER_CODE, longest_cmap_string
 from .registry import (
     BUILTIN_PARSERS,
     available,
@@ -45,9 +43,6 @@ __all__ = [
     "Parser",
     "PdfParser",
     "TextParser",
-    "_PageCost",
-    "_limit",
-    "_too_many_chars",
     "available",
     "check_input_size",
     "check_parsed",

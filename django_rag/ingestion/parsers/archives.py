@@ -38,7 +38,7 @@ import zlib
 from collections.abc import Iterator
 
 from ...exceptions import CorruptFile, DocumentTooLarge
-from .base import _limit
+from .base import budget_setting
 
 _END_OF_DIRECTORY = b"PK\x05\x06"
 _SMALLEST_ENTRY = 46  # bytes of a central directory entry with an empty name
@@ -90,7 +90,7 @@ def inflation_budget() -> Iterator[InflationBudget]:
     if current is not None:
         yield current
         return
-    budget = InflationBudget(_limit("MAX_ZIP_UNCOMPRESSED_BYTES"))
+    budget = InflationBudget(budget_setting("MAX_ZIP_UNCOMPRESSED_BYTES"))
     token = _BUDGET.set(budget)
     try:
         yield budget
@@ -101,8 +101,8 @@ def inflation_budget() -> Iterator[InflationBudget]:
 def _checked_directory(data: bytes, filename: str, budget: InflationBudget) -> zipfile.ZipFile:
     """``data`` opened as a ZIP once its central directory is within the budgets (what it
     declares: cheap refusals of the honest bombs; nothing is inflated here)."""
-    max_members = _limit("MAX_ZIP_MEMBERS")
-    max_ratio = _limit("MAX_ZIP_RATIO", integer=False)
+    max_members = budget_setting("MAX_ZIP_MEMBERS")
+    max_ratio = budget_setting("MAX_ZIP_RATIO", integer=False)
     end = data.rfind(_END_OF_DIRECTORY, max(0, len(data) - 65_557))
     if end < 0 or len(data) < end + 22:
         raise CorruptFile(

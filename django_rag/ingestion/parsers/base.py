@@ -124,7 +124,7 @@ def decode_text(data: bytes, *, filename: str) -> str:
         ) from exc
 
 
-def _limit(name: str, *, integer: bool = True) -> int | float | None:
+def budget_setting(name: str, *, integer: bool = True) -> int | float | None:
     """A budget setting: a positive number, or None for no limit."""
     value = get_setting(name)
     if value is None:
@@ -136,7 +136,7 @@ def _limit(name: str, *, integer: bool = True) -> int | float | None:
     return value
 
 
-def _too_many_chars(filename: str, length: int, limit: int, *, where: str = "") -> DocumentTooLarge:
+def too_many_chars(filename: str, length: int, limit: int, *, where: str = "") -> DocumentTooLarge:
     return DocumentTooLarge(
         f"{filename}{where} has more than MAX_DOCUMENT_CHARS ({limit:,}) characters "
         f"({length:,} so far). Split it into several documents, or raise "

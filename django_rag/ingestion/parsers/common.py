@@ -13,7 +13,7 @@ import zipfile
 from typing import Any
 
 from ...exceptions import BrokenDependency, CorruptFile, DocumentTooLarge, MissingDependency
-from .base import Page, ParsedDocument, _limit, _too_many_chars
+from .base import Page, ParsedDocument, budget_setting, too_many_chars
 
 
 def require(module: str, extra: str, what: str, *, distribution: str | None = None) -> Any:
@@ -72,9 +72,9 @@ class TextBuilder:
         self.filename = filename
         self.what = what
         self.started = time.monotonic()
-        self.max_chars = _limit("MAX_DOCUMENT_CHARS")
-        self.max_pages = _limit("MAX_PDF_PAGES")
-        self.timeout = _limit("PARSE_TIMEOUT", integer=False)
+        self.max_chars = budget_setting("MAX_DOCUMENT_CHARS")
+        self.max_pages = budget_setting("MAX_PDF_PAGES")
+        self.timeout = budget_setting("PARSE_TIMEOUT", integer=False)
         self.parts: list[str] = []
         self.length = 0
         self.pages: list[Page] = []
@@ -106,7 +106,7 @@ class TextBuilder:
         self.parts.append(text)
         self.length += len(text)
         if self.max_chars is not None and self.length > self.max_chars:
-            raise _too_many_chars(self.filename, self.length, self.max_chars)
+            raise too_many_chars(self.filename, self.length, self.max_chars)
         self.check_time()
 
     def start_page(self, number: int) -> None:

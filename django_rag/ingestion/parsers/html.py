@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ...exceptions import DocumentTooLarge, EmptyDocument
-from .base import ParsedDocument, Parser, _limit, _too_many_chars, check_input_size
+from .base import ParsedDocument, Parser, budget_setting, check_input_size, too_many_chars
 from .common import require
 
 _OPTIONS = {
@@ -54,7 +54,7 @@ def _extract(trafilatura: Any, tree: Any, *, favor_recall: bool, fast: bool = Fa
 def check_markup_size(html: str) -> None:
     """Refuse HTML text longer than 4 x ``MAX_DOCUMENT_CHARS`` (cheap: run before a worker is
     asked to convert it)."""
-    limit = _limit("MAX_DOCUMENT_CHARS")
+    limit = budget_setting("MAX_DOCUMENT_CHARS")
     if limit is not None and len(html) > 4 * limit:
         raise DocumentTooLarge(
             f"The HTML has {len(html):,} characters, more than 4 x MAX_DOCUMENT_CHARS "
@@ -71,7 +71,7 @@ class _Clock:
     def __init__(self, label: str):
         self.label = label
         self.started = time.monotonic()
-        self.timeout = _limit("PARSE_TIMEOUT", integer=False)
+        self.timeout = budget_setting("PARSE_TIMEOUT", integer=False)
 
     def left(self) -> float | None:
         if self.timeout is None:
@@ -304,7 +304,7 @@ class HtmlParser(Parser):
     format = "markdown"
 
     def max_input_bytes(self) -> int | None:
-        limit = _limit("MAX_DOCUMENT_CHARS")
+        limit = budget_setting("MAX_DOCUMENT_CHARS")
         return None if limit is None else 4 * limit + 4
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
@@ -322,9 +322,9 @@ class HtmlParser(Parser):
                 "the page after it has rendered, or ingest its text.",
                 filename=filename,
             )
-        max_chars = _limit("MAX_DOCUMENT_CHARS")
+        max_chars = budget_setting("MAX_DOCUMENT_CHARS")
         if max_chars is not None and len(text) > max_chars:
-            raise _too_many_chars(filename, len(text), max_chars)
+            raise too_many_chars(filename, len(text), max_chars)
         if elements > ONE_PASS_ELEMENTS:
             # A large page's metadata is read from its <head> (meta tags, JSON-LD, title).
             for body in tree.findall("body"):

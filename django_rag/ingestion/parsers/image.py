@@ -26,7 +26,7 @@ from typing import Any
 
 from ...exceptions import CorruptFile, DocumentTooLarge, EmptyDocument, NoTextLayer
 from ..ocr import MAX_PIXELS, RAPIDOCR_MAX_SIDE, ScannedPages, no_engine_advice
-from .base import Page, ParsedDocument, Parser, _limit, _too_many_chars, check_input_size
+from .base import Page, ParsedDocument, Parser, budget_setting, check_input_size, too_many_chars
 from .common import require
 
 FORMATS = ("PNG", "JPEG", "TIFF")
@@ -138,8 +138,8 @@ class ImageParser(Parser):
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         started = time.monotonic()
-        timeout = _limit("PARSE_TIMEOUT", integer=False)
-        max_chars = _limit("MAX_DOCUMENT_CHARS")
+        timeout = budget_setting("PARSE_TIMEOUT", integer=False)
+        max_chars = budget_setting("MAX_DOCUMENT_CHARS")
         scans = ScannedPages(filename, started=started, timeout=timeout)
         if scans.engine is None:
             raise NoTextLayer(
@@ -161,7 +161,7 @@ class ImageParser(Parser):
                     "DJANGO_RAG['MAX_PARSE_MEMORY'], and ingest it again.",
                     filename=filename,
                     setting="MAX_PARSE_MEMORY",
-                    limit=_limit("MAX_PARSE_MEMORY"),
+                    limit=budget_setting("MAX_PARSE_MEMORY"),
                 )
             if scans.unread:
                 raise NoTextLayer(
@@ -175,7 +175,7 @@ class ImageParser(Parser):
                 filename=filename,
             )
         if max_chars is not None and len(text) > max_chars:
-            raise _too_many_chars(filename, len(text), max_chars)
+            raise too_many_chars(filename, len(text), max_chars)
         metadata = {**scans.metadata(), "image_size": size}
         return ParsedDocument(
             text=text,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ...exceptions import CorruptFile, DocumentTooLarge, InvalidInput, MissingDependency
-from .base import ParsedDocument, Parser, _limit, check_input_size
+from .base import ParsedDocument, Parser, budget_setting, check_input_size
 from .common import TextBuilder
 
 # How deep attachments are being read (an email attached to an email attached to ...).
@@ -67,7 +67,7 @@ class EmlParser(Parser):
 
     def max_input_bytes(self) -> int | None:
         # Base64 spends 4 bytes on 3: an email may be larger than its text and attachments.
-        limit = _limit("MAX_DOCUMENT_CHARS")
+        limit = budget_setting("MAX_DOCUMENT_CHARS")
         return None if limit is None else 8 * limit + 4
 
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
@@ -139,7 +139,7 @@ class EmlParser(Parser):
     ) -> list[dict[str, Any]]:
         from .registry import get_parser, parse_bytes
 
-        max_depth = _limit("MAX_ATTACHMENT_DEPTH")
+        max_depth = budget_setting("MAX_ATTACHMENT_DEPTH")
         depth = _DEPTH.get()
         found: list[dict[str, Any]] = []
         for part in message.iter_attachments():

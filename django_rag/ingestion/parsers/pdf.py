@@ -21,9 +21,9 @@ from ..pdftext import (
     restore_hyphens,
 )
 from ..titles import pdf_title
-from .base import Page, ParsedDocument, Parser, _limit, _too_many_chars
+from .base import Page, ParsedDocument, Parser, budget_setting, too_many_chars
 from .common import require
-from .pdfcost import _PageCost
+from .pdfcost import PageCost
 from .pdftables import TABLE_MAX_PAGE_BYTES, find_tables, text_with_tables
 
 
@@ -49,10 +49,10 @@ class PdfParser(Parser):
     def parse(self, data: bytes, *, filename: str) -> ParsedDocument:
         pymupdf = require("pymupdf", "pdf", "Reading PDF files")
         started = time.monotonic()
-        max_chars = _limit("MAX_DOCUMENT_CHARS")
-        max_pages = _limit("MAX_PDF_PAGES")
-        max_page_bytes = _limit("MAX_PDF_PAGE_CONTENT_BYTES")
-        timeout = _limit("PARSE_TIMEOUT", integer=False)
+        max_chars = budget_setting("MAX_DOCUMENT_CHARS")
+        max_pages = budget_setting("MAX_PDF_PAGES")
+        max_page_bytes = budget_setting("MAX_PDF_PAGE_CONTENT_BYTES")
+        timeout = budget_setting("PARSE_TIMEOUT", integer=False)
         detect_tables = bool(get_setting("PDF_TABLES"))
         # The table finder costs ~9 times the text extraction: it may use half the time
         # budget, then the remaining pages are read as prose (and the metadata says from where).
@@ -97,7 +97,7 @@ class PdfParser(Parser):
                     pages=page_count,
                     limit=max_pages,
                 )
-            page_cost = _PageCost(document, max_page_bytes) if max_page_bytes else None
+            page_cost = PageCost(document, max_page_bytes) if max_page_bytes else None
             # Ligatures ("ﬁ") are expanded: PostgreSQL's text search would not match "fine" in
             # "ﬁne". Images are not needed (they would cost memory).
             flags = pymupdf.TEXTFLAGS_TEXT & ~pymupdf.TEXT_PRESERVE_LIGATURES
@@ -195,7 +195,7 @@ class PdfParser(Parser):
                 parts.append(text)
                 offset += len(text)
                 if max_chars is not None and offset > max_chars:
-                    error = _too_many_chars(
+                    error = too_many_chars(
                         filename, offset, max_chars, where=f" (pages 1-{number} of {page_count})"
                     )
                     error.details["page"] = number
@@ -234,6 +234,6 @@ def _table_cost(page, cost: int | None, document) -> int:
     if cost is not None:
         return cost
     try:
-        return _PageCost(document, TABLE_MAX_PAGE_BYTES)(page)
+        return PageCost(document, TABLE_MAX_PAGE_BYTES)(page)
     except Exception:
         return TABLE_MAX_PAGE_BYTES + 1  # unmeasurable: no table search

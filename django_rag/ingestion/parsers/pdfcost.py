@@ -72,7 +72,7 @@ def longest_cmap_string(data: bytes) -> int:
     return longest
 
 
-class _PageCost:
+class PageCost:
     """What extracting one page's text would cost: bytes of drawing instructions interpreted,
     each weighted by the characters it can produce, plus the characters produced elsewhere.
 

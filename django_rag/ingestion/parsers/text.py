@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .base import ParsedDocument, Parser, _limit, check_input_size, decode_text
+from .base import ParsedDocument, Parser, budget_setting, check_input_size, decode_text
 
 
 class TextParser(Parser):
@@ -13,7 +13,7 @@ class TextParser(Parser):
 
         UTF-8 and UTF-16 both spend at most 4 bytes on a character, plus a byte order mark.
         """
-        limit = _limit("MAX_DOCUMENT_CHARS")
+        limit = budget_setting("MAX_DOCUMENT_CHARS")
         return None if limit is None else 4 * limit + 4
 
     def decode(self, data: bytes, *, filename: str) -> str:
