@@ -197,6 +197,7 @@ def test_the_answer_model_sees_the_whole_conversation_bounded(corpus):
         return "L" * 50_000
 
     controller = ScriptedLLM(
+        "From memory: 30 days.",  # sent back once with a nudge to search
         ToolTurn("I will search the refund policy first.", ("search", {"query": "refunds"})),
         ("lookup", {"code": "A1"}),
         ("answer", {"text": "Refunds take 14 days [1]."}),
@@ -220,6 +221,9 @@ def test_the_answer_model_sees_the_whole_conversation_bounded(corpus):
     ]
     positions = [prompt.index(part) for part in order]
     assert positions == sorted(positions)
+    # The loop's own nudge to the controller and the question (asked apart) are left out.
+    assert "Do not answer from memory" not in prompt and "user: refunds?" not in prompt
+    assert "assistant: From memory: 30 days." in prompt
     assert "L" * 10_001 not in prompt and "[cut: 50,000 characters]" in prompt
     assert result.text == "Refunds are paid within 14 days [1]."
 

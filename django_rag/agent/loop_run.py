@@ -510,7 +510,9 @@ class LoopRun:
         system, user = prompts.loop_answer_messages(
             self.question,
             sources,
-            self._sources.transcript(self._result.messages, self._result.tool_calls),
+            self._sources.transcript(
+                self._result.messages, self._result.tool_calls, len(self.history)
+            ),
         )
         try:
             completion = llm.complete(

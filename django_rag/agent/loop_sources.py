@@ -84,19 +84,27 @@ class Sources:
             held.sort(key=lambda pair: (-strength(pair[1]), pair[0]))
         return held
 
-    def transcript(self, messages: list[dict[str, Any]], tool_calls: list[ToolStep]) -> list[str]:
-        """The conversation so far, for whoever writes the answer: earlier turns, what the
-        controller said, each tool call and what it returned (a search as the numbers of
-        the sources it returned that are still held: their texts come with the sources) and
-        its draft answer. Each entry is cut at ``MAX_FINDING_CHARS``, the whole at
-        ``MAX_TRANSCRIPT_CHARS`` (the latest entries are kept)."""
+    def transcript(
+        self, messages: list[dict[str, Any]], tool_calls: list[ToolStep], history: int
+    ) -> list[str]:
+        """The conversation so far, for whoever writes the answer: the ``history`` earlier
+        turns (they follow the system message; the question after them is asked apart),
+        what the controller said, each tool call and what it returned (a search as the
+        numbers of the sources it returned that are still held: their texts come with the
+        sources) and its draft answer. The loop's own nudges to the controller are left out.
+        Each entry is cut at ``MAX_FINDING_CHARS``, the whole at ``MAX_TRANSCRIPT_CHARS``
+        (the latest entries are kept)."""
         steps = {step.id: step for step in tool_calls}
-        lines: list[str] = []
-        for message in messages[1:]:  # the controller's system message is not for the writer
+        lines = [
+            f"{m['role']}: {_cut(m['content'])}"
+            for m in messages[1 : 1 + history]
+            if (m.get("content") or "").strip()
+        ]
+        for message in messages[2 + history :]:
             role = message.get("role")
             content = message.get("content") or ""
-            if role in ("user", "assistant") and content.strip():
-                lines.append(f"{role}: {_cut(content)}")
+            if role == "assistant" and content.strip():
+                lines.append(f"assistant: {_cut(content)}")
             if role != "tool":
                 continue
             step = steps.get(message.get("tool_call_id"))
