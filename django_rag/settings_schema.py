@@ -496,8 +496,8 @@ SCHEMA: tuple[Setting, ...] = (
             ),
             _s(
                 "KEEP_SOURCES",
-                "first",
-                "Which sources are kept once MAX_CHUNKS are held.",
+                "best",
+                "Which sources are kept once MAX_CHUNKS are held: the best-scoring or the first found.",
                 choices=("first", "best"),
             ),
             _s(

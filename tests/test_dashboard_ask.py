@@ -329,7 +329,7 @@ def test_every_mode_stays_inside_the_users_collections(staff, corpus):
     assert "products" not in select_prompt and "hr" in select_prompt
     assert step_text(body, "select") == "Chose: hr Offered: hr"
     assert "X200" not in body and "watt" not in body
-    # The loop: a search naming another collection is an error result; nothing is searched there.
+    # The loop: a search naming another collection searches the user's one, with a note.
     llm = ScriptedLLM(
         ("search", {"query": "drill warranty", "collection": "products"}),
         ("search", {"query": "drill warranty"}),
@@ -337,7 +337,7 @@ def test_every_mode_stays_inside_the_users_collections(staff, corpus):
     )
     with settings(llm, **scoped):
         body = post(staff, kind="loop", question="drill warranty")
-    assert "not one you may search" in text_of(body, "tool-calls")
+    assert "the only collection you may search" in text_of(body, "tool-calls")
     assert "X200" not in body and "watt" not in body
     assert "products" not in json.dumps(llm.calls[0]["messages"][0])
     # A collection outside the scope is not even a choice.

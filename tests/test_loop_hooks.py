@@ -104,7 +104,7 @@ def test_fallback_synthesis_off_leaves_no_answer(corpus):
     assert len(controller.calls) == 2 and result.chunks
 
 
-def test_the_answer_llm_sees_what_the_tools_found_but_not_the_draft(corpus):
+def test_the_answer_llm_sees_the_whole_conversation(corpus):
     def order_status(order_id: int) -> str:
         """An order's delivery status."""
         return f"Order {order_id}: returned to the warehouse on 3 May."
@@ -125,7 +125,8 @@ def test_the_answer_llm_sees_what_the_tools_found_but_not_the_draft(corpus):
     assert '<source id="1" title="Refund policy">' in prompt
     assert "Order 12: returned to the warehouse on 3 May." in prompt  # the custom tool's result
     assert 'search "warehouse": [1]' in prompt  # the search and what it returned
-    assert "draft answer" not in prompt
+    assert "draft answer: draft answer [1]" in prompt  # the controller's draft, as Arcana
+    assert prompt.index('search "warehouse"') < prompt.index("order_status(")  # in order
     assert prompt.rstrip().endswith("Question: When is my refund for order 12?")
     assert result.text == "Your refund arrives within 14 days of 3 May [1]."
     assert result.citations[0].chunk.source_id == "refunds"
@@ -144,7 +145,9 @@ def test_keep_sources_best_sets_the_weakest_aside(corpus):
         ("search", {"query": "refunds paid days warehouse", "limit": 1}),
         ("answer", {"text": "Refunds take 14 days [2]."}),
     )
-    first = Loop("refunds?", llm=ScriptedLLM(*script), max_chunks=1, mode="fulltext").run()
+    first = Loop(
+        "refunds?", llm=ScriptedLLM(*script), max_chunks=1, mode="fulltext", keep_sources="first"
+    ).run()
     assert [c.source_id for c in first.chunks] == ["shipping"]
     assert "dropped" in first.tool_calls[1].result and first.set_aside == []
 

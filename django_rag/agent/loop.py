@@ -40,6 +40,7 @@ from .loop_tools import (
     ToolStep,
     as_tool,
     check_history,
+    check_temperatures,
 )
 
 # --- the loop -----------------------------------------------------------------------------------
@@ -54,12 +55,14 @@ class Loop(LoopRun):
     Options:
 
     - ``collection``: a name or list of names the model may search (None: every collection;
-      an unknown name raises :class:`~django_rag.exceptions.UnknownCollection`). A search
-      naming any other collection gets an error result; nothing outside is searched.
+      an unknown name raises :class:`~django_rag.exceptions.UnknownCollection`). With one
+      name ``search`` has no ``collection`` argument; a search naming a collection outside
+      the list searches the first allowed one instead, with a note (nothing outside is
+      searched).
     - ``llm``: the controller (it must call tools; backends without native tool calling use a
       prompted JSON protocol); ``answer_llm``: when given, it writes the final answer from the
-      sources found and what the tools returned (the searches and custom tools' results of
-      the conversation, not the controller's draft).
+      sources found and the conversation (earlier turns, the tool calls and what they
+      returned, the controller's draft), each entry and the whole bounded.
     - ``tools``: custom tools (functions, :class:`Tool` objects or dicts, see :class:`Tool`).
     - ``max_iterations``: the most controller turns (default 10, as Arcana); when they run
       out, the answer is written from what was found. ``limit``: the default ``search``
@@ -70,12 +73,21 @@ class Loop(LoopRun):
     - ``synthesizer``: a function ``(question, sources, messages) -> str`` that writes the
       answer when the turns run out (default: the ``answer_llm``, else the controller, from
       the sources and what the tools found); ``fallback_synthesis=False`` writes none (the
-      result has no text). Its failure is recorded on the result, never raised.
-    - ``keep_sources``: which sources are kept once ``max_chunks`` are held: ``"first"``
-      (default: later ones are dropped) or ``"best"`` (a stronger new one sets the weakest
-      held source aside: it keeps its number, but the answer is written without it).
+      result has no text). Nothing is written when nothing was found. Its failure is
+      recorded on the result, never raised; a synthesis leaves a ``synthesis`` step in
+      ``tool_calls``.
+    - ``keep_sources``: which sources are kept once ``max_chunks`` are held: ``"best"``
+      (default, as Arcana: a stronger new one sets the weakest held source aside; it keeps
+      its number, and the answer is written from the held ones, strongest first) or
+      ``"first"`` (later ones are dropped).
+    - ``temperature``, ``controller_temperature``, ``answer_temperature`` (the
+      ``answer_llm``'s rewrite), ``fallback_temperature`` (the answer written when the turns
+      run out): sent with those calls; a role's own wins over ``temperature``; unset, none
+      is sent.
     - ``ground``: ``True`` (the ``GROUNDER`` setting) or a grounder checks the final answer
-      against the sources found (``result.grounding``; a failure is a warning).
+      against the sources found (``result.grounding``; a failure is a warning; skipped when
+      nothing was found). Each span's sources name the search that found them first
+      (``search_iteration``, ``search_query``).
     - ``max_tool_calls``: the most tool calls run from one reply (default 10); the calls
       after them are not run and the model is told so. ``max_tool_result_chars``: the
       longest tool result sent to the model (default 100,000 characters); a longer one is cut
@@ -119,6 +131,10 @@ class Loop(LoopRun):
         fallback_synthesis: bool | None = None,
         keep_sources: str | None = None,
         history: Sequence[dict[str, str]] = (),
+        temperature: float | None = None,
+        controller_temperature: float | None = None,
+        answer_temperature: float | None = None,
+        fallback_temperature: float | None = None,
         **search_options: Unpack[AgentSearchOptions],
     ):
         if not isinstance(question, str) or not question.strip():
@@ -177,6 +193,12 @@ class Loop(LoopRun):
             raise InvalidOption(
                 f"keep_sources must be one of {', '.join(KEEP_SOURCES)}, got {keep_sources!r}"
             )
+        self.temperatures = check_temperatures(
+            all=temperature,
+            controller=controller_temperature,
+            answer=answer_temperature,
+            fallback=fallback_temperature,
+        )
         if isinstance(collection, str):
             scope: list[str] | None = [collection]
         elif collection is None:

@@ -22,7 +22,7 @@ from ..retrieval.service import search_request
 from ..signals import span
 from ..validation import clean_collection_names, clean_query
 from . import prompts
-from .loop_sources import Sources
+from .loop_sources import Sources, attribute_searches
 from .loop_tools import (
     LoopResult,
     Tool,
@@ -66,6 +66,7 @@ class LoopRun:
     synthesizer: Any
     fallback_synthesis: bool
     keep_sources: str
+    temperatures: dict[str, float | None]
     max_iterations: int
     limit: int
     max_limit: int
@@ -90,8 +91,10 @@ class LoopRun:
             with collect_usage() as usage, deadline(at=self._deadline_at):
                 self._turns()
                 self._finish()
-                if self.grounder is not None and self._result.text:
+                # Nothing found, nothing to ground against (Arcana skips it too).
+                if self.grounder is not None and self._result.text and self._sources.held:
                     ground_answer(self._result, self.grounder)
+                    attribute_searches(self._result)
             result = self._result
             result.usage = usage
             s.set(
@@ -126,10 +129,11 @@ class LoopRun:
         self._parameters = {
             s["function"]["name"]: s["function"]["parameters"] for s in self._schemas
         }
-        # The collection scope is enforced by search() itself (with a message naming the
-        # collections allowed), not only by the schema's enum, which a model may ignore.
+        # The collection scope is enforced by search() itself (a name outside it is replaced
+        # by an allowed one, with a note), not by the schema's enum, which a model may
+        # ignore; a ``collection`` argument is accepted even where the schema has none.
         search_parameters = json.loads(json.dumps(self._parameters["search"]))
-        search_parameters["properties"]["collection"].pop("enum", None)
+        search_parameters["properties"]["collection"] = {"type": "string"}
         self._parameters["search"] = search_parameters
         self._result = LoopResult(
             question=self.question,
@@ -171,8 +175,7 @@ class LoopRun:
         while not self._done:
             if result.iterations >= self.max_iterations:
                 result.stop_reason = "max_iterations"
-                if self.fallback_synthesis:
-                    self._synthesise()
+                self._fallback()
                 return
             if self._deadline_passed():
                 return
@@ -241,20 +244,20 @@ class LoopRun:
                     f"the model repeated a search it had run {self._repeats} times; the answer "
                     "was written from the sources found"
                 )
-                if self.fallback_synthesis:
-                    self._synthesise()
+                self._fallback()
                 return
 
     def _controller_turn(self) -> ToolCompletion:
         """One controller call. The turn after a text answer was sent back asks for a
         ``search`` call (``tool_choice``); a provider (or a custom backend) that fails on that
         option is asked again without it."""
+        options = self._temperature("controller")
         if not self._force_search:
-            return self.llm.chat(self._result.messages, tools=self._schemas)
+            return self.llm.chat(self._result.messages, tools=self._schemas, **options)
         self._force_search = False
         try:
             return self.llm.chat(
-                self._result.messages, tools=self._schemas, tool_choice=SEARCH_CALL
+                self._result.messages, tools=self._schemas, tool_choice=SEARCH_CALL, **options
             )
         except (LLMTimeout, LLMAuthenticationError):
             raise
@@ -264,7 +267,15 @@ class LoopRun:
                 type(exc).__name__,
                 scrub_text(exc)[:300],
             )
-            return self.llm.chat(self._result.messages, tools=self._schemas)
+            return self.llm.chat(self._result.messages, tools=self._schemas, **options)
+
+    def _temperature(self, role: str) -> dict[str, float]:
+        """The ``temperature`` option of one role's LLM calls (``controller``, ``answer`` or
+        ``fallback``): the role's own, else the loop's ``temperature``, else none is sent."""
+        value = self.temperatures.get(role)
+        if value is None:
+            value = self.temperatures.get("all")
+        return {} if value is None else {"temperature": value}
 
     def _answers_unread(self, text: str) -> bool:
         """Whether a text answer came before any search, with turns left: it is sent back
@@ -421,13 +432,25 @@ class LoopRun:
             raise ToolError(f"limit must be at least 1, got {limit}")
         limit = min(limit, self.max_limit)
         request = replace(self.request, query=clean_query(query), limit=limit)
-        if collection is not None:
-            if self.scope is not None and collection not in self.scope:
-                # The scope is enforced here, not by the schema: a model may name anything.
-                raise ToolError(
-                    f"collection {collection!r} is not one you may search; choose from "
-                    + ", ".join(self.scope)
+        note = ""
+        if collection is not None and self.scope is not None:
+            # The scope is enforced here, not by the schema: a model may name anything. A
+            # name outside it is replaced (never searched), and the model is told so.
+            if len(self.scope) == 1:
+                if collection != self.scope[0]:
+                    note = f"Searched {self.scope[0]!r}, the only collection you may search."
+                collection = None  # the request's scope is that collection already
+            elif collection not in self.scope:
+                note = (
+                    f"{collection[:100]!r} is not a collection you may search: searched "
+                    f"{self.scope[0]!r} instead (you may search "
+                    + ", ".join(repr(name) for name in self.scope)
+                    + ")."
                 )
+                collection = self.scope[0]
+            if note:
+                self._result.warnings.append(f"search: {note}")
+        if collection is not None:
             request = replace(
                 request,
                 collections=tuple(clean_collection_names(collection) or ()),
@@ -436,7 +459,8 @@ class LoopRun:
                 ),
             )
         found, _ = search_request(request, **self.components)
-        return self._sources.add(found)
+        text, ids = self._sources.add(found)
+        return (f"{note}\n{text}" if note else text), ids
 
     def _set_answer(self, text: str) -> None:
         self._result.stop_reason = "answer"
@@ -444,6 +468,34 @@ class LoopRun:
         self._done = True
 
     # --- the end
+
+    def _fallback(self) -> None:
+        """The answer written when the turns run out (or the model repeats itself): from the
+        sources held, and only when there are some (nothing found, nothing to write from);
+        a synthesis that ran leaves a ``synthesis`` step in ``tool_calls``."""
+        if not self.fallback_synthesis:
+            return
+        held = self._sources.held_sources()
+        if not held:
+            self._result.warnings.append("nothing was found: no answer was written")
+            return
+        error_before = self._result.error
+        self._synthesise()
+        failed = self._result.error is not error_before
+        step = ToolStep(
+            self._result.iterations,
+            "synthesis",
+            "synthesis",
+            {},
+            (
+                f"Synthesis failed: {scrub_text(self._result.error)[:500]}"
+                if failed
+                else f"Synthesized from {len(held)} source(s)."
+            ),
+            scrub_text(self._result.error)[:1000] if failed else None,
+            chunk_ids=[chunk.chunk_id for _, chunk in held],
+        )
+        self._result.tool_calls.append(step)
 
     def _synthesise(self, *, rewrite: bool = False) -> None:
         """Write the answer from the sources held and what the tools found: when the turns
@@ -456,10 +508,19 @@ class LoopRun:
             return
         llm = self.answer_llm or self.llm
         system, user = prompts.loop_answer_messages(
-            self.question, sources, self._sources.findings(self._result.tool_calls)
+            self.question,
+            sources,
+            self._sources.transcript(
+                self._result.messages, self._result.tool_calls, len(self.history)
+            ),
         )
         try:
-            completion = llm.complete(user, system=system, context=[c for _, c in sources])
+            completion = llm.complete(
+                user,
+                system=system,
+                context=[c for _, c in sources],
+                **self._temperature("answer" if rewrite else "fallback"),
+            )
         except LLMError as exc:
             self._result.error = exc
             logger.warning(

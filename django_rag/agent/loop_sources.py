@@ -14,6 +14,8 @@ from .loop_tools import ToolStep
 #: The longest custom tool result the answer's writer is shown (each; the controller saw it
 #: all, up to ``max_tool_result_chars``).
 MAX_FINDING_CHARS = 10_000
+#: The most characters of conversation the answer's writer is shown (the latest kept).
+MAX_TRANSCRIPT_CHARS = 60_000
 
 
 class Sources:
@@ -75,38 +77,96 @@ class Sources:
         return (text + "\n" if text else "") + " ".join(notes), (ids, new)
 
     def held_sources(self) -> list[tuple[int, SearchResult]]:
-        """``(number, chunk)`` of the sources held, in number order."""
-        return [(number, self.chunks[number - 1]) for number in sorted(self.held)]
+        """``(number, chunk)`` of the sources held: strongest first with
+        ``keep_sources="best"`` (Arcana's order), in number order with ``"first"``."""
+        held = [(number, self.chunks[number - 1]) for number in sorted(self.held)]
+        if self.keep_sources == "best":
+            held.sort(key=lambda pair: (-strength(pair[1]), pair[0]))
+        return held
 
-    def findings(self, tool_calls: list[ToolStep]) -> list[str]:
-        """What the tools returned in this conversation, for whoever writes the answer: each
-        search (its query and the sources it returned) and each custom tool's result. The
-        controller's draft answer is left out: the answer is written from the evidence."""
-        lines = []
-        for step in tool_calls:
-            if step.name in ("answer", "give_up"):
+    def transcript(
+        self, messages: list[dict[str, Any]], tool_calls: list[ToolStep], history: int
+    ) -> list[str]:
+        """The conversation so far, for whoever writes the answer: the ``history`` earlier
+        turns (they follow the system message; the question after them is asked apart),
+        what the controller said, each tool call and what it returned (a search as the
+        numbers of the sources it returned that are still held: their texts come with the
+        sources) and its draft answer. The loop's own nudges to the controller are left out.
+        Each entry is cut at ``MAX_FINDING_CHARS``, the whole at ``MAX_TRANSCRIPT_CHARS``
+        (the latest entries are kept)."""
+        steps = {step.id: step for step in tool_calls}
+        lines = [
+            f"{m['role']}: {_cut(m['content'])}"
+            for m in messages[1 : 1 + history]
+            if (m.get("content") or "").strip()
+        ]
+        for message in messages[2 + history :]:
+            role = message.get("role")
+            content = message.get("content") or ""
+            if role == "assistant" and content.strip():
+                lines.append(f"assistant: {_cut(content)}")
+            if role != "tool":
                 continue
-            if step.name == "search":
-                numbers = [self.numbers[i] for i in step.chunk_ids if i in self.numbers]
-                where = step.arguments.get("collection")
-                if step.error:
-                    outcome = f"failed ({step.error})"
-                else:
-                    outcome = ", ".join(f"[{n}]" for n in numbers) or "nothing found"
-                searched = json.dumps(step.arguments.get("query", ""))
-                if where:
-                    searched += f" in {json.dumps(where)}"
-                lines.append(f"search {searched}: {outcome}")
-                continue
-            if step.chunk_ids:
-                continue  # a tool that returned search results: they are numbered sources
-            text = step.result
-            if len(text) > MAX_FINDING_CHARS:
-                text = text[:MAX_FINDING_CHARS] + f" [cut: {len(step.result):,} characters]"
-            lines.append(
-                f"{step.name}({json.dumps(step.arguments, default=str)[:1000]}) returned: {text}"
-            )
-        return lines
+            step = steps.get(message.get("tool_call_id"))
+            if step is not None:
+                lines.append(self._entry(step))
+        total, kept = 0, []
+        for line in reversed(lines):
+            total += len(line)
+            if total > MAX_TRANSCRIPT_CHARS:
+                kept.append(f"[{len(lines) - len(kept)} earlier entries left out]")
+                break
+            kept.append(line)
+        return kept[::-1]
+
+    def _entry(self, step: ToolStep) -> str:
+        """One tool call and what it returned, as the writer of the answer sees it."""
+        arguments = step.arguments
+        if step.name == "answer":
+            return f"draft answer: {_cut(str(arguments.get('text', '')))}"
+        if step.name == "give_up":
+            return f"gave up: {_cut(str(arguments.get('reason', '')))}"
+        if step.error:
+            called = json.dumps(arguments, default=str)[:1000]
+            return f"{step.name}({called}) failed: {_cut(step.error)}"
+        if step.name == "search" or step.chunk_ids:
+            held = set(self.held)
+            numbers = [self.numbers[i] for i in step.chunk_ids if i in self.numbers]
+            outcome = ", ".join(f"[{n}]" for n in numbers if n in held) or "nothing kept"
+            if step.name != "search":
+                return f"{step.name}: {outcome}"
+            searched = json.dumps(str(arguments.get("query", ""))[:1000])
+            if arguments.get("collection"):
+                searched += f" in {json.dumps(str(arguments['collection'])[:200])}"
+            return f"search {searched}: {outcome}"
+        called = json.dumps(arguments, default=str)[:1000]
+        return f"{step.name}({called}) returned: {_cut(step.result)}"
+
+
+def _cut(text: str) -> str:
+    if len(text) <= MAX_FINDING_CHARS:
+        return text
+    return text[:MAX_FINDING_CHARS] + f" [cut: {len(text):,} characters]"
+
+
+def attribute_searches(result: Any) -> None:
+    """Each grounding span's sources with the search that found their chunk first:
+    ``search_iteration`` (the controller turn) and ``search_query`` (None for a chunk no
+    search returned, such as a custom tool's)."""
+    grounding = result.grounding
+    if grounding is None:
+        return
+    first: dict[Any, ToolStep] = {}
+    for step in result.tool_calls:
+        if step.name != "search":
+            continue
+        for chunk_id in step.chunk_ids:
+            first.setdefault(chunk_id, step)
+    for span in grounding.spans:
+        for source in span.sources:
+            step = first.get(source.get("chunk_id"))
+            source["search_iteration"] = None if step is None else step.iteration
+            source["search_query"] = None if step is None else step.arguments.get("query")
 
 
 def strength(chunk: SearchResult) -> float:

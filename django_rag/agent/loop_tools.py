@@ -160,26 +160,29 @@ def _has_type(value: Any, expected: str | list[str]) -> bool:
 
 def builtin_schemas(scope: list[str] | None, limit: int, max_limit: int) -> list[dict[str, Any]]:
     """The schemas of the built-in tools (``search``, ``answer``, ``give_up``) as the model
-    sees them; ``scope`` (None: every collection) lists the collections ``search`` may name."""
-    collection: dict[str, Any] = {
-        "type": "string",
-        "description": "Search only this collection (default: every one you may search).",
+    sees them; ``scope`` (None: every collection) lists the collections ``search`` may name.
+    With a single collection ``search`` has no ``collection`` argument (there is no choice)."""
+    properties: dict[str, Any] = {
+        "query": {"type": "string", "description": "What to look for."},
+        "limit": {
+            "type": "integer",
+            "description": f"How many results (1-{max_limit}, default {limit}).",
+        },
     }
-    if scope is not None:
-        collection["enum"] = list(scope)
+    if scope is None or len(scope) > 1:
+        collection: dict[str, Any] = {
+            "type": "string",
+            "description": "Search only this collection (default: every one you may search).",
+        }
+        if scope is not None:
+            collection["enum"] = list(scope)
+        properties["collection"] = collection
     search_schema = tool_schema(
         "search",
         "Search the documents; returns numbered sources.",
         {
             "type": "object",
-            "properties": {
-                "query": {"type": "string", "description": "What to look for."},
-                "limit": {
-                    "type": "integer",
-                    "description": f"How many results (1-{max_limit}, default {limit}).",
-                },
-                "collection": collection,
-            },
+            "properties": properties,
             "required": ["query"],
             "additionalProperties": False,
         },
@@ -235,6 +238,18 @@ def check_history(history: Any) -> list[dict[str, str]]:
             )
         turns.append({"role": turn["role"], "content": turn["content"]})
     return turns
+
+
+def check_temperatures(**roles: Any) -> dict[str, float | None]:
+    """The Loop's temperatures by role (``all``, ``controller``, ``answer``, ``fallback``):
+    each None or a number from 0 to 2."""
+    for role, value in roles.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 2:
+            name = "temperature" if role == "all" else f"{role}_temperature"
+            raise InvalidOption(f"{name} must be a number from 0 to 2, got {value!r}")
+    return {role: None if value is None else float(value) for role, value in roles.items()}
 
 
 # --- the result ---------------------------------------------------------------------------------

@@ -60,6 +60,10 @@ class ChatOptions(SearchOptions, total=False):
     synthesizer: Any
     fallback_synthesis: bool
     keep_sources: str
+    temperature: float | None
+    controller_temperature: float | None
+    answer_temperature: float | None
+    fallback_temperature: float | None
 
 
 def title_from_message(message: str, *, limit: int = AUTO_TITLE_CHARS) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,7 +31,9 @@ class CallableLLM(LLM):
     Tool calling (:meth:`~django_rag.llm.LLM.chat`) uses the prompted JSON protocol through
     ``func``, unless ``chat(messages, tools)`` is given: it returns a
     :class:`~django_rag.llm.ToolCompletion`, a string (text), or a list of
-    ``(name, arguments)`` tool calls.
+    ``(name, arguments)`` tool calls. A ``chat`` taking a third positional argument (or
+    ``*args``) is called ``chat(messages, tools, options)``: the call's options as a dict
+    (``temperature``, ``tool_choice``...), as Arcana calls a 3-argument controller.
     """
 
     takes_context = True
@@ -48,6 +51,7 @@ class CallableLLM(LLM):
             raise TypeError("CallableLLM's chat must be a callable (messages, tools)")
         self.func = func
         self.chat_func = chat
+        self.chat_takes_options = chat is not None and _takes_third_argument(chat)
         self.model_name = model_name or getattr(func, "__qualname__", None) or "function"
         self.arity = call_arity(func, most=3, what="The LLM function") or 1
         # Before arities, options reached a one-argument function as keyword arguments: those
@@ -95,7 +99,10 @@ class CallableLLM(LLM):
         if self.chat_func is None:
             return super()._chat(messages, tools, **options)
         try:
-            result = self.chat_func(messages, tools)
+            if self.chat_takes_options:
+                result = self.chat_func(messages, tools, dict(options))
+            else:
+                result = self.chat_func(messages, tools)
         except LLMError:
             raise
         except Exception as exc:
@@ -183,3 +190,17 @@ class CallableLLM(LLM):
             )
             yield completion.text
             yield completion.usage
+
+
+def _takes_third_argument(func: Callable[..., Any]) -> bool:
+    """Whether ``func`` can be called with three positional arguments (a third positional
+    parameter, with or without a default, or ``*args``)."""
+    try:
+        parameters = inspect.signature(func).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: call it the two-argument way
+        return False
+    kind = inspect.Parameter
+    positional = [
+        p for p in parameters if p.kind in (kind.POSITIONAL_ONLY, kind.POSITIONAL_OR_KEYWORD)
+    ]
+    return len(positional) >= 3 or any(p.kind == kind.VAR_POSITIONAL for p in parameters)

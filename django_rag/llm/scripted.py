@@ -21,7 +21,8 @@ class ScriptedLLM(LLM):
     :class:`~django_rag.exceptions.LLMError` like a real backend's failure) or a callable
     ``prompt -> str``. Each call reports one token per word of prompt and answer.
 
-    ``calls`` lists ``{"prompt": ..., "system": ...}`` dicts in call order.
+    ``calls`` lists ``{"prompt": ..., "system": ...}`` dicts in call order, with ``options``
+    when the call passed any (such as ``temperature``).
 
     Tool calling (:meth:`~django_rag.llm.LLM.chat`) takes responses from the same script. A
     response there may also be a tool call ``("search", {"query": "refunds"})``, a
@@ -64,6 +65,9 @@ class ScriptedLLM(LLM):
         system = messages[0]["content"] if messages[0]["role"] == "system" else None
         prompt = messages[-1]["content"]
         response = self._next(prompt, system)
+        if options:
+            with self._lock:
+                self.calls[-1]["options"] = dict(options)
         if isinstance(response, type) and issubclass(response, BaseException):
             response = response("scripted failure")
         if isinstance(response, LLMError):
