@@ -84,12 +84,12 @@ def test_another_database_that_is_down_gets_a_503_naming_the_setting(
 def test_an_error_after_connecting_is_not_taken_for_a_database_that_is_down():
     from django.db import OperationalError
 
-    from django_rag.dashboard.access import _connecting
+    from django_rag.dashboard.access import connecting_wrapper
 
     try:
         raise OperationalError("canceling statement due to statement timeout")
     except OperationalError as exc:
-        assert _connecting(exc) is None
+        assert connecting_wrapper(exc) is None
 
 
 # --- the rest of the site, with a real embedded server stopped --------------------------------

@@ -240,7 +240,7 @@ def test_info_shows_reranker_grounder_and_loop(staff):
     assert "None: search() does not rerank" in reranker.split("</section>")[0]
     assert "LLMGrounder" in body[body.index('id="info-grounder"') :].split("</section>")[0]
     loop = body[body.index('id="info-loop"') :].split("</section>")[0]
-    assert "<td>10</td>" in loop and "5 / 20" in loop and "30 (keep_sources “first”)" in loop
+    assert "<td>10</td>" in loop and "5 / 20" in loop and "30 (keep_sources “best”)" in loop
     assert "300.0 s" in loop  # AGENT_DEADLINE
     with rag_settings(RERANKER="no.such.Reranker", GROUNDER=None, AGENT_DEADLINE=None):
         body = staff.get(url("info")).content.decode()

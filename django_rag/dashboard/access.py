@@ -115,7 +115,7 @@ def dashboard_view(view: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return checked(request, *args, **kwargs)
         except OperationalError as exc:
-            wrapper = _connecting(exc)
+            wrapper = connecting_wrapper(exc)
             if wrapper is None:  # the server answered, then a query failed: not this page
                 raise
             return database_unreachable(wrapper, exc)
@@ -134,7 +134,7 @@ def dashboard_view(view: Callable[..., Any]) -> Callable[..., Any]:
     return wrapped
 
 
-def _connecting(exc: BaseException):
+def connecting_wrapper(exc: BaseException):
     """The database wrapper (``django.db.connections[alias]``) whose connection attempt raised
     ``exc``, or None when ``exc`` came from anything but opening a connection."""
     import traceback

@@ -19,7 +19,7 @@ from __future__ import annotations
 from django.db import OperationalError
 
 from ..embedded import embedded_data_directory
-from .access import _connecting, database_unreachable
+from .access import connecting_wrapper, database_unreachable
 
 
 class EmbeddedDatabaseMiddleware:
@@ -35,7 +35,7 @@ class EmbeddedDatabaseMiddleware:
     def process_exception(self, request, exception):
         if not isinstance(exception, OperationalError):
             return None
-        wrapper = _connecting(exception)
+        wrapper = connecting_wrapper(exception)
         if wrapper is None or embedded_data_directory(wrapper.settings_dict) is None:
             return None
         return database_unreachable(wrapper, exception)

@@ -20,7 +20,7 @@ from ...streaming import StreamingResponse
 from ..access import check_collection, dashboard_view
 from ..forms import AskForm
 from ..trace import capture_spans, step_trace, timeline
-from .common import LLM_HINT, _context, _visible_collections, grounded_segments, llm_status
+from .common import LLM_HINT, grounded_segments, llm_status, page_context, visible_collections
 
 
 def _library_ask(question, **options):
@@ -208,7 +208,7 @@ def _no_collection(request, visible: list[str]) -> bool:
 @dashboard_view
 def ask_page(request):
 
-    visible = list(_visible_collections(request).values_list("name", flat=True))
+    visible = list(visible_collections(request).values_list("name", flat=True))
     form = AskForm(request.POST or None, collections=visible)
     outcome: dict = {}
     spans: list = []
@@ -238,7 +238,7 @@ def ask_page(request):
     return render(
         request,
         "django_rag/dashboard/ask.html",
-        _context(
+        page_context(
             request,
             form=form,
             answer=answer,
@@ -298,7 +298,7 @@ def ask_stream(request):
     """
     from django.http import HttpResponseBadRequest
 
-    visible = list(_visible_collections(request).values_list("name", flat=True))
+    visible = list(visible_collections(request).values_list("name", flat=True))
     form = AskForm(request.POST, collections=visible)
     if not form.is_valid():
         return HttpResponseBadRequest("Check the question and options.")

@@ -24,16 +24,16 @@ LLM_HINT = (
 )
 
 
-def _visible_collections(request):
+def visible_collections(request):
     return scope(Collection.objects.order_by("name"), request, field="name")
 
 
-def _context(request, **extra):
+def page_context(request, **extra):
     documents = scope(Document.objects.all(), request)
     chunks = scope(Chunk.objects.all(), request)
     return {
         "stats": {"documents": documents.count(), "chunks": chunks.count()},
-        "collections": list(_visible_collections(request).values_list("name", flat=True)),
+        "collections": list(visible_collections(request).values_list("name", flat=True)),
         **extra,
     }
 
@@ -68,7 +68,7 @@ def _cancel_url(request) -> str:
     return reverse("django_rag_dashboard:home")
 
 
-def _confirm(request, *, title: str, message: str, button: str, details=None):
+def confirm_page(request, *, title: str, message: str, button: str, details=None):
     """The confirmation page of a destructive POST, or None once it is confirmed.
 
     The page re-posts the same fields with ``confirmed=yes`` (plain HTML: no JavaScript).
@@ -84,7 +84,7 @@ def _confirm(request, *, title: str, message: str, button: str, details=None):
     return render(
         request,
         "django_rag/dashboard/confirm.html",
-        _context(
+        page_context(
             request,
             title=title,
             message=message,
@@ -97,14 +97,14 @@ def _confirm(request, *, title: str, message: str, button: str, details=None):
     )
 
 
-def _back(request, default: str):
+def back_to(request, default: str):
     return HttpResponseRedirect(reverse(f"django_rag_dashboard:{default}"))
 
 
 JOB_LIMIT = 20
 
 
-def _start(request, task: str, *, label: str = "", **params):
+def start_job(request, task: str, *, label: str = "", **params):
     """Start a background job; its failure (inline mode) becomes a message, never a 500.
     ``label`` names it in the messages (the task's name by default)."""
 
@@ -121,7 +121,7 @@ def _start(request, task: str, *, label: str = "", **params):
     return job
 
 
-def _scoped_jobs(request):
+def scoped_jobs(request):
     jobs = Job.objects.order_by("-created_at", "-pk")
     if request.rag_collections is not None:
         # A restricted user sees the jobs of their collections only.
@@ -132,11 +132,11 @@ def _scoped_jobs(request):
     return jobs
 
 
-def _jobs(request, kinds):
-    return _decorate(list(_scoped_jobs(request).filter(kind__in=kinds)[:JOB_LIMIT]))
+def jobs_of_kinds(request, kinds):
+    return decorate_jobs(list(scoped_jobs(request).filter(kind__in=kinds)[:JOB_LIMIT]))
 
 
-def _decorate(jobs):
+def decorate_jobs(jobs):
     """What the jobs table shows beyond the row: stalled, retryable, the result as rows."""
     after = background.describe().get("stalled_after_seconds") or 0
     for job in jobs:
@@ -263,7 +263,7 @@ def _result_rows(result) -> list[dict]:
     return rows
 
 
-def _polling(jobs) -> bool:
+def polling(jobs) -> bool:
     return any(job.status in ("pending", "running") for job in jobs)
 
 

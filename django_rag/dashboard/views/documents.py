@@ -18,7 +18,7 @@ from ...models import Document
 from ...utils import plural
 from ..access import check_collection, dashboard_view, object_id, param, scope
 from ..forms import IngestTextForm, UploadForm
-from .common import _back, _confirm, _context, _start
+from .common import back_to, confirm_page, page_context, start_job
 
 
 @dashboard_view
@@ -48,7 +48,7 @@ def documents(request):
     return render(
         request,
         "django_rag/dashboard/documents.html",
-        _context(
+        page_context(
             request,
             page=page,
             filters={"collection": collection, "status": status, "source": source},
@@ -73,7 +73,7 @@ def document(request, pk: int):
     return render(
         request,
         "django_rag/dashboard/document.html",
-        _context(request, document=doc, chunks=page, page=page),
+        page_context(request, document=doc, chunks=page, page=page),
     )
 
 
@@ -91,7 +91,7 @@ def ingest_text(request):
             "Check the form: "
             + "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()),
         )
-        return _back(request, "documents")
+        return back_to(request, "documents")
     data = form.cleaned_data
     check_collection(request, data["collection"])
     try:
@@ -104,7 +104,7 @@ def ingest_text(request):
         )
     except RagError as exc:
         messages.error(request, str(exc))
-        return _back(request, "documents")
+        return back_to(request, "documents")
     messages.success(
         request, f"Ingested “{doc.title or doc.pk}”: {plural(doc.chunk_count, 'chunk')}."
     )
@@ -119,7 +119,7 @@ def upload(request):
     form = UploadForm(request.POST, request.FILES)
     if not form.is_valid():
         messages.error(request, " ".join(e for errors in form.errors.values() for e in errors))
-        return _back(request, "documents")
+        return back_to(request, "documents")
     check_collection(request, form.cleaned_data["collection"])
     upload = form.cleaned_data["file"]
     try:
@@ -135,7 +135,7 @@ def upload(request):
         # Inline jobs (BACKGROUND="inline") run here and raise their failure; the job and the
         # document are marked failed with it.
         messages.error(request, f"{upload.name}: {exc}")
-        return _back(request, "documents")
+        return back_to(request, "documents")
     job = getattr(doc, "job", None)
     if job is not None and doc.status != Document.Status.COMPLETED:
         # Queued (thread pool, rag_worker or Celery): follow its progress on the jobs page.
@@ -153,7 +153,7 @@ def upload(request):
 def delete_document(request, pk: int):
 
     doc = get_object_or_404(scope(Document.objects.all(), request), pk=object_id(pk))
-    if page := _confirm(
+    if page := confirm_page(
         request,
         title=f"Delete “{doc}”?",
         message="The document and its chunks are deleted; searches stop finding them. "
@@ -164,7 +164,7 @@ def delete_document(request, pk: int):
         return page
     delete(doc)
     messages.success(request, f"Deleted “{doc}”.")
-    return _back(request, "documents")
+    return back_to(request, "documents")
 
 
 @require_POST
@@ -180,7 +180,7 @@ def build_document_graph(request, pk: int):
     except Exception as exc:  # a bad GRAPH['EXTRACTOR'] or a missing backend: say so
         messages.error(request, f"The graph cannot be built: {type(exc).__name__}: {exc}"[:600])
         return redirect("django_rag_dashboard:document", pk=doc.pk)
-    job = _start(
+    job = start_job(
         request,
         "build_graph",
         label=f"Graph build of “{doc}” ({type(extractor).__name__})",

@@ -16,7 +16,7 @@ from ...models import Job, Run, TestCase
 from ...modes import MODES
 from ...retrieval.request import normalize_mode
 from ..access import check_collection, dashboard_view, object_id, param, scope
-from .common import _confirm, _context, _jobs, _polling, _start, grounded_segments
+from .common import confirm_page, grounded_segments, jobs_of_kinds, page_context, polling, start_job
 
 EVALUATION_JOBS = [Job.Kind.RUN_EVALUATION, Job.Kind.GENERATE_TEST_CASES]
 
@@ -31,7 +31,7 @@ def evaluation(request):
         collection = param(request, "collection", method="POST", max_length=255) or None
         if action == "delete_case":
             case = get_object_or_404(cases, pk=object_id(request.POST.get("case")))
-            if page := _confirm(
+            if page := confirm_page(
                 request,
                 title="Delete this test case?",
                 message=case.question,
@@ -55,7 +55,7 @@ def evaluation(request):
             except InvalidOption as exc:
                 messages.error(request, str(exc))
                 return redirect("django_rag_dashboard:evaluation")
-            _start(
+            start_job(
                 request,
                 "run_evaluation",
                 mode=normalize_mode(request.POST.get("mode") or "hybrid"),
@@ -67,14 +67,14 @@ def evaluation(request):
                 size = max(1, min(500, int(request.POST.get("sample_size") or 20)))
             except ValueError:
                 size = 20
-            _start(request, "generate_test_cases", sample_size=size, collection=collection)
+            start_job(request, "generate_test_cases", sample_size=size, collection=collection)
         return redirect("django_rag_dashboard:evaluation")
-    jobs = _jobs(request, EVALUATION_JOBS)
+    jobs = jobs_of_kinds(request, EVALUATION_JOBS)
     view = request.GET.get("view") if request.GET.get("view") in ("runs", "cases") else ""
     return render(
         request,
         "django_rag/dashboard/evaluation.html",
-        _context(
+        page_context(
             request,
             view=view,
             cases=cases.order_by("-created_at")[:50],
@@ -82,7 +82,7 @@ def evaluation(request):
             runs=runs[:20],
             chart=_chart(list(reversed(runs[:30]))),
             jobs=jobs,
-            polling=_polling(jobs),
+            polling=polling(jobs),
             jobs_url=reverse("django_rag_dashboard:evaluation_jobs"),
             modes=list(MODES),
             retrievers=EVALUATION_RETRIEVERS,
@@ -100,7 +100,7 @@ def _delete_run(request):
     if run_.status == Run.Status.RUNNING:
         messages.error(request, f"Run {run_.pk} is still running: delete it once it has ended.")
         return redirect("django_rag_dashboard:evaluation_run", pk=run_.pk)
-    if page := _confirm(
+    if page := confirm_page(
         request,
         title=f"Delete run {run_.pk}?",
         message="The run, its metrics and every case's result are deleted; the test cases stay. "
@@ -176,13 +176,13 @@ def _evaluation_options(request) -> dict:
 
 @dashboard_view
 def evaluation_jobs(request):
-    jobs = _jobs(request, EVALUATION_JOBS)
+    jobs = jobs_of_kinds(request, EVALUATION_JOBS)
     return render(
         request,
         "django_rag/dashboard/_jobs.html",
         {
             "jobs": jobs,
-            "polling": _polling(jobs),
+            "polling": polling(jobs),
             "jobs_url": reverse("django_rag_dashboard:evaluation_jobs"),
         },
     )
@@ -315,7 +315,7 @@ def evaluation_run(request, pk: int):
     return render(
         request,
         "django_rag/dashboard/evaluation_run.html",
-        _context(
+        page_context(
             request,
             run=run_,
             cases=cases,

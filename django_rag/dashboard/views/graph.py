@@ -10,7 +10,7 @@ from django.shortcuts import get_object_or_404, render
 
 from ...models import Community, Entity, EntityMention, Relationship
 from ..access import check_collection, dashboard_view, object_id, param, scope
-from .common import _context
+from .common import page_context
 
 GRAPH_NEIGHBOURS = 16
 
@@ -176,7 +176,7 @@ def graph(request):
     return render(
         request,
         "django_rag/dashboard/graph.html",
-        _context(
+        page_context(
             request,
             tab=tab,
             page=page,

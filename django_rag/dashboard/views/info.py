@@ -8,7 +8,7 @@ from django.shortcuts import render
 
 from ...maintenance import info as collect
 from ..access import dashboard_view
-from .common import LLM_HINT, _context, llm_status
+from .common import LLM_HINT, llm_status, page_context
 
 
 @dashboard_view
@@ -22,7 +22,7 @@ def info(request):
     return render(
         request,
         "django_rag/dashboard/info.html",
-        _context(
+        page_context(
             request,
             info=data,
             settings_json=json.dumps(data["settings"], indent=2, default=str),

@@ -20,15 +20,15 @@ from ...utils import plural
 from ..access import check_collection, dashboard_view, object_id, param, scope
 from .common import (
     LLM_HINT,
-    _confirm,
-    _context,
-    _decorate,
-    _jobs,
-    _polling,
-    _scoped_jobs,
-    _start,
-    _visible_collections,
+    confirm_page,
+    decorate_jobs,
+    jobs_of_kinds,
     llm_status,
+    page_context,
+    polling,
+    scoped_jobs,
+    start_job,
+    visible_collections,
 )
 
 JOB_STATUSES = [
@@ -41,20 +41,20 @@ JOB_STATUSES = [
 @dashboard_view
 def jobs(request):
     """Every job the user may see, newest first, with progress, times, results and retries."""
-    items = _scoped_jobs(request)
+    items = scoped_jobs(request)
     status = param(request, "status")
     if status == "stalled":
         items = background.stalled(items)
     elif status in JOB_STATUSES:
         items = items.filter(status=status)
     page = Paginator(items, get_setting("DASHBOARD")["PAGE_SIZE"]).get_page(request.GET.get("page"))
-    rows = _decorate(list(page.object_list))
+    rows = decorate_jobs(list(page.object_list))
     highlight = request.GET.get("job", "")
     query = request.GET.urlencode()
     context = {
         "jobs": rows,
         "page": page,
-        "polling": _polling(rows),
+        "polling": polling(rows),
         "jobs_url": reverse("django_rag_dashboard:jobs") + (f"?{query}" if query else ""),
         "highlight": int(highlight) if highlight.isdigit() else None,
         "background": background.describe(),
@@ -64,14 +64,14 @@ def jobs(request):
     }
     if request.headers.get("HX-Request"):
         return render(request, "django_rag/dashboard/_jobs.html", context)
-    return render(request, "django_rag/dashboard/jobs.html", _context(request, **context))
+    return render(request, "django_rag/dashboard/jobs.html", page_context(request, **context))
 
 
 @require_POST
 @dashboard_view
 def retry_job(request, pk: int):
     """Queue a failed or stalled job again (the same work; the write path dedups it)."""
-    job = get_object_or_404(_scoped_jobs(request), pk=object_id(pk))
+    job = get_object_or_404(scoped_jobs(request), pk=object_id(pk))
     try:
         background.retry(job)
     except RagError as exc:
@@ -105,7 +105,7 @@ def maintenance(request):
         elif action == "summarize_communities" and (why := _no_summarizer()):
             messages.error(request, why)
         elif action in CONFIRM_ACTIONS and (
-            page := _confirm(
+            page := confirm_page(
                 request,
                 title=CONFIRM_ACTIONS[action][0].format(target=target),
                 message=CONFIRM_ACTIONS[action][1],
@@ -115,21 +115,21 @@ def maintenance(request):
         ):
             return page
         elif action == "reembed":
-            _start(request, "reembed", options={"collection": collection, "batch_size": 64})
+            start_job(request, "reembed", options={"collection": collection, "batch_size": 64})
         elif action in ("build_graph", "detect_communities", "summarize_communities"):
             params = {"collection": collection}
             if action == "build_graph":
                 params["resume"] = request.POST.get("resume") == "on"
-            _start(request, action, **params)
+            start_job(request, action, **params)
         elif action == "orphans" and not restricted:
             return _clean_orphans(request)
         else:
             messages.error(request, "Unknown or forbidden action.")
         return redirect("django_rag_dashboard:maintenance")
-    jobs = _jobs(request, MAINTENANCE_JOBS)
+    jobs = jobs_of_kinds(request, MAINTENANCE_JOBS)
     context = {
         "jobs": jobs,
-        "polling": _polling(jobs),
+        "polling": polling(jobs),
         "jobs_url": reverse("django_rag_dashboard:maintenance"),
     }
     if request.headers.get("HX-Request"):  # the jobs table's poll: nothing else is read
@@ -137,7 +137,7 @@ def maintenance(request):
     return render(
         request,
         "django_rag/dashboard/maintenance.html",
-        _context(
+        page_context(
             request,
             **context,
             embedding=embedding_config(),
@@ -161,7 +161,7 @@ def _to_summarize(request) -> int | None:
     try:
         if request.rag_collections is None:
             return communities_to_summarize()
-        names = _visible_collections(request).values_list("name", flat=True)
+        names = visible_collections(request).values_list("name", flat=True)
         return sum(communities_to_summarize(name) for name in names)
     except RagError:
         return None
@@ -236,7 +236,7 @@ def _clean_orphans(request):
     if not labels:
         messages.success(request, "No orphans: nothing to clean.")
         return redirect("django_rag_dashboard:maintenance")
-    if page := _confirm(
+    if page := confirm_page(
         request,
         title="Remove these orphans?",
         message="Rows without a consistent parent, and a shadow column left by an abandoned "

@@ -10,13 +10,13 @@ from ...modes import MODES
 from ...retrieval.service import search as run
 from ..access import dashboard_view
 from ..forms import SearchForm
-from .common import _context, _visible_collections
+from .common import page_context, visible_collections
 
 
 @dashboard_view
 def search(request):
 
-    visible = list(_visible_collections(request).values_list("name", flat=True))
+    visible = list(visible_collections(request).values_list("name", flat=True))
     form = SearchForm(request.GET or None, collections=visible)
     columns = []
     if form.is_bound and form.is_valid() and form.cleaned_data["q"].strip():
@@ -43,5 +43,7 @@ def search(request):
             + "; ".join(f"{field}: {' '.join(errors)}" for field, errors in form.errors.items()),
         )
     return render(
-        request, "django_rag/dashboard/search.html", _context(request, form=form, columns=columns)
+        request,
+        "django_rag/dashboard/search.html",
+        page_context(request, form=form, columns=columns),
     )

@@ -10,7 +10,15 @@ from django.urls import reverse
 from ... import sync
 from ...models import Job
 from ..access import dashboard_view, param
-from .common import _confirm, _context, _jobs, _polling, _start, sync_name, sync_summary
+from .common import (
+    confirm_page,
+    jobs_of_kinds,
+    page_context,
+    polling,
+    start_job,
+    sync_name,
+    sync_summary,
+)
 
 SYNC_JOBS = [Job.Kind.SYNC, Job.Kind.SYNC_ROW]
 
@@ -26,26 +34,26 @@ def sync_page(request):
         _model_state(row)
     if request.method == "POST":
         return _sync_action(request, models, folders)
-    jobs = _jobs(request, SYNC_JOBS)
+    jobs = jobs_of_kinds(request, SYNC_JOBS)
     if request.headers.get("HX-Request"):
         return render(
             request,
             "django_rag/dashboard/_jobs.html",
             {
                 "jobs": jobs,
-                "polling": _polling(jobs),
+                "polling": polling(jobs),
                 "jobs_url": reverse("django_rag_dashboard:sync"),
             },
         )
     return render(
         request,
         "django_rag/dashboard/sync.html",
-        _context(
+        page_context(
             request,
             models=models,
             folders=folders,
             jobs=jobs,
-            polling=_polling(jobs),
+            polling=polling(jobs),
             jobs_url=reverse("django_rag_dashboard:sync"),
         ),
     )
@@ -154,7 +162,7 @@ def _sync_action(request, models, folders):
         params = folder_params(folder["folder"], folder["collection"], folder["prefix"], dry_run)
     if action == "reconcile" and (page := _confirm_sync(request, row or folder, params)):
         return page
-    _start(request, "sync", label=sync_name(params), **params)
+    start_job(request, "sync", label=sync_name(params), **params)
     return redirect("django_rag_dashboard:sync")
 
 
@@ -183,6 +191,6 @@ def _confirm_sync(request, entry: dict, params: dict):
         "New rows or files are indexed; changed ones replace their document (embedding them "
         "again); documents whose row or file is gone are deleted; unchanged ones are left alone."
     ]
-    return _confirm(
+    return confirm_page(
         request, title=f"{button} {what}?", message=message, button=button, details=details
     )
