@@ -252,3 +252,19 @@ def test_a_request_is_frozen_and_resolved():
     with pytest.raises(dataclasses.FrozenInstanceError):
         request.replace = True  # type: ignore[misc]
     assert not Collection.objects.filter(name="x").exists()  # building writes nothing
+
+
+def test_the_memory_store_ingest_takes_the_ingest_options_and_refuses_others():
+    from django_rag.exceptions import InvalidOption
+    from django_rag.retrieval.stores import MemoryVectorStore
+
+    store = MemoryVectorStore()
+    ids = store.ingest("Refunds take fourteen days. " * 40, collection="m", chunk_size=20,
+                       chunk_overlap=0, on_chunk_error="abort")  # fmt: skip
+    assert len(ids) > 1
+    with pytest.raises(InvalidOption, match="chunk_sise.*'chunk_size'"):
+        store.ingest("text", chunk_sise=20)
+    with pytest.raises(
+        InvalidOption, match="MemoryVectorStore.ingest\\(\\) does not take 'replace'"
+    ):
+        store.ingest("text", replace=True)

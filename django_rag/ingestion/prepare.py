@@ -16,7 +16,7 @@ from ..exceptions import EmbeddingFailed, EmptyDocument
 from ..signals import span
 from ..store import ChunkRow
 from ..validation import check_vectors
-from .chunkers import Chunker, TextChunk, chunk_options, get_chunker
+from .chunkers import Chunker, TextChunk
 from .headers import add_headers, embedding_inputs, headers_enabled
 from .parsers import ParsedDocument
 
@@ -99,17 +99,15 @@ def attach_vectors(
 def prepare_chunks(
     parsed: ParsedDocument,
     *,
-    chunker=None,
+    chunker: Chunker,
     embedder: Embedder,
+    on_error: str = "raise",
     dimensions: int | None = None,
-    chunk_size: int | None = None,
-    chunk_overlap: int | None = None,
-    on_chunk_error: str = "raise",
 ) -> list[PreparedChunk]:
-    """Chunk ``parsed.text`` and embed every chunk; raises before anything is stored."""
-    resolved = get_chunker(chunker, **chunk_options(chunk_size, chunk_overlap))
-    chunks = chunk_text(parsed, chunker=resolved, embedder=embedder)
-    vectors = embed_texts(embedder, embedding_inputs(chunks), on_error=on_chunk_error)
+    """Chunk ``parsed.text`` with ``chunker`` and embed every chunk with ``embedder`` (both
+    resolved: an ingest request's); raises before anything is stored."""
+    chunks = chunk_text(parsed, chunker=chunker, embedder=embedder)
+    vectors = embed_texts(embedder, embedding_inputs(chunks), on_error=on_error)
     return attach_vectors(parsed, chunks, vectors, embedder=embedder, dimensions=dimensions)
 
 

@@ -153,6 +153,21 @@ TAKES: dict[str, frozenset[str]] = {
     "ingest_many": _BATCH | {"format", "on_error"},
     "ingest_files": _BATCH | {"title", "metadata", "progress"},
     "sync_folder": _SHARED | {"metadata", "group_size", "progress"},
+    # MemoryVectorStore.ingest: chunked and embedded as the write path does, kept in memory.
+    "MemoryVectorStore.ingest": frozenset(
+        {
+            "collection",
+            "title",
+            "metadata",
+            "source_id",
+            "format",
+            "chunker",
+            "embedder",
+            "chunk_size",
+            "chunk_overlap",
+            "on_chunk_error",
+        }
+    ),
     # Model sync (django_rag.sync): a row's document, replaced, embedded where it runs.
     "sync": frozenset(
         {"collection", "title", "metadata", "source_id", "replace", "format", "strict_collections"}

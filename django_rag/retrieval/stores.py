@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
-from ..embeddings import get_embedder
+from typing import Unpack
+
 from ..ingestion.parsers import ParsedDocument
 from ..ingestion.prepare import prepare_chunks
+from ..ingestion.request import IngestOptions, build_ingest_request
 from ..store import vector_stores
 from ..store.vector_stores import (  # noqa: F401
     ALIASES,
@@ -18,45 +20,35 @@ from ..store.vector_stores import (  # noqa: F401
     scoped_chunks,
     tokenize,
 )
-from ..validation import clean_metadata, clean_text
+from ..validation import clean_text
 
 
 class MemoryVectorStore(vector_stores.MemoryVectorStore):
-    def ingest(
-        self,
-        text: str,
-        *,
-        collection: str = "default",
-        source_id: str = "",
-        title: str = "",
-        metadata: dict | None = None,
-        format: str = "text",
-        chunker=None,
-        embedder=None,
-        chunk_size: int | None = None,
-        chunk_overlap: int | None = None,
-    ) -> list[int]:
-        """Chunk and embed ``text`` exactly as database ingest does; returns the chunk ids."""
-        parsed = ParsedDocument(text=clean_text(text), format=format)
+    def ingest(self, text: str, **options: Unpack[IngestOptions]) -> list[int]:
+        """Chunk and embed ``text`` exactly as database ingest does, with the same options
+        (``collection`` default ``"default"``, ``title``, ``metadata``, ``source_id``,
+        ``format``, ``chunker``, ``embedder``, ``chunk_size``, ``chunk_overlap``,
+        ``on_chunk_error``; any other raises ``InvalidOption``); returns the chunk ids."""
+        request = build_ingest_request("MemoryVectorStore.ingest", options)
+        parsed = ParsedDocument(text=clean_text(text), format=request.format)
         prepared = prepare_chunks(
             parsed,
-            chunker=chunker,
-            embedder=get_embedder(embedder),
-            chunk_size=chunk_size,
-            chunk_overlap=chunk_overlap,
+            chunker=request.chunker,
+            embedder=request.embedder,
+            on_error=request.on_chunk_error,
         )
         document_id = next(self._documents)
-        metadata = clean_metadata(metadata)
+        metadata = request.metadata or {}
         return [
             self.add(
                 item.embedding,
                 text=item.chunk.text,
-                collection=collection,
-                source_id=source_id,
+                collection=request.collection_name,
+                source_id=request.source_id or "",
                 document_id=document_id,
                 chunk_index=item.chunk_index,
                 metadata={**metadata, **item.chunk.metadata},
-                title=title,
+                title=request.title,
                 start_char=item.chunk.start,
                 end_char=item.chunk.end,
             )
