@@ -14,11 +14,14 @@ from django.views.decorators.http import require_POST
 
 from ...agent import Agent
 from ...agent.steps import STEPS
-from ...conf import scrub_text
+from ...conf import graph_setting, scrub_text
 from ...exceptions import RagError
+from ...graph.search import expand, match_entities
+from ...models import Chunk, Collection, Entity
+from ...store.graph_stores import get_graph_store
 from ...streaming import StreamingResponse
 from ..access import check_collection, dashboard_view
-from ..forms import AskForm
+from ..forms import KINDS, AskForm
 from ..trace import capture_spans, step_trace, timeline
 from .common import LLM_HINT, grounded_segments, llm_status, page_context, visible_collections
 
@@ -205,11 +208,45 @@ def _no_collection(request, visible: list[str]) -> bool:
     return request.rag_collections is not None and not visible
 
 
-@dashboard_view
-def ask_page(request):
+#: Each way of answering and the URL name of its page; ``/ask/`` is the single ask too, and
+#: reads the posted ``kind`` (links and forms made before the ways had pages keep working).
+WAYS = {"ask": "ask", "pipeline": "ask_pipeline", "loop": "ask_loop"}
 
+
+def _ways(current: str) -> list[dict]:
+    return [
+        {
+            "kind": kind,
+            "label": label,
+            "url": reverse(f"django_rag_dashboard:{WAYS[kind]}"),
+            "current": kind == current,
+        }
+        for kind, label in KINDS
+    ]
+
+
+def graph_collections(request) -> list[str]:
+    """The names of the collections the user may see that have entities in the graph."""
+    visible = visible_collections(request)
+    return sorted(
+        Entity.objects.filter(collection__in=visible)
+        .values_list("collection__name", flat=True)
+        .distinct()
+    )
+
+
+@dashboard_view
+def ask_page(request, way: str | None = None):
+    """The Ask page; ``way`` (from the URL: ``/ask/pipeline/``, ``/ask/loop/``) fixes how the
+    question is answered, whatever the form posts, so a page only ever shows its own way's
+    result."""
     visible = list(visible_collections(request).values_list("name", flat=True))
-    form = AskForm(request.POST or None, collections=visible)
+    data = None
+    if request.method == "POST":
+        data = request.POST.copy()
+        if way is not None:
+            data["kind"] = way
+    form = AskForm(data, collections=visible, initial={"kind": way or "ask"})
     outcome: dict = {}
     spans: list = []
     if request.method == "POST" and form.is_valid():
@@ -225,7 +262,13 @@ def ask_page(request):
     work = outcome.get("work")
     if work is not None:
         work["timeline"] = timeline(spans)
-        work["graph"] = _graph_context(work["chunks"], spans, getattr(answer, "graph", None))
+        work["graph"] = _graph_context(
+            work["chunks"],
+            spans,
+            getattr(answer, "graph", None),
+            question=form.cleaned_data["question"],
+            scope=_agent_scope(request, form.cleaned_data, visible),
+        )
         if work.get("error"):
             messages.error(request, work["error"])
         work["citations"] = [
@@ -235,12 +278,23 @@ def ask_page(request):
         work["answer_segments"] = grounded_segments(
             answer.text if answer is not None else "", work.get("grounding")
         )
+    current = way or (form.data.get("kind") if form.is_bound else None)
+    if form.is_bound and form.is_valid():
+        current = form.cleaned_data["kind"]
+    current = current if current in WAYS else "ask"
+    with_graph = graph_collections(request)
+    chosen = form["collection"].value() or ""
     return render(
         request,
         "django_rag/dashboard/ask.html",
         page_context(
             request,
             form=form,
+            way=current,
+            ways=_ways(current),
+            action=reverse(f"django_rag_dashboard:{WAYS[current]}"),
+            graph_collections=with_graph,
+            graph_shown=chosen in with_graph if chosen else bool(with_graph),
             answer=answer,
             work=work,
             document_url=_document_url(),
@@ -250,23 +304,94 @@ def ask_page(request):
     )
 
 
-def _graph_context(chunks: list[dict], spans: list[dict], given: dict | None) -> dict | None:
-    """What the knowledge graph added: the searches it took part in, its chunks, and the
-    entities, relationships and summaries given to the LLM (``Answer.graph``)."""
+#: The most entities named as what brought one chunk in ("via").
+VIA_ENTITIES = 3
+
+
+def _graph_context(
+    chunks: list[dict],
+    spans: list[dict],
+    given: dict | None,
+    *,
+    question: str = "",
+    scope: list[str] | None = None,
+) -> dict | None:
+    """What the knowledge graph added: the searches it took part in, its chunks (each with the
+    entities that brought it in), and the entities, relationships and summaries given to the
+    LLM (``Answer.graph``), else (the pipeline, the loop) those the question matched."""
     searches = [
         s["metadata"] for s in spans if s["event"] == "search" and "graph_enhanced" in s["metadata"]
     ]
     graphed = [row for row in chunks if row["result"].graph_score is not None]
     if not searches and not graphed and not given:
         return None
+    reached, matched = _graph_reach(question, scope) if graphed or not given else ({}, {})
+    if given:
+        entities = list(given.get("entities") or [])
+        relationships = list(given.get("relationships") or [])
+    else:
+        entities, relationships = _matched_graph(matched, reached)
+    via = _via(graphed, reached)
+    for row in graphed:  # shown in the chunk table, beside the graph score
+        row["via"] = via.get(row["result"].chunk_id, [])
     return {
-        "entities": list((given or {}).get("entities") or []),
-        "relationships": list((given or {}).get("relationships") or []),
+        "given": bool(given),
+        "entities": entities,
+        "relationships": relationships,
         "summaries": list((given or {}).get("summaries") or []),
         "searches": len(searches),
         "enhanced": sum(1 for m in searches if m.get("graph_enhanced")),
         "match_scores": [m.get("graph_match_score") for m in searches],
         "chunks": graphed,
+    }
+
+
+def _graph_reach(question: str, scope: list[str] | None) -> tuple[dict, dict]:
+    """The graph path's match for the question in these collections, as the search makes it
+    (the same matcher, depth and decay): the entities reached (matched and their neighbours)
+    and those matched, each ``{id: score}``."""
+    ids = None
+    if scope is not None:
+        ids = list(Collection.objects.filter(name__in=scope).values_list("pk", flat=True))
+    seeds = match_entities(question, None, ids)
+    if not seeds:
+        return {}, {}
+    reached, _ = expand(seeds, graph_setting("DEPTH"), graph_setting("DEPTH_DECAY"), ids)
+    return {**seeds, **reached}, seeds
+
+
+def _matched_graph(matched: dict, reached: dict) -> tuple[list, list]:
+    """The matched entities, best first, and the strongest relationships among those reached
+    (as many as an answer's graph context would carry)."""
+    store = get_graph_store()
+    found = {e.pk: e for e in store.find(ids=set(reached))}
+    entities = [found[pk] for pk in sorted(matched, key=lambda pk: -matched[pk]) if pk in found]
+    entities = entities[: graph_setting("CONTEXT_ENTITIES")]
+    edges = sorted(store.relationships(among=list(reached)), key=lambda r: (-r.strength, r.pk))
+    relationships = []
+    for rel in edges[: graph_setting("CONTEXT_RELATIONSHIPS")]:
+        if rel.source_id in found and rel.target_id in found:
+            rel.source, rel.target = found[rel.source_id], found[rel.target_id]
+            relationships.append(rel)
+    return entities, relationships
+
+
+def _via(graphed: list[dict], reached: dict) -> dict[int, list]:
+    """For each chunk the graph scored, the reached entities it mentions (those that brought
+    it in), highest score first, at most :data:`VIA_ENTITIES`."""
+    if not graphed or not reached:
+        return {}
+    store = get_graph_store()
+    chunk_ids = [row["result"].chunk_id for row in graphed]
+    pairs = store.mentions(reached, Chunk.objects.filter(pk__in=chunk_ids))
+    names = {e.pk: e for e in store.find(ids={pk for _, pk in pairs})}
+    by_chunk: dict[int, list] = {}
+    for chunk_id, pk in pairs:
+        if pk in names:
+            by_chunk.setdefault(chunk_id, []).append(names[pk])
+    return {
+        chunk_id: sorted(found, key=lambda e: (-reached[e.pk], e.name))[:VIA_ENTITIES]
+        for chunk_id, found in by_chunk.items()
     }
 
 
