@@ -231,6 +231,7 @@ def graph_collections(request) -> list[str]:
     return sorted(
         Entity.objects.filter(collection__in=visible)
         .values_list("collection__name", flat=True)
+        .order_by("collection__name")
         .distinct()
     )
 
