@@ -11,6 +11,7 @@ from django.test import override_settings
 import django_rag as rag
 from django_rag.agent.step_base import PHASES
 from django_rag.agent.steps import STEPS
+from django_rag.graph import MemoryGraphStore
 from django_rag.models import Entity, Relationship
 from django_rag.testing import ScriptedLLM
 from tests.helpers import ANSWER, GATE, url
@@ -176,6 +177,15 @@ def test_the_graph_toggle_shows_only_for_collections_with_a_graph(staff, graphed
     Entity.objects.all().delete()
     with settings():
         assert graph_toggle(staff.get(url("ask")).content.decode()) is None
+    # Another graph store is asked for its counts.
+    memory = MemoryGraphStore()
+    with override_settings(
+        DJANGO_RAG={"EMBEDDER": "hashing", "GRAPH": {"STORE": memory, "EXTRACTOR": words_graph}}
+    ):
+        rag.ingest("Notes on f and g.", collection="plain", graph=True, graph_store=memory)
+        body = staff.get(url("ask")).content.decode()
+    assert graph_toggle(body) == "shown" and 'id="graph-collections"' in body
+    assert re.search(r'id="graph-collections"[^>]*>(.*?)</script>', body).group(1) == '["plain"]'
 
 
 # --- 5. the graph context ----------------------------------------------------------------------

@@ -6,13 +6,18 @@ from __future__ import annotations
 from ...conf import graph_setting
 from ...graph.search import expand, match_entities
 from ...models import Chunk, Collection, Entity
-from ...store.graph_stores import get_graph_store
+from ...store.graph_stores import PostgresGraphStore, get_graph_store
 from .common import visible_collections
 
 
 def graph_collections(request) -> list[str]:
-    """The names of the collections the user may see that have entities in the graph."""
+    """The names of the collections the user may see that have entities in the graph store
+    (one query on the entity table with the PostgreSQL store; another store is asked for
+    each collection's counts)."""
     visible = visible_collections(request)
+    store = get_graph_store()
+    if not isinstance(store, PostgresGraphStore):
+        return [c.name for c in visible if store.counts([c.pk])["entities"]]
     return sorted(
         Entity.objects.filter(collection__in=visible)
         .values_list("collection__name", flat=True)
