@@ -212,7 +212,8 @@ def test_the_form_offers_kinds_grouped_steps_and_toggles(staff):
         "ground",
     ]  # fmt: skip
     assert 'title="Decide whether the question needs retrieval' in body
-    assert 'name="max_iterations"' in body and 'name="graph"' in body
+    assert 'name="max_iterations"' in body
+    assert 'name="graph"' not in body  # no collection has a graph: no graph toggle
 
 
 @dataclass

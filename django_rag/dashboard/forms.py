@@ -336,9 +336,11 @@ class AskForm(forms.Form):
         return data
 
     def step_groups(self):
-        """The steps' checkboxes in their groups, for the template."""
+        """The steps' checkboxes in their groups, as ``(phase, title, boxes)``, for the
+        template."""
         boxes = {box.data["value"]: box for box in self["steps"]}
+        phases = {title: phase for phase, title in PHASES.items()}
         return [
-            (title, [(boxes[name], description) for name, _, description in choices])
+            (phases[title], title, [(boxes[name], description) for name, _, description in choices])
             for title, choices in self.groups
         ]

@@ -18,8 +18,9 @@ from ...conf import scrub_text
 from ...exceptions import RagError
 from ...streaming import StreamingResponse
 from ..access import check_collection, dashboard_view
-from ..forms import AskForm
+from ..forms import KINDS, AskForm
 from ..trace import capture_spans, step_trace, timeline
+from .ask_graph import graph_collections, graph_context
 from .common import LLM_HINT, grounded_segments, llm_status, page_context, visible_collections
 
 
@@ -205,11 +206,35 @@ def _no_collection(request, visible: list[str]) -> bool:
     return request.rag_collections is not None and not visible
 
 
-@dashboard_view
-def ask_page(request):
+#: Each way of answering and the URL name of its page; ``/ask/`` is the single ask too, and
+#: reads the posted ``kind`` (links and forms made before the ways had pages keep working).
+WAYS = {"ask": "ask", "pipeline": "ask_pipeline", "loop": "ask_loop"}
 
+
+def _ways(current: str) -> list[dict]:
+    return [
+        {
+            "kind": kind,
+            "label": label,
+            "url": reverse(f"django_rag_dashboard:{WAYS[kind]}"),
+            "current": kind == current,
+        }
+        for kind, label in KINDS
+    ]
+
+
+@dashboard_view
+def ask_page(request, way: str | None = None):
+    """The Ask page; ``way`` (from the URL: ``/ask/pipeline/``, ``/ask/loop/``) fixes how the
+    question is answered, whatever the form posts, so a page only ever shows its own way's
+    result."""
     visible = list(visible_collections(request).values_list("name", flat=True))
-    form = AskForm(request.POST or None, collections=visible)
+    data = None
+    if request.method == "POST":
+        data = request.POST.copy()
+        if way is not None:
+            data["kind"] = way
+    form = AskForm(data, collections=visible, initial={"kind": way or "ask"})
     outcome: dict = {}
     spans: list = []
     if request.method == "POST" and form.is_valid():
@@ -225,7 +250,13 @@ def ask_page(request):
     work = outcome.get("work")
     if work is not None:
         work["timeline"] = timeline(spans)
-        work["graph"] = _graph_context(work["chunks"], spans, getattr(answer, "graph", None))
+        work["graph"] = graph_context(
+            work["chunks"],
+            spans,
+            getattr(answer, "graph", None),
+            question=form.cleaned_data["question"],
+            scope=_agent_scope(request, form.cleaned_data, visible),
+        )
         if work.get("error"):
             messages.error(request, work["error"])
         work["citations"] = [
@@ -235,12 +266,23 @@ def ask_page(request):
         work["answer_segments"] = grounded_segments(
             answer.text if answer is not None else "", work.get("grounding")
         )
+    current = way or (form.data.get("kind") if form.is_bound else None)
+    if form.is_bound and form.is_valid():
+        current = form.cleaned_data["kind"]
+    current = current if current in WAYS else "ask"
+    with_graph = graph_collections(request)
+    chosen = form["collection"].value() or ""
     return render(
         request,
         "django_rag/dashboard/ask.html",
         page_context(
             request,
             form=form,
+            way=current,
+            ways=_ways(current),
+            action=reverse(f"django_rag_dashboard:{WAYS[current]}"),
+            graph_collections=with_graph,
+            graph_shown=chosen in with_graph if chosen else bool(with_graph),
             answer=answer,
             work=work,
             document_url=_document_url(),
@@ -248,26 +290,6 @@ def ask_page(request):
             llm_hint=LLM_HINT,
         ),
     )
-
-
-def _graph_context(chunks: list[dict], spans: list[dict], given: dict | None) -> dict | None:
-    """What the knowledge graph added: the searches it took part in, its chunks, and the
-    entities, relationships and summaries given to the LLM (``Answer.graph``)."""
-    searches = [
-        s["metadata"] for s in spans if s["event"] == "search" and "graph_enhanced" in s["metadata"]
-    ]
-    graphed = [row for row in chunks if row["result"].graph_score is not None]
-    if not searches and not graphed and not given:
-        return None
-    return {
-        "entities": list((given or {}).get("entities") or []),
-        "relationships": list((given or {}).get("relationships") or []),
-        "summaries": list((given or {}).get("summaries") or []),
-        "searches": len(searches),
-        "enhanced": sum(1 for m in searches if m.get("graph_enhanced")),
-        "match_scores": [m.get("graph_match_score") for m in searches],
-        "chunks": graphed,
-    }
 
 
 def _ask_error(exc: Exception) -> str:
