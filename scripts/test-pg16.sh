@@ -23,4 +23,4 @@ python -m pytest "$@" \
   tests/test_embedded.py tests/test_checks.py \
   tests/test_search.py tests/test_filtered_search.py tests/test_fulltext.py \
   tests/test_ingest.py tests/test_reembed.py tests/test_vector_stores.py tests/test_search_budget.py \
-  tests/test_vector_index.py
+  tests/test_vector_index.py tests/test_hybrid_statement.py

@@ -35,4 +35,5 @@ export DJANGO_RAG_TEST_FULLTEXT_BACKEND=pg_textsearch DJANGO_RAG_EXPECT_TEXTSEAR
 python -m pytest "$@" \
   tests/test_embedded.py::test_the_run_is_on_the_expected_server \
   tests/test_fulltext_backends.py tests/test_fulltext.py tests/test_search.py \
-  tests/test_filtered_search.py tests/test_replicas.py tests/test_search_budget.py
+  tests/test_filtered_search.py tests/test_replicas.py tests/test_search_budget.py \
+  tests/test_hybrid_statement.py

@@ -8,9 +8,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.db import connections, models
-from django.db.models import FloatField, Value
-from django.db.models.expressions import RawSQL
-from pgvector.django import CosineDistance
+from pgvector import Vector
 
 from ..fusion import fuse
 from ..results import SearchResult
@@ -21,7 +19,7 @@ from .fulltext_search import (  # noqa: F401 (the two constants are re-exported)
     FulltextSearch,
 )
 from .result_rows import result_from_row, with_result_columns
-from .semantic_search import SemanticSearch, pgvector_version  # noqa: F401 (re-exported)
+from .semantic_search import SemanticSearch, Wrap, pgvector_version  # noqa: F401 (re-exported)
 from .textsearch import fulltext_backend, score_sql
 
 
@@ -104,8 +102,16 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
 
     def hybrid_results(self, vector: Sequence[float], query, *, limit: int, **options) -> list:
         """:meth:`hybrid` as :class:`~django_rag.results.SearchResult` objects, their columns
-        read in one statement (no Chunk objects)."""
-        return self.results_for(self._hybrid(vector, query, limit=limit, **options))
+        read by the statement that scores the candidates (no Chunk objects)."""
+        return [
+            result_from_row(
+                item.row,
+                score=item.score,
+                semantic_score=item.semantic_score,
+                fulltext_score=item.fulltext_score,
+            )
+            for item in self._hybrid(vector, query, limit=limit, **options)
+        ]
 
     def _hybrid(
         self,
@@ -125,9 +131,15 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
         The top ``candidates * limit`` chunks of each side (both complete under filters) form
         the candidate set; both scores are then computed for every candidate, so a chunk that
         is good on both sides but top on neither is not lost, and the cost depends on
-        ``limit``, not on the corpus. Chunks get ``semantic_score``, ``fulltext_score`` and the
-        fused ``score``; those with ``score >= threshold`` are kept. BM25 reads the statistics
-        of the collections ``statistics_from`` (None: all), as in :meth:`fulltext_hits`.
+        ``limit``, not on the corpus. Items get ``pk``, ``semantic_score``, ``fulltext_score``,
+        the fused ``score`` and ``row`` (the search result's columns, see
+        :func:`.result_rows.with_result_columns`); those with ``score >= threshold`` are kept.
+        BM25 reads the statistics of the collections ``statistics_from`` (None: all), as in
+        :meth:`fulltext_hits`.
+
+        The full-text ranking runs first (its statements, see :meth:`fulltext_hits`); then one
+        statement ranks the semantic side and, for the union of both lists, reads the scores
+        each side did not compute and the result columns (:meth:`_hybrid_statement`).
         """
         parsed = self._parsed(query, syntax)
         pool = limit * candidates
@@ -144,57 +156,72 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
                 parsed, weights, using=self.db, collection_ids=statistics_from
             )
             weights = None if index else weights
-        semantic = dict(self.without_excluded(parsed).semantic_hits(vector, limit=pool))
         fulltext = (
             dict(self.fulltext_hits(parsed, limit=pool, weights=weights))
             if parsed.match is not None
             else {}
         )
-        if not semantic and not fulltext:
+        # The BM25 of a candidate the full-text side did not return (0 with no word to score).
+        if index:
+            sql, params = score_sql(parsed.words)
+            score = (f"0.0 - ({sql})", params)  # the index's statistics, negated back
+        elif weights is not None:
+            score = bm25_sql(weights, weights.boosts(parsed))
+        else:
+            score = ("0.0", [])
+        rows = self.without_excluded(parsed)._nearest(
+            vector,
+            pool,
+            wrap=self._hybrid_statement(vector, list(fulltext), score),
+            ranked=lambda rows: sum(1 for row in rows if row[-1]),
+        )
+        if not rows:
             return []
-        if not index and weights is None:  # no word to score: every BM25 is 0
-            fulltext = dict.fromkeys(semantic, 0.0)
-        # Each side's ranking already computed its score for its own candidates (the same SQL
-        # expression, so the same value): only the missing scores are computed, the costly
-        # BM25 only for chunks the full-text side did not return.
-        missing = sorted(pk for pk in semantic.keys() | fulltext.keys() if pk not in semantic
-                         or pk not in fulltext)  # fmt: skip
-        if missing:
-            rows = (
-                self.model.objects.using(self.db)
-                .filter(pk__in=missing)
-                .annotate(distance=CosineDistance("embedding", vector))
-            )
-            if index or weights is not None:
-                if index:
-                    # The index's statistics for each candidate (its score, negated back).
-                    sql, params = score_sql(parsed.words)
-                    sql = f"0.0 - ({sql})"
-                else:
-                    sql, params = bm25_sql(weights, weights.boosts(parsed))
-                if fulltext:
-                    pk_column = f'{self.model._meta.db_table}."{self.model._meta.pk.column}"'
-                    sql = f"CASE WHEN {pk_column} = ANY(%s) THEN NULL ELSE {sql} END"
-                    params = [list(fulltext), *params]
-                score = RawSQL(sql, params, output_field=FloatField())
-            else:
-                score = Value(None, output_field=FloatField())
-            for pk, distance, bm25 in rows.annotate(fulltext_score=score).values_list(
-                "pk", "distance", "fulltext_score"
-            ):
-                semantic.setdefault(pk, 1.0 - float(distance))
-                if bm25 is not None:
-                    fulltext.setdefault(pk, bm25)
         # In primary-key order, as the single scoring query used to return them (ties in
         # fusion keep this order).
         scored = [
-            SimpleNamespace(pk=pk, semantic_score=semantic[pk], fulltext_score=fulltext[pk])
-            for pk in sorted(semantic.keys() & fulltext.keys())
+            SimpleNamespace(
+                pk=row[0],
+                semantic_score=1.0 - float(row[1]),
+                fulltext_score=fulltext[row[0]] if row[0] in fulltext else float(row[-2]),
+                row=row,
+            )
+            for row in sorted(rows, key=lambda row: row[0])
         ]
         fused = fuse(scored, pool=pool, readable=True, **fusion)
         if threshold is not None:
             fused = [item for item in fused if item.score >= threshold]
         return fused[:limit]
+
+    def _hybrid_statement(self, vector: Sequence[float], fulltext: list[int], score) -> Wrap:
+        """The hybrid search's scoring statement around the semantic ranking (a ``wrap`` of
+        :meth:`_nearest`): the union of the ranked chunks and the ``fulltext`` ones (their pks),
+        each with its cosine distance (the ranking's own where it ranked it), its BM25 by
+        ``score`` (SQL and params) unless the full-text side returned it (NULL then), and
+        whether the semantic ranking returned it, joined to the result columns."""
+        meta = self.model._meta
+        table = f'"{meta.db_table}"'
+        pk = f'{table}."{meta.pk.column}"'
+        embedding = f'{table}."{meta.get_field("embedding").column}"'
+        score_sql_, score_params = score
+
+        def wrap(sql: str, params: list) -> tuple[str, list]:
+            scored = (
+                f"WITH ranked (pk, distance) AS MATERIALIZED ({sql}), "
+                "fulltext (pk) AS (SELECT unnest(%s::bigint[])), "
+                "candidates (pk) AS (SELECT pk FROM ranked UNION SELECT pk FROM fulltext) "
+                f"SELECT {pk}, coalesce(ranked.distance, {embedding} <=> %s::vector), "
+                "CASE WHEN candidates.pk IN (SELECT pk FROM fulltext) THEN NULL "
+                f"ELSE {score_sql_} END, ranked.pk IS NOT NULL "
+                f"FROM candidates JOIN {table} ON {pk} = candidates.pk "
+                "LEFT JOIN ranked ON ranked.pk = candidates.pk"
+            )
+            return (
+                with_result_columns(self.model, scored, extra=("fulltext_score", "ranked")),
+                [*params, fulltext, Vector(vector).to_text(), *score_params],
+            )
+
+        return wrap
 
     def hybrid(self, vector: Sequence[float], query, *, limit: int, **options) -> list:
         """Semantic and BM25 rankings fused, best first (options: see :meth:`hybrid_results`).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from django.core.exceptions import EmptyResultSet
 from django.db import connections, transaction
@@ -23,6 +23,9 @@ except ImportError:  # pragma: no cover - psycopg not installed: no PostgreSQL b
 
 
 _pgvector_versions: dict[str, tuple[int, ...]] = {}
+
+# A ranking statement (SQL, params) -> the statement sent in its place (see _nearest).
+Wrap = Callable[[str, list], tuple[str, list]]
 
 
 def pgvector_version(using: str = "default") -> tuple[int, ...]:
@@ -84,27 +87,37 @@ class SemanticSearch:
         ``hnsw.ef_search`` setting travels with it), a filtered one adds the count that picks
         the exact scan. Same rows, order and completeness as :meth:`semantic_hits`."""
         results = []
-        for row in self._nearest(vector, limit, columns=True):
+        for row in self._nearest(vector, limit, wrap=self._with_result_columns):
             score = 1.0 - float(row[1])  # row[1]: the cosine distance
             if threshold is None or score >= threshold:
                 results.append(result_from_row(row, score=score, semantic_score=score))
         return results
 
-    def _nearest(self, vector: Sequence[float], limit: int, *, columns: bool = False) -> list:
-        """Rows ``(pk, cosine distance[, result columns])`` of the ``limit`` nearest chunks,
-        nearest first; complete under any filter (see :meth:`semantic_hits`)."""
+    def _nearest(
+        self, vector: Sequence[float], limit: int, *, wrap: Wrap | None = None, ranked=len
+    ) -> list:
+        """Rows ``(pk, cosine distance)`` of the ``limit`` nearest chunks, nearest first;
+        complete under any filter (see :meth:`semantic_hits`).
+
+        ``wrap`` turns the ranking statement (SQL and params, rows ``pk, distance``) into the
+        one that is sent, in the same round trip (the result columns joined, hybrid's
+        scoring); ``ranked(rows)`` then says how many of its rows the ranking returned."""
         base = self._ranked(vector)
         if self.query.where:
             cap = search_setting("EXACT_SEARCH_MAX_ROWS")
             if self._count_upto(cap + 1) <= cap:
-                rows = self._exact(base, limit, columns=columns)
+                rows = self._exact(base, limit, wrap=wrap)
             else:
-                rows = self._approximate(base, limit, filtered=True, columns=columns)
+                rows = self._approximate(base, limit, filtered=True, wrap=wrap)
         else:
-            rows = self._approximate(base, limit, filtered=False, columns=columns)
-        if len(rows) < limit and self._count_upto(limit) > len(rows):
-            rows = self._exact(base, limit, columns=columns)
+            rows = self._approximate(base, limit, filtered=False, wrap=wrap)
+        found = ranked(rows)
+        if found < limit and self._count_upto(limit) > found:
+            rows = self._exact(base, limit, wrap=wrap)
         return rows
+
+    def _with_result_columns(self, sql: str, params: list) -> tuple[str, list]:
+        return with_result_columns(self.model, sql), params
 
     def _ranked(self, vector: Sequence[float]):
         """This queryset with ``distance`` and ``rank`` to ``vector``. ``distance`` (full
@@ -122,11 +135,11 @@ class SemanticSearch:
     def _count_upto(self, cap: int) -> int:
         return self.order_by().values("pk")[:cap].count()
 
-    def _exact(self, base, limit: int, *, columns: bool = False) -> list:
+    def _exact(self, base, limit: int, *, wrap: Wrap | None = None) -> list:
         # Ordering by an expression the HNSW index cannot serve forces an exact scan over the
         # rows the filter selects (found through the filter's own B-tree index).
         ranked = base.order_by(F("distance") + Value(0.0), "pk").values_list("pk", "distance")
-        return self._fetch(ranked[:limit], columns=columns)
+        return self._fetch(ranked[:limit], wrap=wrap)
 
     def _selectivity(self) -> float:
         """Planner estimate of the share of chunks this queryset's filter keeps (0..1]."""
@@ -142,7 +155,7 @@ class SemanticSearch:
             return 1.0
         return max(matching / total, 1e-6)
 
-    def _approximate(self, base, limit: int, *, filtered: bool, columns: bool = False) -> list:
+    def _approximate(self, base, limit: int, *, filtered: bool, wrap: Wrap | None = None) -> list:
         configured = (
             search_setting("HNSW_EF_SEARCH") if self._ef_search is None else self._ef_search
         )
@@ -157,23 +170,23 @@ class SemanticSearch:
         if iterative:
             settings.append(("hnsw.iterative_scan", "relaxed_order"))
         ranked = base.order_by("rank").values_list("pk", "distance")[:limit]
-        rows = self._fetch(ranked, columns=columns, settings=settings)
+        rows = self._fetch(ranked, wrap=wrap, settings=settings)
         # relaxed_order may return neighbours slightly out of order; a halfvec index ranks by
         # half-precision distances: the hits are in the order of their full-precision ones.
         return sorted(rows, key=lambda row: (row[1], row[0]))
 
-    def _fetch(self, ranked, *, columns: bool, settings=()) -> list:
-        """Run ``ranked`` (a ``values_list("pk", "distance")`` queryset) after setting the
-        transaction-local ``settings``, in one round trip where the driver allows several
-        statements in one call (client-side binding, Django's default); with ``columns``, the
-        fields a search result needs are joined in the same statement."""
+    def _fetch(self, ranked, *, wrap: Wrap | None = None, settings=()) -> list:
+        """Run ``ranked`` (a ``values_list("pk", "distance")`` queryset), as ``wrap`` makes it
+        (see :meth:`_nearest`), after setting the transaction-local ``settings``, in one round
+        trip where the driver allows several statements in one call (client-side binding,
+        Django's default)."""
         connection = connections[self.db]
         try:
             sql, params = ranked.query.get_compiler(using=self.db).as_sql()
         except EmptyResultSet:  # a filter that can match nothing (an empty IN list)
             return []
-        if columns:
-            sql = with_result_columns(self.model, sql)
+        if wrap is not None:
+            sql, params = wrap(sql, list(params))
         prelude = "SELECT set_config(%s, %s, true); " * len(settings)
         prelude_params = [value for pair in settings for value in pair]
         if not settings:
