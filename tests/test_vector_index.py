@@ -13,6 +13,9 @@ import numpy as np
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from hypothesis import HealthCheck, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 import django_rag as rag
 from django_rag import maintenance
@@ -363,3 +366,26 @@ def test_halfvec_on_pgvector_06_is_a_typed_error_and_e013(settings, monkeypatch)
     settings.DJANGO_RAG = {"EMBEDDER": "hashing"}
     assert rag.search("apples", limit=1)[0].text == "Some text about apples."
     assert "django_rag.E013" not in ids(check_database(databases=["default"]))
+
+
+@examples(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    st.lists(
+        st.floats(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=False),
+        min_size=1,
+        max_size=64,
+    )
+)
+def test_the_query_vector_text_reads_back_as_the_same_single_precision_values(values):
+    """A search writes its query vector with nine significant digits (``vector_literal``):
+    pgvector must read back every single-precision component exactly."""
+    literal = vi.vector_literal(values)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT %s::vector::real[]", [literal])
+        (stored,) = cursor.fetchone()
+    assert (
+        np.array(stored, dtype=np.float32).tobytes() == np.array(values, dtype=np.float32).tobytes()
+    )
+    assert vi.vector_literal(literal) == literal  # a text is taken as it is

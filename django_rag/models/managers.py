@@ -8,7 +8,6 @@ from types import SimpleNamespace
 from typing import Any
 
 from django.db import connections, models
-from pgvector import Vector
 
 from ..fusion import fuse
 from ..results import SearchResult
@@ -21,6 +20,7 @@ from .fulltext_search import (  # noqa: F401 (the two constants are re-exported)
 from .result_rows import result_from_row, with_result_columns
 from .semantic_search import SemanticSearch, Wrap, pgvector_version  # noqa: F401 (re-exported)
 from .textsearch import fulltext_backend, score_sql
+from .vector_index import vector_literal
 
 
 class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
@@ -169,10 +169,11 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
             score = bm25_sql(weights, weights.boosts(parsed))
         else:
             score = ("0.0", [])
+        literal = vector_literal(vector)  # the ranking's and the scoring's, written once
         rows = self.without_excluded(parsed)._nearest(
-            vector,
+            literal,
             pool,
-            wrap=self._hybrid_statement(vector, list(fulltext), score),
+            wrap=self._hybrid_statement(literal, list(fulltext), score),
             ranked=lambda rows: sum(1 for row in rows if row[-1]),
         )
         if not rows:
@@ -193,9 +194,9 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
             fused = [item for item in fused if item.score >= threshold]
         return fused[:limit]
 
-    def _hybrid_statement(self, vector: Sequence[float], fulltext: list[int], score) -> Wrap:
+    def _hybrid_statement(self, literal: str, fulltext: list[int], score) -> Wrap:
         """The hybrid search's scoring statement around the semantic ranking (a ``wrap`` of
-        :meth:`_nearest`): the union of the ranked chunks and the ``fulltext`` ones (their pks),
+        :meth:`_nearest`; ``literal``: the query vector's text): the union of the ranked chunks and the ``fulltext`` ones (their pks),
         each with its cosine distance (the ranking's own where it ranked it), its BM25 by
         ``score`` (SQL and params) unless the full-text side returned it (NULL then), and
         whether the semantic ranking returned it, joined to the result columns."""
@@ -218,7 +219,7 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
             )
             return (
                 with_result_columns(self.model, scored, extra=("fulltext_score", "ranked")),
-                [*params, fulltext, Vector(vector).to_text(), *score_params],
+                [*params, fulltext, literal, *score_params],
             )
 
         return wrap

@@ -14,7 +14,7 @@ from pgvector.django import CosineDistance
 
 from ..conf import search_setting, vector_index_type
 from .result_rows import result_from_row, with_result_columns
-from .vector_index import ranking_distance, require_supported
+from .vector_index import ranking_distance, require_supported, vector_literal
 
 try:
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
@@ -94,10 +94,11 @@ class SemanticSearch:
         return results
 
     def _nearest(
-        self, vector: Sequence[float], limit: int, *, wrap: Wrap | None = None, ranked=len
+        self, vector: Sequence[float] | str, limit: int, *, wrap: Wrap | None = None, ranked=len
     ) -> list:
         """Rows ``(pk, cosine distance)`` of the ``limit`` nearest chunks, nearest first;
-        complete under any filter (see :meth:`semantic_hits`).
+        complete under any filter (see :meth:`semantic_hits`). ``vector``: the query's vector
+        or its text (:func:`.vector_index.vector_literal`).
 
         ``wrap`` turns the ranking statement (SQL and params, rows ``pk, distance``) into the
         one that is sent, in the same round trip (the result columns joined, hybrid's
@@ -119,18 +120,19 @@ class SemanticSearch:
     def _with_result_columns(self, sql: str, params: list) -> tuple[str, list]:
         return with_result_columns(self.model, sql), params
 
-    def _ranked(self, vector: Sequence[float]):
+    def _ranked(self, vector: Sequence[float] | str):
         """This queryset with ``distance`` and ``rank`` to ``vector``. ``distance`` (full
         precision) is what a hit reports and the exact scan ranks by; ``rank`` is the distance
         the HNSW index holds, which an index scan must order by for the planner to use the
         index: the same for a ``"vector"`` index, ``embedding::halfvec(n) <=>
         query::halfvec(n)`` for ``"halfvec"`` (``VECTOR_INDEX_TYPE``)."""
-        base = self.annotate(distance=CosineDistance("embedding", vector))
+        literal = vector_literal(vector)  # written once, whatever reads it
+        base = self.annotate(distance=CosineDistance("embedding", Value(literal)))
         if vector_index_type() == "vector":
             return base.annotate(rank=F("distance"))
         # A typed error where pgvector has no halfvec (before 0.7), not a failing query.
         require_supported("halfvec", pgvector_version(self.db))
-        return base.annotate(rank=ranking_distance(vector))
+        return base.annotate(rank=ranking_distance(literal))
 
     def _count_upto(self, cap: int) -> int:
         return self.order_by().values("pk")[:cap].count()
