@@ -196,10 +196,11 @@ class ChunkQuerySet(SemanticSearch, FulltextSearch, models.QuerySet):
 
     def _hybrid_statement(self, literal: str, fulltext: list[int], score) -> Wrap:
         """The hybrid search's scoring statement around the semantic ranking (a ``wrap`` of
-        :meth:`_nearest`; ``literal``: the query vector's text): the union of the ranked chunks and the ``fulltext`` ones (their pks),
-        each with its cosine distance (the ranking's own where it ranked it), its BM25 by
-        ``score`` (SQL and params) unless the full-text side returned it (NULL then), and
-        whether the semantic ranking returned it, joined to the result columns."""
+        :meth:`_nearest`; ``literal``: the query vector's text): the union of the ranked chunks
+        and the ``fulltext`` ones (their pks), each with its cosine distance (the ranking's own
+        where it ranked it), its BM25 by ``score`` (SQL and params) unless the full-text side
+        returned it (NULL then), and whether the semantic ranking returned it, joined to the
+        result columns."""
         meta = self.model._meta
         table = f'"{meta.db_table}"'
         pk = f'{table}."{meta.pk.column}"'
