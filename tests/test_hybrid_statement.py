@@ -1,7 +1,7 @@
 """Hybrid search ranks its semantic side and scores every candidate in one statement. Whatever
 the scope, the fusion or the query syntax, its results must be the ones of doing it the long
 way: every chunk's cosine similarity and BM25 computed, each side's best ``candidates * limit``
-taken, their union fused."""
+taken (the semantic side's as its ranking returns them), their union fused."""
 
 import random
 from types import SimpleNamespace
@@ -54,7 +54,9 @@ def _long_way(chunks, vector, query, *, syntax, limit, candidates, scope, fusion
     }
     bm25 = dict(chunks.fulltext_hits(parsed, limit=10_000, statistics_from=scope))
     pool = limit * candidates
-    best_semantic = sorted(semantic, key=lambda pk: (-semantic[pk], pk))[:pool]
+    # The semantic side's candidates as its own ranking finds them (the HNSW index is
+    # approximate; tests/test_filtered_search.py holds that ranking to exact search).
+    best_semantic = [pk for pk, _ in considered.semantic_hits(vector, limit=pool)]
     best_fulltext = sorted(bm25, key=lambda pk: (-bm25[pk], pk))[:pool]
     items = [
         SimpleNamespace(pk=pk, semantic_score=semantic[pk], fulltext_score=bm25.get(pk, 0.0))
@@ -99,14 +101,23 @@ def test_hybrid_equals_the_long_way_in_every_scope(corpus, fusion):
 
 
 def test_the_semantic_ranking_and_the_scoring_are_one_statement(corpus):
+    """The statement that ranks the semantic side also scores the union and reads the result
+    columns: no statement loads results or computes missing scores apart from it."""
     query = "copper lantern falcon"
-    rag.search(query, mode="hybrid")  # warm: the parse cache, the pgvector version
-    with CaptureQueriesContext(connection) as captured:
-        results = rag.search(query, mode="hybrid", limit=5)
-    assert len(results) == 5
-    sql = [q["sql"] for q in captured.captured_queries]
-    vector_statements = [q for q in sql if "<=>" in q]
-    assert len(vector_statements) == 1, sql
-    # The one statement ranks by distance, scores the candidates and reads the result columns.
-    (statement,) = vector_statements
-    assert "ORDER BY" in statement and '"source_id"' in statement and "unnest" in statement
+    for collection in ("east", None):
+        rag.search(query, mode="hybrid", collection=collection)  # warm: the pgvector version
+        with CaptureQueriesContext(connection) as captured:
+            results = rag.search(query, mode="hybrid", limit=5, collection=collection)
+        assert len(results) == 5
+        sql = [q["sql"] for q in captured.captured_queries]
+        vector_statements = [q for q in sql if "<=>" in q]
+        for statement in vector_statements:
+            assert "ORDER BY" in statement and '"source_id"' in statement and "unnest" in statement
+        if collection:
+            # 30 chunks: the exact scan, which returns every row asked for.
+            assert len(vector_statements) == 1, sql
+        else:
+            # The HNSW index is approximate: should it return fewer rows than asked for (seen
+            # with pgvector 0.6 on this small corpus of repeated words), the exact scan runs
+            # again, as the same combined statement.
+            assert 1 <= len(vector_statements) <= 2, sql
