@@ -1,21 +1,25 @@
-"""Two BM25 posting structures in ordinary tables, prototyped side by side on the same rows
-against today's plain-SQL backend (issue 33 item 1; docs/search.md "Full-text"):
+"""Three BM25 posting structures in ordinary tables, prototyped side by side on the same rows
+against today's plain-SQL backend (issue 33 item 1; docs/search.md "Bounded BM25 structures:
+what was measured"):
 
 - **block-max postings**: one row per (collection, term, block of 2^bits chunk ids) holding the
   block's postings (chunk ids, tf, lengths) and its bounds (largest tf, shortest chunk). A
   search reads the bounds of its words' blocks, scores the postings of the most promising
   blocks first, and stops when no unread block's bound reaches the ``limit``-th score: exact,
   and the chunks are never read.
+- **impact tiers**: each word's postings ordered by their BM25 tf part, in tiers of 64, 256,
+  1,024, ... postings (:class:`Tiers`, a threshold algorithm): exact, the few chunks that may
+  still enter the results at the end are scored from their rows.
 - **sparsevec through pgvector**: each chunk's BM25 tf parts (at the average length of the
   build) as a ``sparsevec`` over a term dictionary, searched by inner product with the
   query's idf weights through an HNSW index (pgvector is the one extension such a site has):
   approximate.
 
 Both are built from the chunk table's own full-text vectors into the schema ``bm25_proto``
-(dropped and built again with ``--build``); neither is maintained by writes here: this measures
+(dropped and built again with ``--build``); none is maintained by writes here: this measures
 what a search costs on each, and the reference is the search the app runs today (exact; the
 tests compare it with brute force). Per SciFact test question, in turn: reference, block-max,
-sparsevec; top-10 agreement is against the reference.
+impact tiers, sparsevec; top-10 agreement is against the reference.
 
     DJANGO_RAG_BENCHMARK_DB=/tmp/bench_100k python benchmarks/bm25_structures.py --build
 
@@ -45,7 +49,8 @@ from django.db import connection  # noqa: E402
 from benchmarks.beir import load  # noqa: E402
 from django_rag.conf import search_setting  # noqa: E402
 from django_rag.models import Chunk  # noqa: E402
-from django_rag.models.bm25 import limit_terms, term_weights  # noqa: E402
+from django_rag.models.bm25 import limit_terms, term_weights, threshold_query  # noqa: E402
+from django_rag.models.fulltext_query import quote_terms  # noqa: E402
 
 SCHEMA = "bm25_proto"
 # Impact tiers: a term's postings by impact, best first, in tiers of 64, 256, 1024, ... postings.
@@ -313,6 +318,58 @@ def sparse_search(weights, limit: int, ef: int) -> list[int]:
         return [row[0] for row in cursor.fetchall()]
 
 
+def analysis(questions: list[str], limit: int) -> None:
+    """Why the bounds stay loose: the threshold round given the ideal threshold (the final
+    ``limit``-th score, known in advance), and how slowly a common word's impacts fall."""
+    search = Chunk.objects.all()
+    ideal, matched, ratios, tiers_seen = [], [], [], {1: [], 2: [], 3: []}
+    chunks = Chunk.objects.count()
+    for question in questions:
+        reference = Chunk.objects.fulltext_hits(question, limit=limit)
+        if len(reference) < limit:
+            continue
+        start = time.perf_counter()
+        parsed = search._parsed(question, "natural")
+        parsed, weights = limit_terms(parsed, term_weights(parsed.terms, counts=parsed.counts))
+        narrow = threshold_query(weights, reference[-1][1] * (1 - 1e-9))
+        narrow = narrow or quote_terms(weights.terms)
+        list(
+            search.with_bm25(weights)
+            .matching(narrow)
+            .order_by("-fulltext_score", "pk")
+            .values_list("pk", "fulltext_score")[:limit]
+        )
+        ideal.append((time.perf_counter() - start) * 1000)
+        matched.append(search.matching(narrow).count())
+        for i, term in enumerate(weights.terms):
+            if weights.frequencies[i] < chunks / 50:  # common words: in 2% of chunks or more
+                continue
+            heads = dict(
+                fetch(
+                    f"SELECT tier, max(max_impact) FROM {SCHEMA}.tiers WHERE term = %s "
+                    "GROUP BY tier",
+                    [term],
+                )
+            )
+            ratios.append(heads[0] * weights.scoring()[i] / weights.upper_bound([term]))
+            for tier, values in tiers_seen.items():
+                if tier in heads:
+                    values.append(heads[tier] / heads[0])
+    print(
+        f"\nThe threshold round alone at the ideal threshold (statistics, one round): p50 / p95 "
+        f"{statistics.median(ideal):.1f} / {percentile(ideal, 95):.1f} ms; chunks its query "
+        f"matches median {statistics.median(matched):.0f}, p95 {percentile(matched, 95):,}, "
+        f"max {max(matched):,}."
+    )
+    print(
+        f"Common words ({len(ratios)} in these questions, in 2% of chunks or more): their "
+        f"largest impact is {statistics.median(ratios):.2f} of the bound the statistics give "
+        "(median); the largest impact past their best 64 / 320 / 1,344 postings is "
+        + " / ".join(f"{statistics.median(v):.2f}" for v in tiers_seen.values())
+        + " of their largest."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "scifact"))
@@ -324,6 +381,7 @@ def main() -> None:
     parser.add_argument("--build", action="store_true")
     parser.add_argument("--pad", type=int, help="pad the chunk table to this many first")
     parser.add_argument("--no-sparse", action="store_true")
+    parser.add_argument("--analysis", action="store_true", help="why the bounds stay loose")
     args = parser.parse_args()
     if args.pad:
         from benchmarks.million import GIN, pad
@@ -428,6 +486,8 @@ def main() -> None:
             f" (max {max(tier_statements)}), chunks scored from their rows median "
             f"{statistics.median(rescored):.0f} (max {max(rescored)})."
         )
+    if args.analysis:
+        analysis(questions, args.limit)
 
 
 if __name__ == "__main__":
