@@ -93,7 +93,8 @@ class Precomputed(Embedder):
         return (noisy / np.linalg.norm(noisy)).tolist()
 
     def embed_documents(self, texts):
-        return [self.vectors[text] for text in texts]
+        # A text not seen before (a chunk with its header, CHUNK_HEADERS) gets its vector now.
+        return [self.vectors.get(text) or self._vector(text) for text in texts]
 
 
 class PreChunked:
@@ -186,6 +187,102 @@ def row(result: dict, extra: str = "") -> str:
     )
 
 
+def precomputed(corpus, minilm, texts_from) -> tuple[PreChunked, Precomputed]:
+    """The chunker and the embedder of the store-only runs: chunks split and vectors made
+    before anything is timed (the vectors near MiniLM ones of chunks of ``texts_from``)."""
+    prepared = PreChunked([passage(d) for d in corpus], minilm)
+    centre_texts = [c.text for d in texts_from[:CENTRES] for c in prepared.chunks[passage(d)]]
+    centres = np.asarray(
+        minilm.model.encode(
+            centre_texts[:CENTRES],
+            batch_size=32,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+    )
+    return prepared, Precomputed(
+        centres, [c.text for chunks in prepared.chunks.values() for c in chunks]
+    )
+
+
+def drop_collection(name: str) -> None:
+    """Delete a collection and its documents (chunks and statistics follow)."""
+    Document.objects.filter(collection__name=name).delete()
+    Collection.objects.filter(name=name).delete()
+    compact_statistics()
+
+
+def into_existing(args, corpus, minilm) -> None:
+    """Issue 33 item 6: store-only writes into a table that already holds what it holds (a
+    padded benchmark database), through ``ingest_many`` and ``ingest``, into a new collection
+    deleted after (the deletion timed too)."""
+    prepared, embedder = precomputed(corpus, minilm, corpus[-CENTRES:])
+    total = Chunk.objects.count()
+    print(
+        f"## Store only into {total:,} chunks (precomputed vectors, "
+        f"{embedder._dimensions} dims), load average "
+        f"{open('/proc/loadavg').read().split()[0]} at the start\n"
+    )
+    print("| path | documents | chunks | seconds | chunks/s | |")
+    print("|---|---|---|---|---|---|")
+    # Warm-up, not timed: the first writes after the server starts read the indexes' pages.
+    warm_up = f"writes-{os.getpid()}-warm-up"
+    rag.ingest_many(items(corpus[-300:]), collection=warm_up, chunker=prepared, embedder=embedder)
+    drop_collection(warm_up)
+    runs = (
+        ("`ingest_many`", True, corpus[: args.docs]),
+        ("`ingest` per document", False, corpus[args.docs : args.docs + args.single_docs]),
+    )
+    for name, many, docs in runs:
+        collection = f"writes-{os.getpid()}-{int(many)}"
+        result = timed_store(
+            f"{name}, into {total:,} chunks",
+            docs,
+            many=many,
+            collection=collection,
+            chunker=prepared,
+            embedder=embedder,
+        )
+        compact_statistics()
+        start = time.perf_counter()
+        drop_collection(collection)
+        deleted = time.perf_counter() - start
+        print(row(result, f"deleted after in {deleted:.1f} s"), flush=True)
+    if not args.attribute:
+        return
+    # What each index costs the writes: ingest_many again without it (dropped, then built
+    # again, not timed).
+    from benchmarks.million import GIN, HNSW
+    from django_rag.conf import embedding_dimensions
+    from django_rag.store.schema import _hnsw_sql
+
+    indexes = {  # HNSW last: its pages are not cached right after it is built again
+        "the GIN index": (GIN, f"CREATE INDEX {GIN} ON django_rag_chunk USING gin (search_vector)"),
+        "the HNSW index": (
+            HNSW,
+            _hnsw_sql(
+                HNSW, "embedding", embedding_dimensions(), concurrently=False, connection=connection
+            ),
+        ),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute("SET maintenance_work_mem = '2GB'")
+        for label, (name, build) in indexes.items():
+            cursor.execute(f"DROP INDEX {name}")
+            collection = f"writes-{os.getpid()}-without"
+            result = timed_store(
+                f"`ingest_many`, into {total:,} chunks, without {label}",
+                corpus[: args.docs],
+                many=True,
+                collection=collection,
+                chunker=prepared,
+                embedder=embedder,
+            )
+            drop_collection(collection)
+            cursor.execute(build)
+            print(row(result, "index built again after"), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "scifact")
@@ -196,6 +293,18 @@ def main() -> None:
         "--encoder-docs", type=int, default=400, help="documents for part 2; 0 skips"
     )
     parser.add_argument("--skip-store", action="store_true", help="only part 2")
+    parser.add_argument(
+        "--into-existing",
+        action="store_true",
+        help="store only, into the database as it is (e.g. padded by million.py), nothing "
+        "wiped; the chunks written are deleted after",
+    )
+    parser.add_argument(
+        "--attribute",
+        action="store_true",
+        help="with --into-existing: ingest_many again without the HNSW index, then without the "
+        "GIN index (each dropped and built again: a benchmark database only)",
+    )
     args = parser.parse_args()
 
     call_command("migrate", verbosity=0)
@@ -203,24 +312,16 @@ def main() -> None:
     minilm = get_embedder()
     model = minilm.model  # loaded before anything is timed
 
+    if args.into_existing:
+        into_existing(args, corpus, minilm)
+        return
     if not args.skip_store:
         sample = corpus[: args.docs + args.single_docs]
         rest = corpus[args.docs + args.single_docs :]
         many_docs, single_docs = sample[: args.docs], sample[args.docs :]
-        prepared = PreChunked([passage(d) for d in corpus], minilm)
-        centre_texts = [c.text for d in rest[:CENTRES] for c in prepared.chunks[passage(d)]][
-            :CENTRES
-        ]
-        centres = np.asarray(
-            model.encode(
-                centre_texts, batch_size=32, normalize_embeddings=True, show_progress_bar=False
-            )
-        )
-        embedder = Precomputed(
-            centres, [c.text for chunks in prepared.chunks.values() for c in chunks]
-        )
+        prepared, embedder = precomputed(corpus, minilm, rest)
         print(
-            f"## Store only (precomputed vectors near MiniLM ones, {centres.shape[1]} dims), "
+            f"## Store only (precomputed vectors near MiniLM ones, {embedder._dimensions} dims), "
             f"load average {open('/proc/loadavg').read().split()[0]} at the start\n"
         )
         print("| path | documents | chunks | seconds | chunks/s | |")
