@@ -212,6 +212,48 @@ def drop_collection(name: str) -> None:
     compact_statistics()
 
 
+def parallel_writes(args, docs, prepared, embedder, total: int) -> dict:
+    """``ingest_many`` of ``docs`` split between ``args.writers`` threads (each with its own
+    connection and collection), started together: chunks/s of all of them over the wall
+    time."""
+    import threading
+
+    from django.db import connections
+
+    slices = [docs[i :: args.writers] for i in range(args.writers)]
+    names = [f"writes-{os.getpid()}-writer-{i}" for i in range(args.writers)]
+    barrier = threading.Barrier(args.writers + 1)
+    errors = []
+
+    def write(part, name):
+        try:
+            barrier.wait()
+            rag.ingest_many(items(part), collection=name, chunker=prepared, embedder=embedder)
+        except Exception as exc:  # reported below: a failed writer makes the figure void
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [
+        threading.Thread(target=write, args=pair) for pair in zip(slices, names, strict=True)
+    ]
+    for thread in threads:
+        thread.start()
+    before = Chunk.objects.count()
+    barrier.wait()
+    start = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    chunks = Chunk.objects.count() - before
+    for name in names:
+        drop_collection(name)
+    label = f"`ingest_many`, {args.writers} writers at once (threads), into {total:,} chunks"
+    return {"label": label, "docs": len(docs), "chunks": chunks, "seconds": seconds}
+
+
 def into_existing(args, corpus, minilm) -> None:
     """Issue 33 item 6: store-only writes into a table that already holds what it holds (a
     padded benchmark database), through ``ingest_many`` and ``ingest``, into a new collection
@@ -248,6 +290,10 @@ def into_existing(args, corpus, minilm) -> None:
         drop_collection(collection)
         deleted = time.perf_counter() - start
         print(row(result, f"deleted after in {deleted:.1f} s"), flush=True)
+    if args.writers > 1:
+        print(
+            row(parallel_writes(args, corpus[: args.docs], prepared, embedder, total)), flush=True
+        )
     if not args.attribute:
         return
     # What each index costs the writes: ingest_many again without it (dropped, then built
@@ -298,6 +344,9 @@ def main() -> None:
         action="store_true",
         help="store only, into the database as it is (e.g. padded by million.py), nothing "
         "wiped; the chunks written are deleted after",
+    )
+    parser.add_argument(
+        "--writers", type=int, default=1, help="with --into-existing: also ingest_many in N threads"
     )
     parser.add_argument(
         "--attribute",
