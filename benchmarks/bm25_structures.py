@@ -88,7 +88,8 @@ def tf_part(tf: str, length: str) -> str:
 
 
 def build(bits: int, avgdl: float, *, sparse: bool = True) -> dict[str, float]:
-    """Both structures (or only block-max) from ``django_rag_chunk``: seconds per step."""
+    """The three structures (sparsevec unless ``sparse`` is False) from ``django_rag_chunk``:
+    seconds per step."""
     execute("SET maintenance_work_mem = '2GB'")
     execute(f"DROP SCHEMA IF EXISTS {SCHEMA} CASCADE")
     execute(f"CREATE SCHEMA {SCHEMA}")
