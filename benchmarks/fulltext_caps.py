@@ -52,17 +52,12 @@ django.setup()
 from django.db import connection  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
-from benchmarks.beir import load, metrics  # noqa: E402
+from benchmarks.beir import load, metrics, percentile  # noqa: E402
 from django_rag.conf import search_setting  # noqa: E402
 from django_rag.models import Chunk  # noqa: E402
 from django_rag.models.bm25 import TermWeights, limit_terms, term_weights, threshold_query  # noqa: E402
 from django_rag.models.fulltext_query import quote_terms  # noqa: E402
 from django_rag.models.fulltext_search import FULLTEXT_CANDIDATE_BUDGET  # noqa: E402
-
-
-def percentile(values, p):
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(p / 100 * (len(values) - 1))))]
 
 
 class ScaledBounds(TermWeights):
