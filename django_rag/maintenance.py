@@ -1,5 +1,5 @@
 """Maintenance services: re-embedding (with a zero-downtime model switch), chunk headers,
-orphans, info.
+orphans, the vector and full-text indexes, info.
 
 Plain functions: the management commands, Celery tasks and the dashboard call them.
 """
@@ -22,9 +22,10 @@ from .exceptions import DimensionMismatch, InvalidInput, UnknownCollection
 from .ingestion.headers import chunk_headers, headers_enabled
 from .ingestion.parsers import parser_formats
 from .llm import map_concurrently
-from .models import Chunk, Collection, Document, Entity, Job
+from .models import Chunk, Collection, Document, Entity, Job, textsearch
 from .models.databases import write_db
 from .models.managers import pgvector_version
+from .models.textsearch import fulltext_backend
 from .rerankers import get_reranker
 from .signals import span
 from .store import schema
@@ -511,6 +512,33 @@ def vector_index(*, apply: bool = False) -> dict[str, Any]:
         with span("vector_index", configured=state["configured"], previous=state["index"]):
             schema.rebuild_index()
         state = {**schema.index_state(), "rebuilt": True}
+    return state
+
+
+# --- the BM25 index's statistics ----------------------------------------------------------------
+
+
+def fulltext_index(*, apply: bool = False) -> dict[str, Any]:
+    """The full-text statistics against the live chunks, in the database the store writes:
+    ``backend`` (``"sql"`` or ``"pg_textsearch"``), ``chunks`` (live), ``counted`` (the rows
+    the pg_textsearch index ranks with, dead ones included; None on the SQL backend, whose
+    statistics are the live rows at every commit, or when the extension does not say),
+    ``stale`` (counted differs from chunks); with ``apply``, a stale index is rebuilt
+    (``REINDEX``: writes to the chunk table wait meanwhile) and ``rebuilt`` says so."""
+    db = write_db()
+    backend = fulltext_backend(db)
+
+    def read() -> dict[str, Any]:
+        chunks = Chunk.objects.using(db).count()
+        counted = textsearch.counted_rows(db) if backend == "pg_textsearch" else None
+        stale = backend == "pg_textsearch" and counted != chunks
+        return {"backend": backend, "chunks": chunks, "counted": counted, "stale": stale}
+
+    state = {**read(), "rebuilt": False}
+    if apply and state["stale"]:
+        with span("fulltext_index", counted=state["counted"], chunks=state["chunks"]):
+            textsearch.rebuild_index(db)
+        state = {**read(), "rebuilt": True}
     return state
 
 

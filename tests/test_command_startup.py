@@ -318,6 +318,7 @@ def unmigrated_database(db):
         ["rag_ingest", "README.md", "--collection", "kb"],
         ["rag_maintenance", "orphans"],
         ["rag_maintenance", "vector-index"],
+        ["rag_maintenance", "fulltext-index"],
     ],
 )
 def test_a_command_before_migrate_says_to_run_migrate(manage, unmigrated_database, command):

@@ -11,13 +11,16 @@ from __future__ import annotations
 import math
 import os
 import re
+from io import StringIO
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
 from django.db import connection
 from django.test import override_settings
 
 import django_rag as rag
+from django_rag import maintenance
 from django_rag.checks import check_fulltext_backend, check_settings
 from django_rag.models import Chunk
 from django_rag.models.managers import ChunkQuerySet
@@ -29,6 +32,7 @@ from django_rag.models.textsearch import (
     index_state,
     reset_index_state,
 )
+from django_rag.signals import operation_finished
 
 pytestmark = pytest.mark.django_db
 
@@ -344,3 +348,74 @@ def test_an_index_built_with_other_settings_is_reported(index):
         (warning,) = check_fulltext_backend(databases=["default"])
     assert warning.id == "django_rag.W003"
     assert "'k1': 1.2" in warning.msg and "'k1': 1.5" in warning.msg and "simple" in warning.msg
+
+
+# --- rag_maintenance fulltext-index ---------------------------------------------------------
+
+
+def test_the_sql_backend_has_no_index_to_rebuild():
+    rag.ingest("alpha beta", collection="m", source_id="a")
+    with backend("sql"):
+        state = maintenance.fulltext_index(apply=True)
+        assert state == {
+            "backend": "sql",
+            "chunks": 1,
+            "counted": None,
+            "stale": False,
+            "rebuilt": False,
+        }
+        out = StringIO()
+        call_command("rag_maintenance", "fulltext-index", "--apply", stdout=out)
+    assert "SQL backend" in out.getvalue() and "1 chunk(s)" in out.getvalue()
+    assert "Rebuilt" not in out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)  # committed: a deleted chunk is dead to every snapshot
+def test_the_index_counts_deleted_chunks_until_rebuilt(index):
+    """The index ranks with every row it indexed: a deleted chunk still counts (the idf of
+    every word drops) until ``rag_maintenance fulltext-index --apply`` rebuilds it."""
+    kept = [rag.ingest(f"plovrik note {i}", collection="m", source_id=f"k{i}") for i in range(2)]
+    gone = rag.ingest("plovrik and more", collection="m", source_id="gone")
+    rag.delete(gone)
+    with backend("pg_textsearch"):
+        state = maintenance.fulltext_index()
+        assert state["backend"] == "pg_textsearch" and state["chunks"] == 2
+        assert state["counted"] >= 3 and state["stale"] and not state["rebuilt"]
+        assert state["counted"] == _index_corpus()[0]
+        out = StringIO()
+        call_command("rag_maintenance", "fulltext-index", stdout=out)
+        assert f"counts {state['counted']:,} rows for 2 chunk(s)" in out.getvalue()
+        assert "Dry run" in out.getvalue()
+        assert maintenance.fulltext_index()["counted"] == state["counted"]  # nothing changed
+        before = rag.search("plovrik", mode="fulltext", collection="m")
+
+        out = StringIO()
+        finished = []
+
+        def receive(sender, *, event, metadata, **kwargs):
+            finished.append((event, metadata))
+
+        operation_finished.connect(receive)
+        try:
+            call_command("rag_maintenance", "fulltext-index", "--apply", stdout=out)
+        finally:
+            operation_finished.disconnect(receive)
+        assert "Rebuilt the BM25 index: it now counts 2 rows for 2 chunk(s)." in out.getvalue()
+        assert [m for e, m in finished if e == "fulltext_index"] == [
+            {"counted": state["counted"], "chunks": 2}
+        ]
+        assert maintenance.fulltext_index() == {
+            "backend": "pg_textsearch",
+            "chunks": 2,
+            "counted": 2,
+            "stale": False,
+            "rebuilt": False,
+        }
+        after = rag.search("plovrik", mode="fulltext", collection="m")
+    assert {r.document_id for r in after} == {d.pk for d in kept}
+    docs, length = _index_corpus()
+    assert (docs, length) == (2, 6)  # "plovrik note N": three lexemes each
+    # Every live chunk holds the word: its idf is now that of 2 in 2 documents.
+    expected = idf(2, 2) * tf_part(1, 3, 3.0)
+    assert [r.score for r in after] == pytest.approx([expected, expected], rel=1e-5)
+    assert after[0].score != pytest.approx(before[0].score, rel=1e-3)  # the dead row counted

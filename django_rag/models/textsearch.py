@@ -13,10 +13,13 @@ What differs from the SQL backend (docs/search.md, "Full-text backends"): the in
 set of statistics for the whole chunk table, so a search scoped to collections ranks with every
 collection's document frequencies and lengths, not only its own; and its statistics count every
 row version it indexed, rolled back, deleted and updated ones included, until it is rebuilt
-(:func:`rebuild_index`).
+(:func:`rebuild_index`; ``rag_maintenance fulltext-index`` compares :func:`counted_rows` with
+the chunks and rebuilds it).
 """
 
 from __future__ import annotations
+
+import re
 
 from django.db import connections, transaction
 from django.db.utils import DatabaseError
@@ -151,6 +154,17 @@ def rebuild_index(using: str = "default") -> None:
     for 13k chunks here)."""
     with connections[using].cursor() as cursor:
         cursor.execute(f"REINDEX INDEX {INDEX_NAME}")
+
+
+def counted_rows(using: str = "default") -> int | None:
+    """How many rows the BM25 index ranks with (its corpus statistics' document count): every
+    row version it indexed, dead ones included, until :func:`rebuild_index`. None when the
+    extension's summary does not say (a version other than 1.0 may word it otherwise)."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT bm25_summarize_index(%s)", [INDEX_NAME])
+        summary = cursor.fetchone()[0]
+    found = re.search(r"total_docs:\s*(\d+)", summary or "")
+    return int(found.group(1)) if found else None
 
 
 def drop_index(connection) -> None:

@@ -12,7 +12,8 @@ class Command(RagCommand):
         "counts (and with --apply deletes) finished jobs older than --days; `headers` finds "
         "(and with --apply rebuilds, re-indexes and re-embeds) chunks whose header does not "
         "match CHUNK_HEADERS; `vector-index` compares the HNSW index with VECTOR_INDEX_TYPE "
-        "(and with --apply rebuilds it of that type)."
+        "(and with --apply rebuilds it of that type); `fulltext-index` compares the rows the "
+        "pg_textsearch BM25 index counts with the chunks (and with --apply rebuilds it)."
     )
 
     def add_arguments(self, parser):
@@ -34,7 +35,18 @@ class Command(RagCommand):
             "--apply", action="store_true", help="rebuild it when it differs (default: dry run)"
         )
 
+        fulltext = actions.add_parser(
+            "fulltext-index",
+            help="the rows the pg_textsearch BM25 index counts against the chunks",
+        )
+        fulltext.add_argument(
+            "--apply", action="store_true", help="rebuild it when they differ (default: dry run)"
+        )
+
     def handle(self, *args, action, **options):
+        if action == "fulltext-index":
+            self._fulltext_index(options["apply"])
+            return
         if action == "vector-index":
             self._vector_index(options["apply"])
             return
@@ -103,4 +115,30 @@ class Command(RagCommand):
                 f"The HNSW index is {found} but VECTOR_INDEX_TYPE={state['configured']!r}. Dry "
                 "run: nothing was changed. Run again with --apply to rebuild it (built "
                 "concurrently: searches and writes go on meanwhile)."
+            )
+
+    def _fulltext_index(self, apply):
+        try:
+            state = maintenance.fulltext_index(apply=apply)
+        except RagError as exc:
+            raise CommandError(str(exc)) from exc
+        chunks = f"{state['chunks']:,} chunk(s)"
+        if state["backend"] == "sql":
+            self.stdout.write(
+                "Full-text search runs on the SQL backend: its statistics count the "
+                f"{chunks} at every commit. Nothing to rebuild."
+            )
+            return
+        counted = "an unknown number of" if state["counted"] is None else f"{state['counted']:,}"
+        if state["rebuilt"]:
+            self.stdout.write(f"Rebuilt the BM25 index: it now counts {counted} rows for {chunks}.")
+        elif not state["stale"]:
+            self.stdout.write(f"The BM25 index counts {counted} rows for {chunks}: nothing to do.")
+        else:
+            self.stdout.write(
+                f"The BM25 index counts {counted} rows for {chunks}: rolled-back inserts, "
+                "deleted chunks and the old versions of updated ones skew its statistics "
+                "(document frequencies, average length), so full-text and hybrid scores drift. "
+                "Dry run: nothing was changed. Run again with --apply to rebuild it (REINDEX: "
+                "writes to the chunk table wait while it runs, 1.7 s for 13k chunks here)."
             )
